@@ -1,0 +1,1 @@
+"""Serving benchmark client and workloads (`radixlm bench`). Built in a later issue."""

@@ -1,0 +1,1 @@
+"""HTTP server: OpenAI-compatible and native routes. Built in a later issue."""
