@@ -1,0 +1,1 @@
+"""Prefix caches (RadixCache, NoCache) behind one interface, and scheduling policies."""
