@@ -1,0 +1,22 @@
+"""Typed errors raised by radixlm's public APIs."""
+
+from __future__ import annotations
+
+
+class RadixLMError(Exception):
+    """Base class of every error radixlm raises on purpose."""
+
+
+class ModelNotFoundError(RadixLMError, FileNotFoundError):
+    """A `--model` value names no alias, directory or file radixlm can load."""
+
+
+class UnsupportedModelError(RadixLMError, ValueError):
+    """The model exists but its architecture is not implemented."""
+
+
+class InvalidRequestError(RadixLMError, ValueError):
+    """A request is malformed (empty prompt, prompt beyond the context, bad sampling value).
+
+    Raised before the request reaches the scheduler; the engine keeps serving others.
+    """
