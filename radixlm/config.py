@@ -1,0 +1,68 @@
+"""Server and engine settings: one frozen dataclass, every knob with its default and help.
+
+`ServerArgs` fields become CLI flags (``max_total_tokens`` -> ``--max-total-tokens``) via
+`add_cli_args` / `from_cli_args`, so the CLI, `radixlm.Engine(**kwargs)` and the server
+share one source of truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+
+
+def _opt(default, help: str, **extra):  # noqa: A002 - mirrors argparse's keyword
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """Every setting of the engine. Units: tokens unless stated."""
+
+    model: str = _opt("smollm2-135m", "model alias, local Hugging Face directory, or .gguf file")
+    dtype: str = _opt("float32", "weights and activations dtype", choices=["float32", "bfloat16", "float16"])
+    kv_cache_dtype: str = _opt("auto", "KV cache dtype ('auto' = the model dtype)")
+    device: str = _opt("cpu", "torch device")
+    num_threads: int = _opt(1, "torch compute threads per process (1 is fastest on shared small machines)")
+    page_size: int = _opt(1, "tokens per KV page (a power of two)")
+    max_total_tokens: int | None = _opt(None, "KV pool size in tokens (default: from --mem-fraction)")
+    mem_fraction: float = _opt(0.25, "fraction of available memory for weights + KV pool when --max-total-tokens is unset")
+    max_running_requests: int = _opt(64, "maximum concurrently running requests (rows of the request-to-token table)")
+    max_prefill_tokens: int = _opt(8192, "maximum new (uncached) prompt tokens per extend step")
+    context_length: int | None = _opt(None, "maximum tokens per request (default: the model's max positions)")
+    attention_backend: str = _opt("torch_native", "attention backend", choices=["torch_native"])
+    disable_radix_cache: bool = _opt(False, "use no prefix cache (every prompt is prefilled in full)")
+    random_seed: int = _opt(0, "seed for requests without their own seed")
+    log_level: str = _opt("warning", "logging level", choices=["debug", "info", "warning", "error"])
+
+    def __post_init__(self) -> None:
+        ps = self.page_size
+        if ps < 1 or ps & (ps - 1):
+            raise ValueError(f"page_size must be a positive power of two, got {ps}")
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.max_total_tokens is not None and self.max_total_tokens < ps:
+            raise ValueError(f"max_total_tokens must be >= page_size, got {self.max_total_tokens}")
+        if self.max_running_requests < 1 or self.max_prefill_tokens < 1:
+            raise ValueError("max_running_requests and max_prefill_tokens must be >= 1")
+        if not 0 < self.mem_fraction < 1:
+            raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        """Add one ``--flag`` per field to `parser`."""
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            meta = dict(f.metadata)
+            help_text = meta.pop("help") + (f" (default: {f.default})" if f.default is not None else "")
+            if f.type in ("bool", bool):
+                parser.add_argument(flag, action="store_true", help=help_text)
+            else:
+                kind = {"int | None": int, "int": int, "float": float}.get(str(f.type), str)
+                parser.add_argument(flag, type=kind, default=f.default, help=help_text, **meta)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
+        """Build from a namespace produced by a parser set up with `add_cli_args`."""
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})

@@ -1,0 +1,54 @@
+"""The attention-backend interface every backend implements (torch_native, triton, flashinfer).
+
+The model calls `backend.forward(q, k, v, layer_id, forward_batch)` and never branches on
+the backend; the backend stores the new K/V into the KV pool and attends over the
+request's whole sequence read through the request-to-token table.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+
+from radixlm.kernels.forward_batch import ForwardBatch, ForwardMode
+
+
+class AttentionBackend(abc.ABC):
+    """Paged attention over a `KVPool`-like object with `k_buffer`, `v_buffer`, `set_kv`.
+
+    Args:
+        kv_pool: object exposing per-layer `k_buffer[l]`, `v_buffer[l]`
+            ([num_slots, num_kv_heads, head_dim]) and `set_kv(layer, loc, k, v)`.
+        scaling: softmax scale, normally head_dim ** -0.5.
+    """
+
+    def __init__(self, kv_pool, scaling: float):
+        self.kv_pool = kv_pool
+        self.scaling = scaling
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:  # noqa: B027
+        """Prepare per-step metadata once, before the layers run (default: nothing)."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch
+    ) -> torch.Tensor:
+        """Store k, v and attend.
+
+        Args:
+            q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] (RoPE applied).
+        Returns:
+            [T, num_heads, head_dim] attention output in q's dtype.
+        """
+        self.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
+        if fb.mode is ForwardMode.DECODE:
+            return self.forward_decode(q, layer_id, fb)
+        return self.forward_extend(q, layer_id, fb)
+
+    @abc.abstractmethod
+    def forward_extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        """Causal attention of new tokens over prefix + new tokens of each request."""
+
+    @abc.abstractmethod
+    def forward_decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        """Attention of one new token per request over its whole sequence."""

@@ -1,0 +1,1 @@
+"""Processes and the engine: scheduler, model runner, memory pools, sampling, models."""

@@ -1,0 +1,278 @@
+"""`radixlm.Engine`: the in-process entry point (no HTTP) over the scheduler.
+
+    with Engine(model="smollm2-135m") as llm:
+        out = llm.generate(["Once upon a time"], {"max_new_tokens": 16, "temperature": 0})
+        for chunk in llm.generate("Hello", {"max_new_tokens": 8}, stream=True):
+            print(chunk["text"], end="")
+
+The engine is single-threaded: `generate` drives scheduler steps itself until its
+requests finish; concurrent streams share steps through per-request queues.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from radixlm.config import ServerArgs
+from radixlm.errors import InvalidRequestError
+from radixlm.runtime.detokenizer import IncrementalDetokenizer
+from radixlm.runtime.memory import PagedAllocator
+from radixlm.runtime.model_registry import local_hf_dir
+from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.request import Req, ReqOutput
+from radixlm.runtime.sampling import SamplingParams
+from radixlm.runtime.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+PromptInput = str | list[int] | list[str] | list[list[int]]
+
+
+class _Tracked:
+    """Per-request client-side state: detokenizer and accumulated result."""
+
+    def __init__(self, index: int, tokenizer):
+        self.index = index
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.output_ids: list[int] = []
+        self.chunks: list[dict[str, Any]] = []
+        self.final: ReqOutput | None = None
+
+
+class Engine:
+    """Loads a model and generates with a paged KV pool, radix cache and continuous batching.
+
+    Args:
+        model: alias (``smollm2-135m``), local Hugging Face directory or .gguf file.
+        **server_args: any `ServerArgs` field (``max_total_tokens``, ``page_size``,
+            ``num_threads``, ``disable_radix_cache``, ...).
+
+    Raises:
+        ModelNotFoundError: the model cannot be found (message names the install command).
+        TypeError: an unknown keyword argument.
+    """
+
+    def __init__(self, model: str | None = None, **server_args: Any):
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        if model is not None:
+            server_args["model"] = model
+        known = {f.name for f in dataclasses.fields(ServerArgs)}
+        unknown = set(server_args) - known
+        if unknown:
+            raise TypeError(f"unknown Engine arguments: {sorted(unknown)}")
+        self.args = ServerArgs(**server_args)
+        logging.getLogger("radixlm").setLevel(self.args.log_level.upper())
+        torch.set_num_threads(self.args.num_threads)
+        hf_dir = local_hf_dir(self.args.model)
+        self.config = AutoConfig.from_pretrained(hf_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+        self.runner = ModelRunner(self.args, hf_dir, self.config)
+        self.scheduler = Scheduler(self.args, self.runner, self._eos_ids(hf_dir, GenerationConfig))
+        self._tracked: dict[str, _Tracked] = {}
+        self._rid_counter = itertools.count()
+
+    def _eos_ids(self, hf_dir, generation_config_cls) -> list[int]:
+        ids: list[int] = []
+        sources = [self.config.eos_token_id]
+        try:
+            sources.append(generation_config_cls.from_pretrained(hf_dir).eos_token_id)
+        except OSError:
+            pass
+        for value in sources:
+            if isinstance(value, int):
+                ids.append(value)
+            elif value:
+                ids.extend(value)
+        return sorted(set(ids))
+
+    # ---- public API -------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: PromptInput | None = None,
+        sampling_params: SamplingParams | dict | list | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        stream: bool = False,
+    ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
+        """Generate completions.
+
+        Args:
+            prompt: a string, a list of token ids, or a batch (list) of either.
+            sampling_params: one setting for all prompts or a list with one per prompt
+                (SamplingParams or dicts with SGLang's names: max_new_tokens, temperature,
+                top_p, top_k, min_p, seed, stop_token_ids, ignore_eos).
+            input_ids: token ids instead of `prompt` (one list or a batch).
+            stream: return an iterator of chunks instead of final results.
+
+        Returns:
+            For a single prompt a dict, for a batch a list of dicts, each with ``text``,
+            ``output_ids``, ``finish_reason`` ("stop" | "length" | "abort"),
+            ``matched_stop`` and ``usage`` {prompt_tokens, completion_tokens,
+            cached_tokens}. With stream=True an iterator of chunks with ``index``, the
+            ``text`` and ``output_ids`` deltas, and on the last chunk of each request
+            ``finish_reason`` and ``usage``.
+
+        Raises:
+            InvalidRequestError: empty prompt, prompt beyond the context or the KV pool,
+                bad sampling values. Nothing is queued when any prompt of a batch is bad.
+        """
+        if (prompt is None) == (input_ids is None):
+            raise InvalidRequestError("pass exactly one of prompt and input_ids")
+        single, token_lists = self._tokenize(prompt if prompt is not None else input_ids)
+        params = self._params(sampling_params, len(token_lists))
+        for ids, p in zip(token_lists, params):
+            self._validate(ids, p)
+        rids = [self._submit(i, ids, p) for i, (ids, p) in enumerate(zip(token_lists, params))]
+        if stream:
+            return self._stream(rids)
+        self._run_until_done(rids)
+        results = [self._result(self._tracked.pop(rid)) for rid in rids]
+        return results[0] if single else results
+
+    def get_server_info(self) -> dict[str, Any]:
+        """Settings, KV capacity and pool counters (tokens unless stated)."""
+        r = self.runner
+        return {
+            "args": dataclasses.asdict(self.args),
+            "kv_bytes_per_token": r.kv_bytes_per_token,
+            "max_total_tokens": r.max_total_tokens,
+            "weights_bytes": r.weights_bytes,
+            "kv_budget_bytes": r.kv_budget_bytes,
+            "page_size": self.args.page_size,
+            "context_length": r.context_len,
+            "memory": self.scheduler.memory_accounting(),
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+        }
+
+    def shutdown(self) -> None:
+        """Abort everything in flight and drop the model and pools."""
+        for rid in list(self._tracked):
+            self.scheduler.abort(rid)
+        self._tracked.clear()
+        self.scheduler = None
+        self.runner = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # ---- internals --------------------------------------------------------------------
+
+    def _tokenize(self, value) -> tuple[bool, list[list[int]]]:
+        if isinstance(value, str):
+            return True, [self._encode(value)]
+        if isinstance(value, list) and value and all(isinstance(t, int) for t in value):
+            return True, [list(value)]
+        if isinstance(value, list) and value:
+            out = []
+            for item in value:
+                if isinstance(item, str):
+                    out.append(self._encode(item))
+                elif isinstance(item, list) and all(isinstance(t, int) for t in item):
+                    out.append(list(item))
+                else:
+                    raise InvalidRequestError("each prompt must be a string or a list of token ids")
+            return False, out
+        if isinstance(value, list):
+            raise InvalidRequestError("empty prompt list")
+        raise InvalidRequestError(f"prompt must be str or list, got {type(value).__name__}")
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    @staticmethod
+    def _params(value, n: int) -> list[SamplingParams]:
+        if isinstance(value, list):
+            if len(value) != n:
+                raise InvalidRequestError(f"{len(value)} sampling_params for {n} prompts")
+            return [SamplingParams.from_any(v) for v in value]
+        return [SamplingParams.from_any(value)] * n
+
+    def _validate(self, ids: list[int], p: SamplingParams) -> None:
+        if not ids:
+            raise InvalidRequestError("empty prompt")
+        vocab = self.config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise InvalidRequestError(f"token ids must be in [0, {vocab})")
+        ctx = self.runner.context_len
+        if len(ids) >= ctx:
+            raise InvalidRequestError(
+                f"prompt has {len(ids)} tokens; the context length is {ctx}"
+            )
+        need = min(len(ids) + p.max_new_tokens, ctx)
+        ps = self.args.page_size
+        if PagedAllocator.pages_needed(ps, 0, need) * ps > self.runner.max_total_tokens:
+            raise InvalidRequestError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) "
+                f"cannot fit the KV cache of {self.runner.max_total_tokens} tokens"
+            )
+
+    def _submit(self, index: int, ids: list[int], p: SamplingParams) -> str:
+        rid = f"req-{next(self._rid_counter)}"
+        self._tracked[rid] = _Tracked(index, self.tokenizer)
+        self.scheduler.add_request(Req(rid=rid, input_ids=ids, params=p))
+        return rid
+
+    def _step(self) -> None:
+        for out in self.scheduler.step():
+            t = self._tracked.get(out.rid)
+            if t is None:
+                continue
+            t.output_ids.extend(out.new_token_ids)
+            text = t.detok.add(out.new_token_ids)
+            chunk: dict[str, Any] = {"index": t.index, "text": text, "output_ids": out.new_token_ids}
+            if out.finish_reason is not None:
+                t.final = out
+                chunk["text"] += t.detok.flush()
+                chunk.update(self._meta(out))
+            t.chunks.append(chunk)
+
+    def _run_until_done(self, rids: list[str]) -> None:
+        while any(self._tracked[r].final is None for r in rids):
+            self._step()
+
+    def _stream(self, rids: list[str]) -> Iterator[dict[str, Any]]:
+        pending = list(rids)
+        try:
+            while pending:
+                if not any(self._tracked[r].chunks for r in pending):
+                    self._step()
+                for rid in list(pending):
+                    t = self._tracked[rid]
+                    chunks, t.chunks = t.chunks, []
+                    yield from chunks
+                    if t.final is not None:
+                        pending.remove(rid)
+                        del self._tracked[rid]
+        finally:
+            for rid in pending:  # the consumer stopped early: abort what is left
+                if self.scheduler is not None:
+                    self.scheduler.abort(rid)
+                self._tracked.pop(rid, None)
+
+    @staticmethod
+    def _meta(out: ReqOutput) -> dict[str, Any]:
+        return {
+            "finish_reason": out.finish_reason,
+            "matched_stop": out.matched_stop,
+            "usage": {
+                "prompt_tokens": out.prompt_tokens,
+                "completion_tokens": out.completion_tokens,
+                "cached_tokens": out.cached_tokens,
+            },
+        }
+
+    def _result(self, t: _Tracked) -> dict[str, Any]:
+        assert t.final is not None
+        text = self.tokenizer.decode(t.output_ids, skip_special_tokens=True)
+        return {"text": text, "output_ids": list(t.output_ids), **self._meta(t.final)}

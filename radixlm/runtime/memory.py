@@ -1,0 +1,164 @@
+"""Memory pools: the request-to-token table, the paged KV pool and its slot allocator.
+
+Layout (DESIGN.md section 3):
+  * `ReqToTokenPool.req_to_token`: int32 [max_running_requests, context_len]; row r, column p
+    holds the KV slot of position p of the request in row r.
+  * `KVPool`: per layer K and V buffers [num_slots, num_kv_heads, head_dim].
+  * `PagedAllocator`: hands out whole pages of `page_size` slots; page 0 (slots
+    0..page_size-1) is reserved as padding and never allocated, so slot 0 is always valid
+    to read and never holds live data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class OutOfSlotsError(RuntimeError):
+    """The allocator has fewer free slots than requested (the scheduler evicts first)."""
+
+
+class ReqToTokenPool:
+    """Rows of the request-to-token table, one per running request.
+
+    Args:
+        size: number of rows (max concurrently running requests).
+        context_len: columns (max tokens per request).
+    """
+
+    def __init__(self, size: int, context_len: int, device: str | torch.device = "cpu"):
+        self.size = size
+        self.context_len = context_len
+        self.req_to_token = torch.zeros(size, context_len, dtype=torch.int32, device=device)
+        self._free_rows = list(range(size - 1, -1, -1))
+
+    def available(self) -> int:
+        """Free rows."""
+        return len(self._free_rows)
+
+    def alloc(self) -> int:
+        """Take a free row. Raises OutOfSlotsError when none is free."""
+        if not self._free_rows:
+            raise OutOfSlotsError("no free request rows")
+        return self._free_rows.pop()
+
+    def free(self, row: int) -> None:
+        """Give a row back."""
+        self._free_rows.append(row)
+
+
+class KVPool:
+    """K and V buffers for every layer, indexed by KV slot.
+
+    Args:
+        num_slots: slots per buffer including the reserved padding page.
+        num_layers, num_kv_heads, head_dim: model attention layout.
+        dtype: storage dtype of K and V.
+
+    Bytes per token = num_layers * num_kv_heads * head_dim * 2 (K and V) * dtype size.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: str | torch.device = "cpu",
+    ):
+        shape = (num_slots, num_kv_heads, head_dim)
+        # zeros, not empty: masked-out padding slots are read by attention and must be finite.
+        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.dtype = dtype
+        self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+
+    def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write K, V [T, num_kv_heads, head_dim] of T new tokens into slots `loc` (int64 [T])."""
+        self.k_buffer[layer_id][loc] = k.to(self.dtype)
+        self.v_buffer[layer_id][loc] = v.to(self.dtype)
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """KV bytes per cached token: layers * kv_heads * head_dim * 2 (K and V) * element size."""
+    return num_layers * num_kv_heads * head_dim * 2 * torch.empty((), dtype=dtype).element_size()
+
+
+class PagedAllocator:
+    """Free list of KV pages; sizes are reported in tokens (slots).
+
+    Args:
+        num_tokens: usable slots (a multiple of page_size); the buffers hold
+            num_tokens + page_size slots because page 0 is reserved.
+        page_size: slots per page (a power of two).
+    """
+
+    def __init__(self, num_tokens: int, page_size: int):
+        assert num_tokens % page_size == 0
+        self.page_size = page_size
+        self.num_pages = num_tokens // page_size
+        self.total = num_tokens
+        self._free_pages: list[int] = list(range(self.num_pages, 0, -1))
+
+    def available(self) -> int:
+        """Free slots (tokens)."""
+        return len(self._free_pages) * self.page_size
+
+    def alloc_pages(self, n: int) -> torch.Tensor:
+        """Take `n` pages; returns their page ids (int64 [n]). Raises OutOfSlotsError."""
+        if n > len(self._free_pages):
+            raise OutOfSlotsError(f"need {n} pages, {len(self._free_pages)} free")
+        pages = self._free_pages[len(self._free_pages) - n :]
+        del self._free_pages[len(self._free_pages) - n :]
+        return torch.tensor(pages, dtype=torch.int64)
+
+    def free(self, slots: torch.Tensor) -> None:
+        """Return the pages covering `slots` (int64 [n]); each page must be wholly owned."""
+        if slots.numel() == 0:
+            return
+        pages = torch.unique(slots.to(torch.int64) // self.page_size).tolist()
+        self._free_pages.extend(pages)
+
+    def alloc_positions(self, last_slot: int, start: int, n: int) -> torch.Tensor:
+        """Slots for positions start..start+n-1 of one request (int64 [n]).
+
+        Positions sharing a page with position start-1 (whose slot is `last_slot`) reuse that
+        page; the rest get fresh pages. Position p sits at offset p % page_size of its page.
+        """
+        ps = self.page_size
+        if ps == 1:
+            return self.alloc_pages(n)
+        in_last = min((-start) % ps, n) if start % ps else 0
+        head = torch.arange(last_slot + 1, last_slot + 1 + in_last, dtype=torch.int64)
+        new_pages = -(-(n - in_last) // ps)
+        pages = self.alloc_pages(new_pages)
+        body = (pages[:, None] * ps + torch.arange(ps)[None, :]).flatten()[: n - in_last]
+        return torch.cat([head, body])
+
+    @staticmethod
+    def pages_needed(page_size: int, start: int, n: int) -> int:
+        """New pages to extend a request from `start` to `start + n` tokens."""
+        return -(-(start + n) // page_size) - (-(-start // page_size))
+
+
+def available_memory_bytes() -> int:
+    """Available host memory (MemAvailable from /proc/meminfo, else total physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def kv_capacity_tokens(budget_bytes: int, bytes_per_token: int, page_size: int) -> int:
+    """Tokens that fit in `budget_bytes`, rounded down to a whole page."""
+    return (budget_bytes // bytes_per_token) // page_size * page_size

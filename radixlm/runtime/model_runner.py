@@ -1,0 +1,85 @@
+"""ModelRunner: loads the model, sizes and owns the memory pools, runs forward steps."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from radixlm.config import ServerArgs
+from radixlm.kernels import ForwardBatch, create_attention_backend
+from radixlm.runtime.memory import (
+    KVPool,
+    PagedAllocator,
+    ReqToTokenPool,
+    available_memory_bytes,
+    kv_bytes_per_token,
+    kv_capacity_tokens,
+)
+from radixlm.runtime.weights import load_model, weights_bytes
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelRunner:
+    """Owns the model, the KV pool, the allocator and the request-to-token table.
+
+    Capacity: `max_total_tokens` if set, else
+    (available memory * mem_fraction - weights bytes) / KV bytes per token, rounded down
+    to a page. Raises ValueError when the budget leaves no room for a single page.
+    """
+
+    def __init__(self, args: ServerArgs, hf_dir, config):
+        self.args = args
+        self.config = config
+        self.dtype = _DTYPES[args.dtype]
+        kv_dtype = self.dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
+        self.model = load_model(hf_dir, config, self.dtype, args.device)
+        self.weights_bytes = weights_bytes(self.model)
+
+        attn = self.model.model.layers[0].self_attn
+        num_layers = config.num_hidden_layers
+        self.kv_bytes_per_token = kv_bytes_per_token(
+            num_layers, attn.num_kv_heads, attn.head_dim, kv_dtype
+        )
+        if args.max_total_tokens is not None:
+            self.max_total_tokens = args.max_total_tokens // args.page_size * args.page_size
+            self.kv_budget_bytes = self.max_total_tokens * self.kv_bytes_per_token
+        else:
+            budget = int(available_memory_bytes() * args.mem_fraction) - self.weights_bytes
+            self.kv_budget_bytes = max(budget, 0)
+            self.max_total_tokens = kv_capacity_tokens(
+                self.kv_budget_bytes, self.kv_bytes_per_token, args.page_size
+            )
+        if self.max_total_tokens < args.page_size:
+            raise ValueError("the memory budget leaves no room for the KV cache; "
+                             "raise --mem-fraction or set --max-total-tokens")
+        self.context_len = args.context_length or config.max_position_embeddings
+        self.kv_pool = KVPool(
+            self.max_total_tokens + args.page_size,
+            num_layers,
+            attn.num_kv_heads,
+            attn.head_dim,
+            kv_dtype,
+            args.device,
+        )
+        self.allocator = PagedAllocator(self.max_total_tokens, args.page_size)
+        self.req_to_token_pool = ReqToTokenPool(
+            args.max_running_requests, self.context_len + 1, args.device
+        )
+        self.backend = create_attention_backend(
+            args.attention_backend, self.kv_pool, attn.head_dim**-0.5
+        )
+        logger.info(
+            "weights %.1f MB, KV %d bytes/token, capacity %d tokens (%.1f full-context users)",
+            self.weights_bytes / 1e6,
+            self.kv_bytes_per_token,
+            self.max_total_tokens,
+            self.max_total_tokens / self.context_len,
+        )
+
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Run one step; returns float32 logits [B, vocab] of each request's last token."""
+        return self.model(fb, self.backend)

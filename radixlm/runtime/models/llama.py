@@ -1,0 +1,171 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2): RoPE, RMSNorm, GQA, SwiGLU, tied or untied head.
+
+Parameter names equal the Hugging Face ones, so a HF state dict loads directly. Attention
+goes through the `AttentionBackend` the caller passes; the model never branches on it.
+Reference: Touvron et al. 2023 (Llama 2), Su et al. 2021 (RoPE), Zhang & Sennrich 2019 (RMSNorm).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.kernels import AttentionBackend, ForwardBatch, ForwardMode
+
+
+class RMSNorm(nn.Module):
+    """y = w * x / sqrt(mean(x^2) + eps), computed in fp32 like the HF reference."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE with the config's theta and scaling (inv_freq from transformers' rope utilities).
+
+    Applied to q [T, H, D] and k [T, Hkv, D] at int64 positions [T] (rotate-half layout).
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        params = getattr(config, "rope_parameters", None) or {}
+        rope_type = params.get("rope_type", "default")
+        head_dim = _head_dim(config)
+        if rope_type == "default":
+            theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+            inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+            scale = 1.0
+        else:
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.attention_scaling = scale
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        freqs = positions[:, None].float() * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.attention_scaling).to(q.dtype)[:, None, :]
+        sin = (emb.sin() * self.attention_scaling).to(q.dtype)[:, None, :]
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class Attention(nn.Module):
+    """GQA self-attention: q/k/v projections, RoPE, backend attention, output projection."""
+
+    def __init__(self, config, layer_id: int, qkv_bias: bool):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = _head_dim(config)
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+
+    def forward(self, x, positions, rotary: RotaryEmbedding, backend: AttentionBackend, fb):
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k = rotary(positions, q, k)
+        o = backend.forward(q, k, v, self.layer_id, fb)
+        return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)) (Shazeer 2020)."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config, layer_id: int, qkv_bias: bool):
+        super().__init__()
+        self.self_attn = Attention(config, layer_id, qkv_bias)
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, positions, rotary, backend, fb):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, backend, fb)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and final norm."""
+
+    def __init__(self, config, qkv_bias: bool):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, qkv_bias) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Causal LM over a `ForwardBatch`; returns fp32 logits of each request's last token.
+
+    Args:
+        config: a transformers Llama/Mistral/Qwen2 config.
+    """
+
+    qkv_bias_default = False
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        qkv_bias = getattr(config, "attention_bias", self.qkv_bias_default)
+        self.model = LlamaModel(config, qkv_bias)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if getattr(config, "tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
+        """Run one step. Returns logits float32 [B, vocab] for each request's last new token."""
+        backend.init_forward_metadata(fb)
+        x = self.model.embed_tokens(fb.input_ids)
+        for layer in self.model.layers:
+            x = layer(x, fb.positions, self.model.rotary_emb, backend, fb)
+        if fb.mode is ForwardMode.EXTEND:
+            x = x[fb.last_token_index()]
+        x = self.model.norm(x)
+        return self.lm_head(x).float()
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    """Qwen2: the Llama layout with biases on the q/k/v projections."""
+
+    qkv_bias_default = True

@@ -1,0 +1,125 @@
+"""Sampling parameters and the batched sampler (greedy, temperature, top-k, top-p, min-p).
+
+Top-p is nucleus sampling (Holtzman et al. 2020): keep the smallest set of most probable
+tokens whose probability mass reaches p. Min-p keeps tokens with p >= min_p * p_max.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import torch
+
+from radixlm.errors import InvalidRequestError
+
+
+class SamplingParams(msgspec.Struct, kw_only=True):
+    """Per-request sampling settings, with SGLang's names.
+
+    Attributes:
+        max_new_tokens: tokens to generate at most (0 only fills the cache and returns).
+        temperature: 0 means greedy (argmax).
+        top_p: nucleus mass in (0, 1]. top_k: keep the k most likely (-1 = all).
+        min_p: relative probability floor in [0, 1).
+        seed: per-request RNG seed; the same seed and request give the same output.
+        stop_token_ids: extra token ids that end generation (as EOS does).
+        ignore_eos: keep generating past EOS.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    stop_token_ids: list[int] = msgspec.field(default_factory=list)
+    ignore_eos: bool = False
+
+    @classmethod
+    def from_any(cls, value: SamplingParams | dict[str, Any] | None) -> SamplingParams:
+        """Accept a SamplingParams, a dict with these names, or None (defaults).
+
+        Raises InvalidRequestError for unknown keys, wrong types or out-of-range values.
+        """
+        if value is None:
+            params = cls()
+        elif isinstance(value, cls):
+            params = value
+        elif isinstance(value, dict):
+            unknown = set(value) - set(cls.__struct_fields__)
+            if unknown:
+                raise InvalidRequestError(f"unknown sampling parameters: {sorted(unknown)}")
+            try:
+                params = msgspec.convert(value, cls, strict=False)
+            except msgspec.ValidationError as e:
+                raise InvalidRequestError(f"invalid sampling parameters: {e}") from None
+        else:
+            raise InvalidRequestError(f"sampling_params must be a dict, got {type(value).__name__}")
+        params.validate()
+        return params
+
+    def validate(self) -> None:
+        """Raise InvalidRequestError when a value is out of range."""
+        if self.max_new_tokens < 0:
+            raise InvalidRequestError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise InvalidRequestError(f"top_k must be -1 or >= 1, got {self.top_k}")
+        if not 0 <= self.min_p < 1:
+            raise InvalidRequestError(f"min_p must be in [0, 1), got {self.min_p}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+class Sampler:
+    """Picks the next token of each row of a logits batch."""
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        generators: list[torch.Generator | None],
+    ) -> torch.Tensor:
+        """Sample one token per row.
+
+        Args:
+            logits: float32 [B, vocab].
+            params: B sampling settings. generators: B per-request RNGs (None for greedy).
+        Returns:
+            int64 [B] token ids.
+        """
+        out = torch.argmax(logits, dim=-1)
+        rows = [i for i, p in enumerate(params) if not p.is_greedy]
+        if not rows:
+            return out
+        idx = torch.tensor(rows)
+        sub = logits[idx]
+        temps = torch.tensor([params[i].temperature for i in rows], dtype=sub.dtype)
+        probs = self._filter(sub / temps[:, None], [params[i] for i in rows])
+        for j, i in enumerate(rows):
+            out[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
+        return out
+
+    @staticmethod
+    def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """Softmax after top-k, top-p and min-p masks; returns probabilities [R, vocab]."""
+        vocab = logits.shape[-1]
+        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
+        top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype)
+        min_p = torch.tensor([p.min_p for p in params], dtype=logits.dtype)
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        ranks = torch.arange(vocab)[None, :]
+        sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], float("-inf"))
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        drop = (mass_before >= top_p[:, None]) | (probs < min_p[:, None] * probs[:, :1])
+        drop[:, 0] = False
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+        return torch.zeros_like(probs).scatter_(-1, order, probs)
