@@ -1,0 +1,58 @@
+"""Element sizes of the number formats the planner prices.
+
+Sizes are storage bytes per element. ``int4`` is 0.5 byte per weight; weight-only int4
+formats (GPTQ, AWQ) add one fp16 scale and one fp16 zero point per group of weights,
+which `weight_bytes_per_param` includes (group size 128 by default: 4 bytes / 128 =
+0.03125 byte per weight). Per-channel or per-tensor scales of fp8 / int8 are a few bytes
+per row and are ignored. KV-cache quantization scales are ignored likewise.
+"""
+
+from __future__ import annotations
+
+DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 0.5,
+}
+
+KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
+WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
+
+_ALIASES = {
+    "float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16",
+    "half": "fp16", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "e4m3": "fp8",
+}
+
+
+def normalize(dtype: str) -> str:
+    """Canonical dtype name (``bfloat16`` -> ``bf16``); raises ValueError if unknown."""
+    name = _ALIASES.get(dtype.lower(), dtype.lower())
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPE_BYTES)}")
+    return name
+
+
+def dtype_bytes(dtype: str) -> float:
+    return DTYPE_BYTES[normalize(dtype)]
+
+
+def weight_bytes_per_param(dtype: str, group_size: int = 128) -> float:
+    """Bytes per quantized weight including group scales (int4 only, see module doc)."""
+    name = normalize(dtype)
+    if name == "int4":
+        return 0.5 + 4.0 / group_size
+    return DTYPE_BYTES[name]
+
+
+def compute_precision(weight_dtype: str) -> str:
+    """The tensor-core precision a weight format runs at.
+
+    fp8 weights run fp8 matmuls (W8A8-FP8), int8 weights int8 matmuls (W8A8), fp32 runs
+    as fp32 (TF32 on GPUs), and everything else (bf16, fp16, int4 weight-only, which
+    dequantizes to 16 bits in the kernel) runs bf16.
+    """
+    name = normalize(weight_dtype)
+    return {"fp8": "fp8", "int8": "int8", "fp32": "fp32"}.get(name, "bf16")

@@ -1,0 +1,92 @@
+"""Mixture-of-experts: the memory bill (all parameters) vs the bandwidth bill (active ones).
+
+Memory: every expert must be resident, so an MoE model needs memory for its total
+parameters (Mixtral-8x7B: 46.7B; DeepSeek-V3: 671B).
+
+Bandwidth: a decode step reads only the experts its tokens are routed to. One token
+(batch 1) reads the active parameters (Mixtral: 12.9B, 2 of 8 experts; DeepSeek-V3: 37B,
+8 of 256 routed experts plus the shared one). A batch of n tokens routed uniformly and
+independently reads E_active(n) = E (1 - (1 - k/E)^n) experts per layer
+(`radixlm.plan.weights`), so the bytes read per step climb from the active-parameter bill
+toward the total-parameter bill as the batch grows, and the weight bytes per token fall
+only once the batch is well past the point where every expert is busy.
+
+"All experts active" is reported two ways: the batch at which the expected number of
+idle experts drops below one, E (1 - k/E)^n < 1  =>  n > ln E / -ln(1 - k/E)
+(Mixtral: 8 tokens; DeepSeek-V3: 175 tokens), and the batches at which the expected
+active fraction reaches 50 / 90 / 99%.
+
+Arithmetic intensity of the expert weights at batch n: each token multiplies with k
+experts of p_e parameters, so FLOPs are 2 n k p_e against E_active(n) p_e b bytes read,
+    I_experts(n) = 2 n k / (E_active(n) b).
+While n k << E, E_active(n) ~= n k and I ~= 2 / b: batching buys no reuse, every token
+brings its own experts. Only once all experts are active does I grow like 2 n k / (E b),
+so MoE decode needs about E / k times the batch of a dense model to reach the same
+intensity and turn compute-bound.
+"""
+
+from __future__ import annotations
+
+import math
+
+from radixlm.plan.dtypes import weight_bytes_per_param
+from radixlm.plan.models import ModelSpec
+from radixlm.plan.weights import (
+    expected_distinct_experts,
+    tokens_for_expert_fraction,
+    weights_bytes,
+    weights_read_bytes,
+)
+
+
+def batch_all_experts_active(model: ModelSpec) -> int:
+    """Smallest n with fewer than one expected idle expert: E (1 - k/E)^n < 1."""
+    e, k = model.num_experts, model.experts_per_token
+    if not model.is_moe or k >= e:
+        return 1
+    return math.floor(math.log(e) / -math.log(1.0 - k / e)) + 1
+
+
+def expert_intensity(model: ModelSpec, tokens: int, dtype: str = "bf16") -> float:
+    """FLOP/byte of the routed-expert matmuls at `tokens` tokens per step."""
+    active = expected_distinct_experts(model, tokens)
+    return 2.0 * tokens * model.experts_per_token / (active * weight_bytes_per_param(dtype))
+
+
+def moe_bills(model: ModelSpec, dtype: str = "bf16") -> dict:
+    """Memory bill vs per-token bandwidth bill, and the all-experts-active batch sizes."""
+    total = weights_bytes(model, dtype)
+    per_token = weights_read_bytes(model, 1, dtype)
+    return {
+        "total_params": model.total_params(),
+        "active_params": model.active_params(),
+        "num_experts": model.num_experts,
+        "experts_per_token": model.experts_per_token,
+        "shared_expert_intermediate_size": model.shared_expert_intermediate_size,
+        "moe_layers": model.num_moe_layers,
+        "memory_bytes": total,
+        "bandwidth_bytes_per_token_batch1": per_token,
+        "memory_to_bandwidth_ratio": total / per_token,
+        "batch_all_experts_active": batch_all_experts_active(model),
+        "batch_50pct_active": tokens_for_expert_fraction(model, 0.5),
+        "batch_90pct_active": tokens_for_expert_fraction(model, 0.9),
+        "batch_99pct_active": tokens_for_expert_fraction(model, 0.99),
+    }
+
+
+def moe_batch_table(model: ModelSpec, batches: tuple[int, ...], dtype: str = "bf16") -> list[dict]:
+    """Per batch size: active experts per layer, weight bytes read per step and per token,
+    and the routed-expert arithmetic intensity."""
+    rows = []
+    for n in batches:
+        read = weights_read_bytes(model, n, dtype)
+        active = expected_distinct_experts(model, n)
+        rows.append({
+            "batch": n,
+            "active_experts": active,
+            "active_fraction": active / model.num_experts,
+            "weights_read_bytes": read,
+            "weights_read_per_token": read / n,
+            "expert_intensity": expert_intensity(model, n, dtype),
+        })
+    return rows
