@@ -1,0 +1,74 @@
+"""The `radixlm` command: `generate` (one completion in-process) and `plan` (serving planner)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from radixlm.config import ServerArgs
+from radixlm.errors import RadixLMError
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from radixlm.runtime.engine import Engine
+
+    engine = Engine(**dataclasses.asdict(ServerArgs.from_cli_args(args)))
+    params = {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+    }
+    if args.seed is not None:
+        params["seed"] = args.seed
+    prompt = args.prompt
+    if args.chat:
+        prompt = engine.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+    with engine:
+        for chunk in engine.generate(prompt, params, stream=True):
+            sys.stdout.write(chunk["text"])
+            sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `radixlm` command."""
+    parser = argparse.ArgumentParser(prog="radixlm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate one completion in-process and print it")
+    gen.add_argument("--prompt", required=True, help="prompt text")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    gen.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    gen.add_argument("--top-k", type=int, default=-1, help="keep the k most likely tokens (-1 = all)")
+    gen.add_argument("--seed", type=int, default=None, help="sampling seed")
+    ServerArgs.add_cli_args(gen)
+    gen.set_defaults(func=_generate)
+
+    try:
+        from radixlm.plan.cli import register
+    except ImportError:
+        pass
+    else:
+        register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `radixlm` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except RadixLMError as e:
+        print(f"radixlm: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

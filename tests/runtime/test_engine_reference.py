@@ -1,0 +1,72 @@
+"""Greedy fp32 output equals transformers token for token; cache hits change nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixlm import Engine
+from tests.runtime.conftest import MODEL, greedy
+
+
+def _check_accounting(engine: Engine, idle: bool = True) -> None:
+    mem = engine.get_server_info()["memory"]
+    assert mem["free"] + mem["evictable"] + mem["protected"] + mem["held"] == mem["total"]
+    if idle:
+        assert mem["held"] == 0 and mem["protected"] == 0
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(MODEL, max_total_tokens=8192) as e:
+        yield e
+
+
+def test_one_by_one_matches_transformers(engine, prompts, reference):
+    for ids, ref in zip(prompts, reference):
+        out = engine.generate(input_ids=ids, sampling_params=greedy())
+        assert out["output_ids"] == ref
+        assert out["usage"]["prompt_tokens"] == len(ids)
+        assert out["usage"]["completion_tokens"] == len(ref)
+    _check_accounting(engine)
+
+
+def test_one_batch_matches_transformers(engine, prompts, reference):
+    outs = engine.generate(input_ids=prompts, sampling_params=greedy())
+    assert [o["output_ids"] for o in outs] == reference
+    _check_accounting(engine)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_cache_hit_equals_miss(page_size, prompts, reference):
+    with Engine(MODEL, max_total_tokens=8192, page_size=page_size) as engine:
+        first = engine.generate(input_ids=prompts, sampling_params=greedy())
+        second = engine.generate(input_ids=prompts, sampling_params=greedy())
+        assert [o["output_ids"] for o in first] == reference
+        assert [o["output_ids"] for o in second] == reference
+        assert all(o["usage"]["cached_tokens"] == 0 for o in first)
+        for ids, o in zip(prompts, second):
+            cached = o["usage"]["cached_tokens"]
+            # Everything but the last prompt token can hit, rounded down to a page.
+            assert cached == (len(ids) - 1) // page_size * page_size
+        _check_accounting(engine)
+
+
+def test_small_pool_forces_eviction(prompts, reference):
+    # 1,600 slots cannot hold the 1,500-token prompt's cache next to the others, so the
+    # radix cache must evict while the output stays exact.
+    with Engine(MODEL, max_total_tokens=1600, page_size=4) as engine:
+        evicted: list[int] = []
+        tree = engine.scheduler.tree
+        original = tree.evict
+
+        def counting_evict(n: int) -> int:
+            freed = original(n)
+            evicted.append(freed)
+            return freed
+
+        tree.evict = counting_evict
+        for _ in range(2):
+            for ids, ref in zip(prompts, reference):
+                assert engine.generate(input_ids=ids, sampling_params=greedy())["output_ids"] == ref
+                _check_accounting(engine)
+        assert sum(evicted) > 0
