@@ -46,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    gen.add_argument("--top-k", type=int, default=-1, help="keep the k most likely tokens (-1 = all)")
+    gen.add_argument(
+        "--top-k", type=int, default=-1, help="keep the k most likely tokens (-1 = all)"
+    )
     gen.add_argument("--seed", type=int, default=None, help="sampling seed")
     ServerArgs.add_cli_args(gen)
     gen.set_defaults(func=_generate)

@@ -21,18 +21,32 @@ class ServerArgs:
     """Every setting of the engine. Units: tokens unless stated."""
 
     model: str = _opt("smollm2-135m", "model alias, local Hugging Face directory, or .gguf file")
-    dtype: str = _opt("float32", "weights and activations dtype", choices=["float32", "bfloat16", "float16"])
+    dtype: str = _opt(
+        "float32", "weights and activations dtype", choices=["float32", "bfloat16", "float16"]
+    )
     kv_cache_dtype: str = _opt("auto", "KV cache dtype ('auto' = the model dtype)")
     device: str = _opt("cpu", "torch device")
-    num_threads: int = _opt(1, "torch compute threads per process (1 is fastest on shared small machines)")
+    num_threads: int = _opt(
+        1, "torch compute threads per process (1 is fastest on shared small machines)"
+    )
     page_size: int = _opt(1, "tokens per KV page (a power of two)")
-    max_total_tokens: int | None = _opt(None, "KV pool size in tokens (default: from --mem-fraction)")
-    mem_fraction: float = _opt(0.25, "fraction of available memory for weights + KV pool when --max-total-tokens is unset")
-    max_running_requests: int = _opt(64, "maximum concurrently running requests (rows of the request-to-token table)")
+    max_total_tokens: int | None = _opt(
+        None, "KV pool size in tokens (default: from --mem-fraction)"
+    )
+    mem_fraction: float = _opt(
+        0.25, "fraction of available memory for weights + KV pool when --max-total-tokens is unset"
+    )
+    max_running_requests: int = _opt(
+        64, "maximum concurrently running requests (rows of the request-to-token table)"
+    )
     max_prefill_tokens: int = _opt(8192, "maximum new (uncached) prompt tokens per extend step")
-    context_length: int | None = _opt(None, "maximum tokens per request (default: the model's max positions)")
+    context_length: int | None = _opt(
+        None, "maximum tokens per request (default: the model's max positions)"
+    )
     attention_backend: str = _opt("torch_native", "attention backend", choices=["torch_native"])
-    disable_radix_cache: bool = _opt(False, "use no prefix cache (every prompt is prefilled in full)")
+    disable_radix_cache: bool = _opt(
+        False, "use no prefix cache (every prompt is prefilled in full)"
+    )
     random_seed: int = _opt(0, "seed for requests without their own seed")
     log_level: str = _opt("warning", "logging level", choices=["debug", "info", "warning", "error"])
 
@@ -55,7 +69,9 @@ class ServerArgs:
         for f in dataclasses.fields(cls):
             flag = "--" + f.name.replace("_", "-")
             meta = dict(f.metadata)
-            help_text = meta.pop("help") + (f" (default: {f.default})" if f.default is not None else "")
+            help_text = meta.pop("help") + (
+                f" (default: {f.default})" if f.default is not None else ""
+            )
             if f.type in ("bool", bool):
                 parser.add_argument(flag, action="store_true", help=help_text)
             else:

@@ -1,1 +1,1 @@
-"""The radixlm language: multi-call and branching programs (gen, select, fork). Built in a later issue."""
+"""The radixlm language: multi-call, branching programs (gen, select, fork); a later issue."""

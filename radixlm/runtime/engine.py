@@ -206,9 +206,7 @@ class Engine:
             raise InvalidRequestError(f"token ids must be in [0, {vocab})")
         ctx = self.runner.context_len
         if len(ids) >= ctx:
-            raise InvalidRequestError(
-                f"prompt has {len(ids)} tokens; the context length is {ctx}"
-            )
+            raise InvalidRequestError(f"prompt has {len(ids)} tokens; the context length is {ctx}")
         need = min(len(ids) + p.max_new_tokens, ctx)
         ps = self.args.page_size
         if PagedAllocator.pages_needed(ps, 0, need) * ps > self.runner.max_total_tokens:
@@ -230,7 +228,11 @@ class Engine:
                 continue
             t.output_ids.extend(out.new_token_ids)
             text = t.detok.add(out.new_token_ids)
-            chunk: dict[str, Any] = {"index": t.index, "text": text, "output_ids": out.new_token_ids}
+            chunk: dict[str, Any] = {
+                "index": t.index,
+                "text": text,
+                "output_ids": out.new_token_ids,
+            }
             if out.finish_reason is not None:
                 t.final = out
                 chunk["text"] += t.detok.flush()

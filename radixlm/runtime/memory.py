@@ -85,7 +85,9 @@ class KVPool:
         self.v_buffer[layer_id][loc] = v.to(self.dtype)
 
 
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+def kv_bytes_per_token(
+    num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
     """KV bytes per cached token: layers * kv_heads * head_dim * 2 (K and V) * element size."""
     return num_layers * num_kv_heads * head_dim * 2 * torch.empty((), dtype=dtype).element_size()
 

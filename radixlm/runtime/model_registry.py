@@ -115,9 +115,7 @@ def convert_gguf(gguf: Path) -> Path:
         bar.update()
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
         bar.update()
-        loaded = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, dtype=torch.float32, **kwargs
-        )
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
         bar.update()
         if hasattr(config, "quantization_config"):
             del config.quantization_config

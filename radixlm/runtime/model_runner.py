@@ -54,8 +54,10 @@ class ModelRunner:
                 self.kv_budget_bytes, self.kv_bytes_per_token, args.page_size
             )
         if self.max_total_tokens < args.page_size:
-            raise ValueError("the memory budget leaves no room for the KV cache; "
-                             "raise --mem-fraction or set --max-total-tokens")
+            raise ValueError(
+                "the memory budget leaves no room for the KV cache; "
+                "raise --mem-fraction or set --max-total-tokens"
+            )
         self.context_len = args.context_length or config.max_position_embeddings
         self.kv_pool = KVPool(
             self.max_total_tokens + args.page_size,

@@ -140,7 +140,9 @@ class Scheduler:
             locs.append(slots)
             ext_lens.append(n)
             pre_lens.append(start)
-        return self._forward_batch(ForwardMode.EXTEND, batch, ids, positions, locs, pre_lens, ext_lens)
+        return self._forward_batch(
+            ForwardMode.EXTEND, batch, ids, positions, locs, pre_lens, ext_lens
+        )
 
     def _build_decode(self, batch: list[Req]) -> ForwardBatch:
         locs = [self._alloc(req, req.kv_len, 1) for req in batch]

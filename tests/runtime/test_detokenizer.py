@@ -1,0 +1,35 @@
+"""Incremental detokenization never splits a UTF-8 character and never repeats text."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixlm.runtime.detokenizer import IncrementalDetokenizer
+
+TEXTS = [
+    "Hello, world! Plain ASCII text.",
+    "Ünïcödé: naïve café, 東京タワー, 🚀🎉 and 👩‍💻 emoji.",
+    "Mixed\nlines\twith  spaces and émojis 😀😀😀",
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_deltas_concatenate_to_decode(tokenizer, text):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer)
+    deltas = [detok.add([i]) for i in ids] + [detok.flush()]
+    assert "".join(deltas) == tokenizer.decode(ids) == text
+    assert all("\ufffd" not in d for d in deltas)
+
+
+def test_partial_character_is_held_back(tokenizer):
+    ids = tokenizer.encode("🚀", add_special_tokens=False)
+    assert len(ids) > 1  # byte-level BPE splits the rocket across tokens
+    detok = IncrementalDetokenizer(tokenizer)
+    assert detok.add(ids[:1]) == ""
+    assert detok.add(ids[1:]) == "🚀"
+
+
+def test_special_tokens_are_skipped(tokenizer):
+    detok = IncrementalDetokenizer(tokenizer)
+    assert detok.add([1]) + detok.add(tokenizer.encode("hi", add_special_tokens=False)) == "hi"

@@ -1,0 +1,148 @@
+"""Engine API behaviour: streaming, sampling seeds, stop conditions, abort, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixlm import Engine, SamplingParams
+from radixlm.errors import InvalidRequestError, ModelNotFoundError
+from tests.runtime.conftest import MODEL, greedy
+
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with Engine(MODEL, max_total_tokens=4096, context_length=512) as e:
+        yield e
+
+
+def _idle(engine: Engine) -> dict:
+    mem = engine.get_server_info()["memory"]
+    assert mem["free"] + mem["evictable"] + mem["protected"] + mem["held"] == mem["total"]
+    assert mem["held"] == 0 and mem["protected"] == 0
+    return mem
+
+
+def test_stream_concatenates_to_full_text(engine):
+    full = engine.generate(PROMPT, greedy(24))
+    chunks = list(engine.generate(PROMPT, greedy(24), stream=True))
+    assert "".join(c["text"] for c in chunks) == full["text"]
+    assert [t for c in chunks for t in c["output_ids"]] == full["output_ids"]
+    assert chunks[-1]["finish_reason"] == "length"
+    assert all("finish_reason" not in c for c in chunks[:-1])
+    assert chunks[-1]["usage"]["completion_tokens"] == 24
+
+
+def test_stream_of_batch_carries_index(engine):
+    prompts = [PROMPT, "The capital of France is"]
+    full = engine.generate(prompts, greedy(8))
+    chunks = list(engine.generate(prompts, greedy(8), stream=True))
+    for i, ref in enumerate(full):
+        mine = [c for c in chunks if c["index"] == i]
+        assert "".join(c["text"] for c in mine) == ref["text"]
+
+
+def test_closing_a_stream_aborts_and_frees(engine):
+    it = engine.generate(PROMPT, greedy(64), stream=True)
+    next(it)
+    next(it)
+    it.close()
+    assert engine.get_server_info()["num_running"] == 0
+    _idle(engine)
+
+
+def test_seed_reproducible_also_in_a_batch(engine):
+    sampled = {"max_new_tokens": 16, "temperature": 1.0, "top_p": 0.9, "top_k": 50, "seed": 7}
+    alone = engine.generate(PROMPT, sampled)
+    batch = engine.generate(
+        [PROMPT, "Hello there", PROMPT], [sampled, greedy(16), {**sampled, "seed": 8}]
+    )
+    assert batch[0]["output_ids"] == alone["output_ids"]
+    assert batch[2]["output_ids"] != alone["output_ids"]
+
+
+def test_stop_token_ids_and_max_new_tokens(engine):
+    ref = engine.generate(PROMPT, greedy(12))["output_ids"]
+    stop = ref[5]
+    first = ref.index(stop)
+    out = engine.generate(PROMPT, {**greedy(12), "stop_token_ids": [stop]})
+    assert out["output_ids"] == ref[: first + 1]
+    assert out["finish_reason"] == "stop" and out["matched_stop"] == stop
+    short = engine.generate(PROMPT, greedy(3))
+    assert short["output_ids"] == ref[:3] and short["finish_reason"] == "length"
+
+
+def test_eos_stops_unless_ignored(engine):
+    chat = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Say hi."}], tokenize=False, add_generation_prompt=True
+    )
+    out = engine.generate(chat, greedy(200))
+    assert out["finish_reason"] == "stop" and out["matched_stop"] == 2
+    assert out["output_ids"][-1] == 2 and 2 not in out["output_ids"][:-1]
+    n = len(out["output_ids"])
+    more = engine.generate(chat, {**greedy(n + 3), "ignore_eos": True})
+    assert more["output_ids"][:n] == out["output_ids"]
+    assert len(more["output_ids"]) == n + 3 and more["finish_reason"] == "length"
+
+
+def test_max_new_tokens_zero_caches_the_prompt(engine):
+    ids = engine.tokenizer.encode("A unique prefix about owls and moons, " * 4)
+    out = engine.generate(input_ids=ids, sampling_params=greedy(0))
+    assert out["output_ids"] == [] and out["finish_reason"] == "length"
+    again = engine.generate(input_ids=ids + [13], sampling_params=greedy(1))
+    assert again["usage"]["cached_tokens"] == len(ids)
+
+
+def test_context_length_stops_generation(engine):
+    ids = engine.tokenizer.encode("word " * 505)[:505]
+    out = engine.generate(input_ids=ids, sampling_params={**greedy(50), "ignore_eos": True})
+    assert out["finish_reason"] == "length"
+    assert len(ids) + len(out["output_ids"]) == 512
+
+
+def test_sampling_params_object_and_dict_agree(engine):
+    a = engine.generate(PROMPT, SamplingParams(max_new_tokens=5, temperature=0))
+    b = engine.generate(PROMPT, {"max_new_tokens": 5, "temperature": 0})
+    assert a["output_ids"] == b["output_ids"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"prompt": ""}, "empty prompt"),
+        ({"input_ids": []}, "empty prompt list"),
+        ({"prompt": ["ok", ""]}, "empty prompt"),
+        ({"input_ids": [1] * 600}, "context length is 512"),
+        ({"input_ids": [49152]}, "token ids must be in"),
+        ({"prompt": PROMPT, "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+        ({"prompt": PROMPT, "sampling_params": {"temperature": -0.5}}, "temperature"),
+        ({"prompt": PROMPT, "sampling_params": {"top_p": 0}}, "top_p"),
+        ({"prompt": PROMPT, "sampling_params": {"max_tokens": 3}}, "unknown sampling"),
+        ({"prompt": PROMPT, "sampling_params": {"max_new_tokens": "x"}}, "invalid sampling"),
+        ({"prompt": 42}, "prompt must be"),
+        ({}, "exactly one of"),
+    ],
+)
+def test_bad_input_raises_typed_error_and_engine_keeps_serving(engine, kwargs, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        engine.generate(**kwargs)
+    assert engine.generate(PROMPT, greedy(2))["output_ids"]
+    _idle(engine)
+
+
+def test_request_that_cannot_fit_the_pool_is_rejected():
+    with Engine(MODEL, max_total_tokens=64) as small:
+        with pytest.raises(InvalidRequestError, match="cannot fit the KV cache"):
+            small.generate(PROMPT, greedy(100))
+        assert len(small.generate(PROMPT, greedy(8))["output_ids"]) == 8
+
+
+def test_unknown_model_is_a_typed_error():
+    with pytest.raises(ModelNotFoundError, match="unknown model 'no-such-model'"):
+        Engine("no-such-model")
+
+
+def test_unknown_engine_argument():
+    with pytest.raises(TypeError, match="unknown Engine arguments"):
+        Engine(MODEL, max_tokens_total=5)

@@ -1,0 +1,64 @@
+"""Paged allocator, request-to-token pool and KV pool sizing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.runtime.memory import (
+    KVPool,
+    OutOfSlotsError,
+    PagedAllocator,
+    ReqToTokenPool,
+    kv_bytes_per_token,
+    kv_capacity_tokens,
+)
+
+
+def test_page_zero_is_never_allocated():
+    alloc = PagedAllocator(16, page_size=4)
+    pages = alloc.alloc_pages(4)
+    assert sorted(pages.tolist()) == [1, 2, 3, 4]
+    with pytest.raises(OutOfSlotsError):
+        alloc.alloc_pages(1)
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 4, 16])
+def test_positions_share_pages_and_free_restores(page_size):
+    alloc = PagedAllocator(64, page_size)
+    slots = alloc.alloc_positions(0, 0, 5)
+    for n in (1, 1, 3):  # grow one request token by token and in chunks
+        start = len(slots)
+        slots = torch.cat([slots, alloc.alloc_positions(int(slots[-1]), start, n)])
+    assert len(set(slots.tolist())) == len(slots) == 10
+    # Position p sits at offset p % page_size of its page.
+    assert (slots % page_size).tolist() == [p % page_size for p in range(10)]
+    assert alloc.available() == 64 - PagedAllocator.pages_needed(page_size, 0, 10) * page_size
+    alloc.free(slots)
+    assert alloc.available() == 64
+
+
+def test_pages_needed():
+    assert PagedAllocator.pages_needed(4, 0, 5) == 2
+    assert PagedAllocator.pages_needed(4, 5, 3) == 0
+    assert PagedAllocator.pages_needed(4, 5, 4) == 1
+    assert PagedAllocator.pages_needed(1, 7, 3) == 3
+
+
+def test_req_to_token_rows():
+    pool = ReqToTokenPool(2, 8)
+    a, b = pool.alloc(), pool.alloc()
+    assert {a, b} == {0, 1} and pool.available() == 0
+    with pytest.raises(OutOfSlotsError):
+        pool.alloc()
+    pool.free(a)
+    assert pool.alloc() == a
+
+
+def test_kv_bytes_per_token_smollm2_fp32():
+    # 30 layers x 3 KV heads x 64 dims x 2 (K and V) x 4 bytes
+    assert kv_bytes_per_token(30, 3, 64, torch.float32) == 46_080
+    pool = KVPool(8, 30, 3, 64, torch.float32)
+    assert pool.bytes_per_token == 46_080
+    assert pool.k_buffer[0].shape == (8, 3, 64)
+    assert kv_capacity_tokens(46_080 * 100 + 5, 46_080, 16) == 96
