@@ -49,10 +49,13 @@ def hardware_of(args: argparse.Namespace) -> Hardware:
 
 
 def hw_facts(hw: Hardware, precision: str) -> list[tuple[str, str]]:
+    bandwidth = f"{hw.mem_bandwidth / 1e9:,.1f} GB/s"
+    if hw.copy_bandwidth:
+        bandwidth += f" (GEMV weight streaming; copy {hw.copy_bandwidth / 1e9:,.1f} GB/s)"
     return [
         ("gpu", f"{hw.name} ({hw.source})"),
         ("memory", fmt_bytes(hw.memory_bytes)),
-        ("bandwidth", f"{hw.mem_bandwidth / 1e9:,.1f} GB/s"),
+        ("bandwidth", bandwidth),
         (f"peak {precision}", f"{hw.flops(precision) / 1e12:,.3g} TFLOP/s"),
     ]
 
@@ -169,8 +172,9 @@ def cmd_capacity(args: argparse.Namespace) -> Report:
         if r.kv_budget_bytes_per_gpu <= 0:
             report.notes.append(f"tp={r.tp}: the weights alone exceed the memory budget")
         elif r.kv_replication > 1:
+            what = "the MLA latent is" if m.attention == "mla" else "KV heads are"
             report.notes.append(
-                f"tp={r.tp}: KV heads replicated {r.kv_replication:g}x, so capacity is "
+                f"tp={r.tp}: {what} replicated {r.kv_replication:g}x, so capacity is "
                 f"{r.max_tokens:,} tokens instead of {r.tokens_without_replication:,}")
     return report
 

@@ -78,7 +78,7 @@ def cmd_roofline(args: argparse.Namespace) -> Report:
          for p in prefill]))
     if args.plot:
         try:
-            data["plot"] = plot_roofline(dep, ctx, curve, prefill, args.plot)
+            data["plot"] = plot_roofline(dep, ctx, curve, prefill, args.plot, knee)
             report.notes.append(f"plot written to {args.plot}")
         except ImportError:
             report.notes.append("--plot needs matplotlib (pip install matplotlib); skipped")

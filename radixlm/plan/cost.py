@@ -11,7 +11,9 @@ for the forward pass, plus attention):
   + attn_coeff * (decode_batch * context + chunk_seqs * (chunk * chunk_prefix
                                                          + chunk * (chunk + 1) / 2)) / tp
 where attn_coeff = FLOPs per query token per cached token (4 * heads * head_dim * layers;
-causal self-attention of a chunk sees on average half of itself).
+for MLA the absorbed form for decode and the expanded form for chunks, see
+`ModelSpec.attn_flops_per_context_token`; causal self-attention of a chunk sees on
+average half of itself).
 
 Bytes (the dominant traffic; activations are ignored):
     weights read once per step (MoE: the experts the step's tokens route to) / tp
@@ -83,11 +85,11 @@ class Deployment:
         tokens = decode_batch + prefill_tokens
         if tokens == 0:
             return Step(0, 0.0, 0.0, 0.0, 0.0, 0.0)
-        attn_pairs = decode_batch * context
+        attn = m.attn_flops_per_context_token() * decode_batch * context
         if chunk:
-            attn_pairs += chunk_seqs * (chunk * chunk_prefix + chunk * (chunk + 1) / 2)
-        flops = (2.0 * m.matmul_params_per_token() * tokens
-                 + m.attn_flops_per_context_token() * attn_pairs) / tp
+            pairs = chunk_seqs * (chunk * chunk_prefix + chunk * (chunk + 1) / 2)
+            attn += m.attn_flops_per_context_token(prefill=True) * pairs
+        flops = (2.0 * m.matmul_params_per_token() * tokens + attn) / tp
         kv_read = decode_batch * context + (chunk_seqs * chunk_prefix if chunk else 0)
         nbytes = (weights_read_bytes(m, tokens, self.weight_dtype) / tp
                   + (kv_read + tokens) * self.kv_per_token)

@@ -95,7 +95,7 @@ def plan_replica(dep: Deployment, *, rate: float, prompt: LengthDist, output: Le
         chain.append({"step": step, "formula": formula, "value": value})
 
     p_mean, o_mean = prompt.mean, output.mean
-    note("lengths", "P_mean, O_mean, P_max", f"{p_mean:.0f}, {o_mean:.0f}, {prompt.max}")
+    note("lengths", "P_mean, O_mean, P_max", f"{p_mean:,.0f}, {o_mean:,.0f}, {prompt.max:,}")
     seq = math.ceil(p_mean + o_mean)
     cap = capacity(dep.model, dep.hw, tp=tp, weight_dtype=dep.weight_dtype,
                    kv_dtype=dep.kv_dtype, context=seq, mem_fraction=mem_fraction)
@@ -129,7 +129,7 @@ def plan_replica(dep: Deployment, *, rate: float, prompt: LengthDist, output: Le
     b = lo
     t_d = dep.decode(b, ctx).time_s
     note("decode batch B", "max B: t_d(B) + B t_p / O <= TPOT SLO, B <= B_mem",
-         f"{b} ({'memory' if b == b_mem else 'TPOT'}-limited)")
+         f"{b:,} ({'memory' if b == b_mem else 'TPOT'}-limited)")
     note("t_d(B)", f"decode step at B, context {ctx}", f"{t_d * 1e3:.2f} ms")
     tpot = tpot_s(b)
     note("TPOT", "t_d(B) + B t_p / O", f"{tpot * 1e3:.2f} ms")
@@ -148,7 +148,7 @@ def plan_replica(dep: Deployment, *, rate: float, prompt: LengthDist, output: Le
     note("GPUs", "replicas * tp", replicas * tp)
     note("nodes", f"ceil(replicas / floor({gpus_per_node} / tp))", nodes)
     note("in flight", "rate * (TTFT + O * TPOT) (Little's law)",
-         f"{rate * (ttft + o_mean * tpot):.0f} requests")
+         f"{rate * (ttft + o_mean * tpot):,.0f} requests")
     note("token rates", "rate * P_mean in, rate * O_mean out",
          f"{rate * p_mean:,.0f} in/s, {rate * o_mean:,.0f} out/s")
     return FleetPlan(tp, True, "ok", replicas, replicas * tp, nodes, b, rps,

@@ -203,16 +203,23 @@ class ModelSpec:
         head = self.vocab_size * self.hidden_size
         return self.block_linear_params(active_only=True) + head
 
-    def attn_flops_per_context_token(self) -> int:
+    def attn_flops_per_context_token(self, prefill: bool = False) -> int:
         """FLOPs one query token spends per cached token, summed over layers.
 
         Standard attention: scores q.k (2 * head_dim per head) and the weighted sum of v
-        (2 * head_dim per head): 4 * num_heads * head_dim per layer. MLA in its absorbed
-        decode form (DeepSeek-V2, section 2.1.3) scores against the latent plus the RoPE
-        key (kv_lora_rank + qk_rope_head_dim) and sums latents (kv_lora_rank) per head.
+        (2 * head_dim per head): 4 * num_heads * head_dim per layer. MLA (DeepSeek-V2,
+        section 2.1.3) decodes in the absorbed form, scoring against the latent plus the
+        RoPE key (kv_lora_rank + qk_rope_head_dim) and summing latents (kv_lora_rank) per
+        head; prefill (`prefill=True`) runs on expanded per-head keys (qk_nope +
+        qk_rope) and values (v_head_dim), as SGLang and vLLM do (the up-projection of
+        cached latents is not counted).
         """
         if self.attention == "mla":
-            per_head = 2 * (self.kv_lora_rank + self.qk_rope_head_dim) + 2 * self.kv_lora_rank
+            if prefill:
+                per_head = 2 * (self.qk_nope_head_dim + self.qk_rope_head_dim) + 2 * self.v_head_dim
+            else:
+                per_head = (2 * (self.kv_lora_rank + self.qk_rope_head_dim)
+                            + 2 * self.kv_lora_rank)
             return self.num_layers * self.num_heads * per_head
         return self.num_layers * 4 * self.num_heads * self.head_dim
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
+
+_NUMERIC = re.compile(r"^-?[\d.,]+(\s?[%a-zA-Z]{0,3})?$")  # "1.2 GB", "45%", "1,024"
 
 
 @dataclass
@@ -67,7 +70,8 @@ def fmt_params(n: float) -> str:
 def render_table(table: Table) -> str:
     """Text columns left-aligned, numbers right-aligned (decided by the first row)."""
     cells = [[fmt_num(c) if not isinstance(c, str) else c for c in row] for row in table.rows]
-    left = [isinstance(c, str) for c in table.rows[0]] if table.rows else []
+    left = [isinstance(c, str) and not _NUMERIC.match(c) for c in table.rows[0]] \
+        if table.rows else []
     left += [False] * (len(table.headers) - len(left))
     widths = [len(h) for h in table.headers]
     for row in cells:

@@ -107,7 +107,7 @@ def prefill_points(dep: Deployment, prompts: tuple[int, ...]) -> list[dict]:
 
 
 def plot_roofline(dep: Deployment, context: int, curve: list[CurvePoint],
-                  prefill: list[dict], path: str) -> str:
+                  prefill: list[dict], path: str, knee: int | None = None) -> str:
     """Write a two-panel PNG: the roofline with decode/prefill points, and decode
     tokens/s vs batch. Needs matplotlib (optional dependency); returns `path`.
 
@@ -134,6 +134,9 @@ def plot_roofline(dep: Deployment, context: int, curve: list[CurvePoint],
     ax1.set_ylabel("attainable TFLOP/s per GPU")
     ax1.legend(fontsize=8)
     ax2.loglog([p.batch for p in curve], [p.tokens_per_s for p in curve], "o-")
+    if knee:
+        ax2.axvline(knee, color="grey", linestyle=":", label=f"knee (batch {knee})")
+        ax2.legend(fontsize=8)
     ax2.set_xlabel("decode batch")
     ax2.set_ylabel("tokens/s per replica")
     fig.suptitle(f"{dep.model.name} on {dep.tp}x {dep.hw.name} ({dep.weight_dtype})")

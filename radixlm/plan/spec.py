@@ -17,7 +17,10 @@ Batch-aware speed-up (this planner): the verify pass is priced with the roofline
 While decode is memory-bound, t_verify ~= t_decode and speculation pays; past the knee
 the verify pass costs about (k + 1) t_decode — the rejected draft tokens are paid in
 FLOPs — and the speed-up falls toward E / (k c + k + 1) < 1. The break-even batch is the
-smallest B with speed-up(B) <= 1: above it, serve without speculation.
+smallest B with speed-up(B) <= 1: above it, serve without speculation. At long
+contexts the KV reads keep even large-batch decode memory-bound, so verification stays
+nearly free and speculation keeps paying at any batch (the observation of Chen et al.
+2024, "MagicDec"); the model then reports no break-even.
 """
 
 from __future__ import annotations

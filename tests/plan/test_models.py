@@ -69,3 +69,12 @@ def test_load_local_config_json(tmp_path):
 def test_unknown_model_lists_presets():
     with pytest.raises(ModelNotFoundError, match="Llama-3-8B"):
         load_model("no-such-model-xyz")
+
+
+def test_attention_flops_per_cached_token(specs):
+    # Llama-3-8B: 4 x 32 heads x 128 x 32 layers
+    assert specs["Llama-3-8B"].attn_flops_per_context_token() == 4 * 32 * 128 * 32
+    ds = specs["DeepSeek-V3"]
+    # absorbed MLA decode: 2 (512 + 64) + 2 x 512 per head; expanded prefill: 2 x 192 + 2 x 128
+    assert ds.attn_flops_per_context_token() == 61 * 128 * (2 * 576 + 2 * 512)
+    assert ds.attn_flops_per_context_token(prefill=True) == 61 * 128 * (2 * 192 + 2 * 128)
