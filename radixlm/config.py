@@ -48,7 +48,7 @@ class ServerArgs:
         False, "use no prefix cache (every prompt is prefilled in full)"
     )
     random_seed: int = _opt(0, "seed for requests without their own seed")
-    log_level: str = _opt("warning", "logging level", choices=["debug", "info", "warning", "error"])
+    log_level: str = _opt("info", "logging level", choices=["debug", "info", "warning", "error"])
 
     def __post_init__(self) -> None:
         ps = self.page_size

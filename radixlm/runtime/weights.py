@@ -39,8 +39,6 @@ def load_model(hf_dir: Path, config, dtype: torch.dtype, device: str) -> nn.Modu
         raise RuntimeError(f"weights mismatch: missing={missing} unexpected={unexpected}")
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
-    # Non-persistent buffers (RoPE inv_freq) were created on meta: rebuild them.
-    model.model.rotary_emb = type(model.model.rotary_emb)(config)
     return model.to(device).eval()
 
 

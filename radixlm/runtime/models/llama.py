@@ -40,23 +40,31 @@ class RotaryEmbedding(nn.Module):
         params = getattr(config, "rope_parameters", None) or {}
         rope_type = params.get("rope_type", "default")
         head_dim = _head_dim(config)
-        if rope_type == "default":
-            theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-            inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-            scale = 1.0
-        else:
-            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        # Real CPU tensors even when the model is built under a meta-device context.
+        with torch.device("cpu"):
+            if rope_type == "default":
+                theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+                exponent = torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim
+                inv_freq, scale = 1.0 / (theta**exponent), 1.0
+            else:
+                from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-            inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+                inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.attention_scaling = scale
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """cos, sin tables [T, 1, head_dim] for int64 positions [T] (computed once per step)."""
         freqs = positions[:, None].float() * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.attention_scaling).to(q.dtype)[:, None, :]
-        sin = (emb.sin() * self.attention_scaling).to(q.dtype)[:, None, :]
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        cos = (emb.cos() * self.attention_scaling).to(dtype)[:, None, :]
+        sin = (emb.sin() * self.attention_scaling).to(dtype)[:, None, :]
+        return cos, sin
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, head_dim] by the per-token angles (rotate-half layout)."""
+    return x * cos + _rotate_half(x) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -83,12 +91,13 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
 
-    def forward(self, x, positions, rotary: RotaryEmbedding, backend: AttentionBackend, fb):
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], backend: AttentionBackend, fb):
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+        cos, sin = rope
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         o = backend.forward(q, k, v, self.layer_id, fb)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
@@ -116,8 +125,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, positions, rotary, backend, fb):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, backend, fb)
+    def forward(self, x, rope, backend, fb):
+        x = x + self.self_attn(self.input_layernorm(x), rope, backend, fb)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -157,8 +166,9 @@ class LlamaForCausalLM(nn.Module):
         """Run one step. Returns logits float32 [B, vocab] for each request's last new token."""
         backend.init_forward_metadata(fb)
         x = self.model.embed_tokens(fb.input_ids)
+        rope = self.model.rotary_emb(fb.positions, x.dtype)
         for layer in self.model.layers:
-            x = layer(x, fb.positions, self.model.rotary_emb, backend, fb)
+            x = layer(x, rope, backend, fb)
         if fb.mode is ForwardMode.EXTEND:
             x = x[fb.last_token_index()]
         x = self.model.norm(x)
