@@ -12,10 +12,12 @@ tokens of the new prompt, so
   * the new prompt's first token arrives after ceil(P / C) steps:
         TTFT(C) = sum_i step(B decodes, chunk_i after its predecessors)  <=  TTFT SLO.
     Larger chunks need fewer steps, each of which re-reads the weights, so TTFT falls
-    with C; C_min, the smallest chunk (a multiple of `align`) meeting the TTFT SLO, is
-    found by bisection.
-Both SLOs hold for any C in [C_min, C_max]; the recommendation is C_max rounded down to
-a multiple of `align` (the most prefill work per step that TPOT allows). The per-step
+    with C; C_min, the smallest chunk meeting the TTFT SLO (searched by bisection over
+    powers of two below `align` and multiples of `align`), is reported.
+Both SLOs hold for C in [C_min, C_max]. The recommendation is C_max rounded down to a
+multiple of `align` (the most prefill work per step that TPOT allows), or C_max itself
+when the rounding would miss the TTFT SLO; the plan is feasible when the recommended
+chunk meets the TTFT SLO. The per-step
 token budget in Sarathi's sense is B + C. Step times come from `radixlm.plan.cost`.
 """
 
@@ -87,7 +89,9 @@ def plan_chunk(dep: Deployment, *, decode_batch: int, context: int, prompt: int,
                 hi = mid
         c_max = lo
 
-    candidates = sorted({*range(align, prompt + 1, align), prompt})
+    small = [1 << i for i in range(max(align, 1).bit_length()) if (1 << i) < align]
+    candidates = sorted({c for c in small if c <= prompt}
+                        | {*range(align, prompt + 1, align), prompt})
     c_min = None
     if ttft_ms(dep, decode_batch, context, prompt, candidates[-1]) <= ttft_slo_ms:
         lo, hi = -1, len(candidates) - 1  # candidates[hi] meets TTFT
@@ -105,22 +109,23 @@ def plan_chunk(dep: Deployment, *, decode_batch: int, context: int, prompt: int,
         return ChunkPlan(**base, decode_only_ms=decode_only, max_chunk=0, min_chunk=c_min,
                          recommended_chunk=None, token_budget=None, itl_ms=None,
                          ttft_ms=None, whole_prompt_ms=whole, feasible=False, reason=reason)
-    rec = c_max if c_max < align else c_max // align * align
-    if c_min is not None and rec < c_min <= c_max:
-        rec = c_min
-    feasible = c_min is not None and c_min <= c_max
+    rec = c_max // align * align if c_max >= align else c_max
+    ttft = ttft_ms(dep, decode_batch, context, prompt, rec)
+    if ttft > ttft_slo_ms and rec != c_max:
+        rec, ttft = c_max, ttft_ms(dep, decode_batch, context, prompt, c_max)
+    feasible = ttft <= ttft_slo_ms
     if feasible:
-        reason = f"any chunk in [{c_min}, {c_max}] meets both SLOs"
+        low = min(c_min or rec, rec)
+        reason = f"chunks from about {low} up to {c_max} meet both SLOs"
     elif c_min is None:
         reason = f"TTFT SLO {ttft_slo_ms} ms is missed even prefilling the prompt in one step"
     else:
-        reason = (f"TTFT needs chunks >= {c_min} but TPOT allows <= {c_max}: the SLO pair "
-                  "conflicts at this batch; lower the decode batch or add GPUs")
+        reason = (f"TTFT needs chunks >= about {c_min} but TPOT allows <= {c_max}: the SLO "
+                  "pair conflicts at this batch; lower the decode batch or add GPUs")
     return ChunkPlan(
         **base, decode_only_ms=decode_only, max_chunk=c_max, min_chunk=c_min,
         recommended_chunk=rec, token_budget=decode_batch + rec,
-        itl_ms=worst_step_ms(dep, decode_batch, context, prompt, rec),
-        ttft_ms=ttft_ms(dep, decode_batch, context, prompt, rec),
+        itl_ms=worst_step_ms(dep, decode_batch, context, prompt, rec), ttft_ms=ttft,
         whole_prompt_ms=whole, feasible=feasible, reason=reason,
     )
 

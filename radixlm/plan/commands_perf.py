@@ -138,7 +138,7 @@ def cmd_chunk(args: argparse.Namespace) -> Report:
     if plan.recommended_chunk:
         facts += [
             ("chunk size", f"{plan.recommended_chunk:,} tokens "
-                           f"({steps_for_prompt(plan.prompt, plan.recommended_chunk)} steps)"),
+                           f"({steps_for_prompt(plan.prompt, plan.recommended_chunk)} step(s))"),
             ("token budget/step", f"{plan.token_budget:,} (decodes + chunk)"),
             ("worst ITL", f"{plan.itl_ms:.2f} ms"), ("TTFT", f"{plan.ttft_ms:.1f} ms")]
     facts.append(("verdict", ("ok: " if plan.feasible else "infeasible: ") + plan.reason))

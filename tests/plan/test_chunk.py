@@ -37,3 +37,13 @@ def test_conflicting_slos(h100, specs):
 def test_ttft_falls_with_chunk(h100, specs):
     dep = Deployment(specs["Llama-3-8B"], h100)
     assert ttft_ms(dep, 16, 1024, 4096, 256) > ttft_ms(dep, 16, 1024, 4096, 2048)
+
+
+def test_small_chunks_below_alignment(fake_cpu, specs):
+    # On a CPU the TPOT budget admits only a few dozen prefill tokens per step.
+    dep = Deployment(specs["smollm2"], fake_cpu, weight_dtype="fp32", kv_dtype="fp32")
+    plan = plan_chunk(dep, decode_batch=4, context=256, prompt=512, tpot_slo_ms=100,
+                      ttft_slo_ms=5000)
+    assert 0 < plan.max_chunk < 64
+    assert plan.feasible and plan.recommended_chunk == plan.max_chunk
+    assert plan.itl_ms <= 100 and plan.ttft_ms <= 5000
