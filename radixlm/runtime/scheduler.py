@@ -217,11 +217,9 @@ class Scheduler:
     def _release(self, req: Req) -> None:
         """Insert the request's computed sequence into the cache and free what it owned."""
         kv = self.table[req.row, : req.kv_len].to(torch.int64)
-        cached = self.tree.insert(req.all_ids[: req.kv_len], kv, req.extra_key)
-        self.allocator.free(kv[req.prefix_len : cached])
-        aligned = req.kv_len // self.page_size * self.page_size
-        self.allocator.free(kv[max(aligned, cached) :])
-        self.tree.unlock(req.last_node)
+        self.tree.cache_finished(
+            req.all_ids[: req.kv_len], kv, req.prefix_len, req.last_node, req.extra_key
+        )
         self.req_pool.free(req.row)
         req.row = -1
 
