@@ -15,6 +15,13 @@ from radixlm.plan.kv import kv_bytes_per_token
 from radixlm.plan.models import PRESETS, ModelSpec, load_model, spec_from_config
 
 __all__ = [
-    "GPUS", "PRESETS", "Deployment", "Hardware", "ModelSpec", "get_hardware",
-    "kv_bytes_per_token", "load_model", "spec_from_config",
+    "GPUS",
+    "PRESETS",
+    "Deployment",
+    "Hardware",
+    "ModelSpec",
+    "get_hardware",
+    "kv_bytes_per_token",
+    "load_model",
+    "spec_from_config",
 ]

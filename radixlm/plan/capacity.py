@@ -60,16 +60,31 @@ def tokens_that_fit(kv_budget_bytes: float, bytes_per_token: float, page_size: i
     return tokens // page_size * page_size
 
 
-def kv_budget_per_gpu(hw: Hardware, weights_total: float, tp: int = 1,
-                      mem_fraction: float = 0.9, reserve_bytes: float = 0.0) -> float:
+def kv_budget_per_gpu(
+    hw: Hardware,
+    weights_total: float,
+    tp: int = 1,
+    mem_fraction: float = 0.9,
+    reserve_bytes: float = 0.0,
+) -> float:
     """Bytes left for KV on one GPU: memory * mem_fraction - weights / tp - reserve."""
     return hw.memory_bytes * mem_fraction - weights_total / tp - reserve_bytes
 
 
-def capacity(model: ModelSpec, hw: Hardware | None, *, tp: int = 1, weight_dtype: str = "bf16",
-             kv_dtype: str = "bf16", context: int = 4096, mem_fraction: float = 0.9,
-             reserve_bytes: float = 0.0, kv_budget_bytes: float | None = None,
-             page_size: int = 1, group_size: int = 128) -> Capacity:
+def capacity(
+    model: ModelSpec,
+    hw: Hardware | None,
+    *,
+    tp: int = 1,
+    weight_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+    context: int = 4096,
+    mem_fraction: float = 0.9,
+    reserve_bytes: float = 0.0,
+    kv_budget_bytes: float | None = None,
+    page_size: int = 1,
+    group_size: int = 128,
+) -> Capacity:
     """Capacity of `model` on `tp` GPUs of type `hw`.
 
     `kv_budget_bytes` (per GPU) overrides the budget computed from `hw`, e.g. to reproduce
@@ -86,24 +101,32 @@ def capacity(model: ModelSpec, hw: Hardware | None, *, tp: int = 1, weight_dtype
     ideal = kv_bytes_per_token(model, kv_dtype) / tp
     tokens = tokens_that_fit(budget, per_token, page_size)
     return Capacity(
-        tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
-        weights_bytes_total=w_total, weights_bytes_per_gpu=w_total / tp,
-        kv_budget_bytes_per_gpu=budget, kv_bytes_per_token_per_gpu=per_token,
-        kv_replication=kv_replication(model, tp), max_tokens=tokens,
+        tp=tp,
+        weight_dtype=weight_dtype,
+        kv_dtype=kv_dtype,
+        weights_bytes_total=w_total,
+        weights_bytes_per_gpu=w_total / tp,
+        kv_budget_bytes_per_gpu=budget,
+        kv_bytes_per_token_per_gpu=per_token,
+        kv_replication=kv_replication(model, tp),
+        max_tokens=tokens,
         tokens_without_replication=tokens_that_fit(budget, ideal, page_size),
-        context=context, max_users=tokens // context if context > 0 else 0,
+        context=context,
+        max_users=tokens // context if context > 0 else 0,
         fits=budget > 0 and tokens >= max(1, context),
     )
 
 
-def capacity_table(model: ModelSpec, hw: Hardware | None, tps: tuple[int, ...] = (1, 2, 4, 8),
-                   **kwargs) -> list[Capacity]:
+def capacity_table(
+    model: ModelSpec, hw: Hardware | None, tps: tuple[int, ...] = (1, 2, 4, 8), **kwargs
+) -> list[Capacity]:
     """`capacity` for each tensor-parallel degree in `tps`."""
     return [capacity(model, hw, tp=tp, **kwargs) for tp in tps]
 
 
-def min_tp_that_fits(model: ModelSpec, hw: Hardware, tps: tuple[int, ...] = (1, 2, 4, 8),
-                     **kwargs) -> int | None:
+def min_tp_that_fits(
+    model: ModelSpec, hw: Hardware, tps: tuple[int, ...] = (1, 2, 4, 8), **kwargs
+) -> int | None:
     """Smallest TP degree whose KV budget holds at least one full-context sequence."""
     for tp in tps:
         if capacity(model, hw, tp=tp, **kwargs).fits:
@@ -111,26 +134,40 @@ def min_tp_that_fits(model: ModelSpec, hw: Hardware, tps: tuple[int, ...] = (1, 
     return None
 
 
-def weights_table(model: ModelSpec, dtypes: tuple[str, ...] = ("bf16", "fp8", "int8", "int4"),
-                  group_size: int = 128) -> list[dict]:
+def weights_table(
+    model: ModelSpec,
+    dtypes: tuple[str, ...] = ("bf16", "fp8", "int8", "int4"),
+    group_size: int = 128,
+) -> list[dict]:
     """Resident weight bytes in each format, with the share of the bf16 size."""
     base = weights_bytes(model, "bf16", group_size)
     return [
-        {"dtype": d, "bytes": weights_bytes(model, d, group_size),
-         "ratio_to_bf16": weights_bytes(model, d, group_size) / base}
+        {
+            "dtype": d,
+            "bytes": weights_bytes(model, d, group_size),
+            "ratio_to_bf16": weights_bytes(model, d, group_size) / base,
+        }
         for d in dtypes
     ]
 
 
-def gpus_for_weights(model: ModelSpec, hw: Hardware, weight_dtype: str = "bf16",
-                     mem_fraction: float = 0.9) -> int:
+def gpus_for_weights(
+    model: ModelSpec, hw: Hardware, weight_dtype: str = "bf16", mem_fraction: float = 0.9
+) -> int:
     """Minimum GPUs whose usable memory holds the weights alone (no KV)."""
     return math.ceil(weights_bytes(model, weight_dtype) / (hw.memory_bytes * mem_fraction))
 
 
-def max_decode_batch(dep: Deployment, *, avg_context: int, seq_tokens: int,
-                     tpot_slo_ms: float | None, mem_fraction: float = 0.9,
-                     reserve_bytes: float = 0.0, page_size: int = 1) -> tuple[int, str]:
+def max_decode_batch(
+    dep: Deployment,
+    *,
+    avg_context: int,
+    seq_tokens: int,
+    tpot_slo_ms: float | None,
+    mem_fraction: float = 0.9,
+    reserve_bytes: float = 0.0,
+    page_size: int = 1,
+) -> tuple[int, str]:
     """Largest decode batch one replica can run, and what limits it ("memory" or "tpot").
 
     Memory: every sequence may grow to `seq_tokens` (prompt + output), so
@@ -138,9 +175,17 @@ def max_decode_batch(dep: Deployment, *, avg_context: int, seq_tokens: int,
     not exceed the TPOT SLO; step time grows with B, so the largest such B is found by
     bisection. Returns (0, reason) when not even one sequence fits.
     """
-    cap = capacity(dep.model, dep.hw, tp=dep.tp, weight_dtype=dep.weight_dtype,
-                   kv_dtype=dep.kv_dtype, context=seq_tokens, mem_fraction=mem_fraction,
-                   reserve_bytes=reserve_bytes, page_size=page_size)
+    cap = capacity(
+        dep.model,
+        dep.hw,
+        tp=dep.tp,
+        weight_dtype=dep.weight_dtype,
+        kv_dtype=dep.kv_dtype,
+        context=seq_tokens,
+        mem_fraction=mem_fraction,
+        reserve_bytes=reserve_bytes,
+        page_size=page_size,
+    )
     b_mem = cap.max_tokens // seq_tokens
     if b_mem == 0:
         return 0, "memory"

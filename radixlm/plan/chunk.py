@@ -37,21 +37,25 @@ class ChunkPlan:
     tpot_slo_ms: float
     ttft_slo_ms: float
     decode_only_ms: float
-    max_chunk: int            # C_max: largest chunk meeting TPOT (0 if none)
-    min_chunk: int | None     # C_min: smallest chunk meeting TTFT (None if none)
+    max_chunk: int  # C_max: largest chunk meeting TPOT (0 if none)
+    min_chunk: int | None  # C_min: smallest chunk meeting TTFT (None if none)
     recommended_chunk: int | None
     token_budget: int | None  # decode_batch + recommended_chunk
-    itl_ms: float | None      # worst step time with the recommended chunk
-    ttft_ms: float | None     # TTFT with the recommended chunk
-    whole_prompt_ms: float    # one-step prefill of the prompt alongside the decodes
+    itl_ms: float | None  # worst step time with the recommended chunk
+    ttft_ms: float | None  # TTFT with the recommended chunk
+    whole_prompt_ms: float  # one-step prefill of the prompt alongside the decodes
     feasible: bool
     reason: str
 
 
 def worst_step_ms(dep: Deployment, batch: int, context: int, prompt: int, chunk: int) -> float:
     """Step time of the prompt's last chunk (prefix prompt - chunk) next to B decodes."""
-    return dep.step(decode_batch=batch, context=context, chunk=chunk,
-                    chunk_prefix=prompt - chunk).time_s * 1e3
+    return (
+        dep.step(
+            decode_batch=batch, context=context, chunk=chunk, chunk_prefix=prompt - chunk
+        ).time_s
+        * 1e3
+    )
 
 
 def ttft_ms(dep: Deployment, batch: int, context: int, prompt: int, chunk: int) -> float:
@@ -59,17 +63,29 @@ def ttft_ms(dep: Deployment, batch: int, context: int, prompt: int, chunk: int) 
     total, done = 0.0, 0
     while done < prompt:
         size = min(chunk, prompt - done)
-        total += dep.step(decode_batch=batch, context=context, chunk=size,
-                          chunk_prefix=done).time_s
+        total += dep.step(decode_batch=batch, context=context, chunk=size, chunk_prefix=done).time_s
         done += size
     return total * 1e3
 
 
-def plan_chunk(dep: Deployment, *, decode_batch: int, context: int, prompt: int,
-               tpot_slo_ms: float, ttft_slo_ms: float, align: int = 64) -> ChunkPlan:
+def plan_chunk(
+    dep: Deployment,
+    *,
+    decode_batch: int,
+    context: int,
+    prompt: int,
+    tpot_slo_ms: float,
+    ttft_slo_ms: float,
+    align: int = 64,
+) -> ChunkPlan:
     """The chunk-size window meeting both SLOs, and the recommended chunk (module doc)."""
-    base = dict(decode_batch=decode_batch, context=context, prompt=prompt,
-                tpot_slo_ms=tpot_slo_ms, ttft_slo_ms=ttft_slo_ms)
+    base = dict(
+        decode_batch=decode_batch,
+        context=context,
+        prompt=prompt,
+        tpot_slo_ms=tpot_slo_ms,
+        ttft_slo_ms=ttft_slo_ms,
+    )
     decode_only = dep.decode(decode_batch, context).time_s * 1e3 if decode_batch else 0.0
     whole = worst_step_ms(dep, decode_batch, context, prompt, prompt)
 
@@ -90,8 +106,9 @@ def plan_chunk(dep: Deployment, *, decode_batch: int, context: int, prompt: int,
         c_max = lo
 
     small = [1 << i for i in range(max(align, 1).bit_length()) if (1 << i) < align]
-    candidates = sorted({c for c in small if c <= prompt}
-                        | {*range(align, prompt + 1, align), prompt})
+    candidates = sorted(
+        {c for c in small if c <= prompt} | {*range(align, prompt + 1, align), prompt}
+    )
     c_min = None
     if ttft_ms(dep, decode_batch, context, prompt, candidates[-1]) <= ttft_slo_ms:
         lo, hi = -1, len(candidates) - 1  # candidates[hi] meets TTFT
@@ -104,11 +121,23 @@ def plan_chunk(dep: Deployment, *, decode_batch: int, context: int, prompt: int,
         c_min = candidates[hi]
 
     if c_max == 0:
-        reason = (f"TPOT SLO {tpot_slo_ms} ms is below the step time with a 1-token chunk "
-                  f"(decode alone takes {decode_only:.2f} ms)")
-        return ChunkPlan(**base, decode_only_ms=decode_only, max_chunk=0, min_chunk=c_min,
-                         recommended_chunk=None, token_budget=None, itl_ms=None,
-                         ttft_ms=None, whole_prompt_ms=whole, feasible=False, reason=reason)
+        reason = (
+            f"TPOT SLO {tpot_slo_ms} ms is below the step time with a 1-token chunk "
+            f"(decode alone takes {decode_only:.2f} ms)"
+        )
+        return ChunkPlan(
+            **base,
+            decode_only_ms=decode_only,
+            max_chunk=0,
+            min_chunk=c_min,
+            recommended_chunk=None,
+            token_budget=None,
+            itl_ms=None,
+            ttft_ms=None,
+            whole_prompt_ms=whole,
+            feasible=False,
+            reason=reason,
+        )
     rec = c_max // align * align if c_max >= align else c_max
     ttft = ttft_ms(dep, decode_batch, context, prompt, rec)
     if ttft > ttft_slo_ms and rec != c_max:
@@ -120,13 +149,22 @@ def plan_chunk(dep: Deployment, *, decode_batch: int, context: int, prompt: int,
     elif c_min is None:
         reason = f"TTFT SLO {ttft_slo_ms} ms is missed even prefilling the prompt in one step"
     else:
-        reason = (f"TTFT needs chunks >= about {c_min} but TPOT allows <= {c_max}: the SLO "
-                  "pair conflicts at this batch; lower the decode batch or add GPUs")
+        reason = (
+            f"TTFT needs chunks >= about {c_min} but TPOT allows <= {c_max}: the SLO "
+            "pair conflicts at this batch; lower the decode batch or add GPUs"
+        )
     return ChunkPlan(
-        **base, decode_only_ms=decode_only, max_chunk=c_max, min_chunk=c_min,
-        recommended_chunk=rec, token_budget=decode_batch + rec,
-        itl_ms=worst_step_ms(dep, decode_batch, context, prompt, rec), ttft_ms=ttft,
-        whole_prompt_ms=whole, feasible=feasible, reason=reason,
+        **base,
+        decode_only_ms=decode_only,
+        max_chunk=c_max,
+        min_chunk=c_min,
+        recommended_chunk=rec,
+        token_budget=decode_batch + rec,
+        itl_ms=worst_step_ms(dep, decode_batch, context, prompt, rec),
+        ttft_ms=ttft,
+        whole_prompt_ms=whole,
+        feasible=feasible,
+        reason=reason,
     )
 
 

@@ -62,12 +62,15 @@ def hw_facts(hw: Hardware, precision: str) -> list[tuple[str, str]]:
 
 def model_facts(m: ModelSpec) -> list[tuple[str, str]]:
     if m.attention == "mla":
-        attn = (f"mla: {m.num_heads} heads, latent {m.kv_lora_rank} + rope key "
-                f"{m.qk_rope_head_dim}")
+        attn = f"mla: {m.num_heads} heads, latent {m.kv_lora_rank} + rope key {m.qk_rope_head_dim}"
     else:
         attn = f"{m.attention}: {m.num_heads} query / {m.num_kv_heads} KV heads x {m.head_dim}"
-    facts = [("model", m.name), ("layers", str(m.num_layers)), ("attention", attn),
-             ("parameters", fmt_params(m.total_params()))]
+    facts = [
+        ("model", m.name),
+        ("layers", str(m.num_layers)),
+        ("attention", attn),
+        ("parameters", fmt_params(m.total_params())),
+    ]
     if m.is_moe:
         facts.append(("active parameters", fmt_params(m.active_params())))
     return facts
@@ -79,57 +82,114 @@ def cmd_kv(args: argparse.Namespace) -> Report:
     ctx = args.context
     per_token = kv_bytes_per_token(m, kv_dtype)
     dtypes = [d for d in ("fp32", "bf16", "fp8", "int8")]
-    per_dtype = [{"kv_dtype": d, "bytes_per_token": kv_bytes_per_token(m, d),
-                  "bytes_per_sequence": kv_bytes_per_token(m, d) * ctx,
-                  "tokens_per_gib": GIB / kv_bytes_per_token(m, d)} for d in dtypes]
+    per_dtype = [
+        {
+            "kv_dtype": d,
+            "bytes_per_token": kv_bytes_per_token(m, d),
+            "bytes_per_sequence": kv_bytes_per_token(m, d) * ctx,
+            "tokens_per_gib": GIB / kv_bytes_per_token(m, d),
+        }
+        for d in dtypes
+    ]
     layouts = [vars(r) for r in layout_variants(m, kv_dtype)]
-    tp_rows = [{"tp": tp, "kv_heads_per_gpu": kv_heads_per_gpu(m, tp),
-                "replication": kv_replication(m, tp),
-                "bytes_per_token_per_gpu": kv_bytes_per_token_per_gpu(m, kv_dtype, tp)}
-               for tp in args.tp]
+    tp_rows = [
+        {
+            "tp": tp,
+            "kv_heads_per_gpu": kv_heads_per_gpu(m, tp),
+            "replication": kv_replication(m, tp),
+            "bytes_per_token_per_gpu": kv_bytes_per_token_per_gpu(m, kv_dtype, tp),
+        }
+        for tp in args.tp
+    ]
     compare = []
     if args.compare:
         compare = compare_models([m, *[load_model(x) for x in args.compare]], kv_dtype, ctx)
     report = Report(
         "plan kv",
-        {"model": m.name, "attention": m.attention, "kv_dtype": kv_dtype, "context": ctx,
-         "bytes_per_token": per_token, "bytes_per_sequence": per_token * ctx,
-         "per_dtype": per_dtype, "layouts": layouts, "tp": tp_rows, "compare": compare},
-        facts=[*model_facts(m), ("kv dtype", kv_dtype),
-               ("KV bytes/token", f"{per_token:,.0f} B"),
-               (f"KV per sequence @ {ctx:,}", fmt_bytes(per_token * ctx))],
+        {
+            "model": m.name,
+            "attention": m.attention,
+            "kv_dtype": kv_dtype,
+            "context": ctx,
+            "bytes_per_token": per_token,
+            "bytes_per_sequence": per_token * ctx,
+            "per_dtype": per_dtype,
+            "layouts": layouts,
+            "tp": tp_rows,
+            "compare": compare,
+        },
+        facts=[
+            *model_facts(m),
+            ("kv dtype", kv_dtype),
+            ("KV bytes/token", f"{per_token:,.0f} B"),
+            (f"KV per sequence @ {ctx:,}", fmt_bytes(per_token * ctx)),
+        ],
     )
-    report.tables.append(Table(
-        f"By KV format (context {ctx:,})", ["kv dtype", "bytes/token", "per sequence",
-                                            "tokens/GiB"],
-        [[r["kv_dtype"], r["bytes_per_token"], fmt_bytes(r["bytes_per_sequence"]),
-          int(r["tokens_per_gib"])] for r in per_dtype]))
-    report.tables.append(Table(
-        f"Attention layouts with this model's dimensions ({kv_dtype})",
-        ["layout", "kv heads", "bytes/token", "x model"],
-        [[r["layout"], r["kv_heads"] or "-", r["bytes_per_token"], r["ratio_to_model"]]
-         for r in layouts]))
-    report.tables.append(Table(
-        "Per GPU under tensor parallelism", ["tp", "kv heads/GPU", "replication",
-                                             "bytes/token/GPU"],
-        [[r["tp"], r["kv_heads_per_gpu"], r["replication"], r["bytes_per_token_per_gpu"]]
-         for r in tp_rows]))
+    report.tables.append(
+        Table(
+            f"By KV format (context {ctx:,})",
+            ["kv dtype", "bytes/token", "per sequence", "tokens/GiB"],
+            [
+                [
+                    r["kv_dtype"],
+                    r["bytes_per_token"],
+                    fmt_bytes(r["bytes_per_sequence"]),
+                    int(r["tokens_per_gib"]),
+                ]
+                for r in per_dtype
+            ],
+        )
+    )
+    report.tables.append(
+        Table(
+            f"Attention layouts with this model's dimensions ({kv_dtype})",
+            ["layout", "kv heads", "bytes/token", "x model"],
+            [
+                [r["layout"], r["kv_heads"] or "-", r["bytes_per_token"], r["ratio_to_model"]]
+                for r in layouts
+            ],
+        )
+    )
+    report.tables.append(
+        Table(
+            "Per GPU under tensor parallelism",
+            ["tp", "kv heads/GPU", "replication", "bytes/token/GPU"],
+            [
+                [r["tp"], r["kv_heads_per_gpu"], r["replication"], r["bytes_per_token_per_gpu"]]
+                for r in tp_rows
+            ],
+        )
+    )
     if compare:
-        report.tables.append(Table(
-            f"Compared ({kv_dtype}, context {ctx:,})",
-            ["model", "attention", "bytes/token", "per sequence", "x first", "tokens/GiB"],
-            [[r["model"], r["attention"], r["bytes_per_token"],
-              fmt_bytes(r["bytes_per_sequence"]), r["ratio_to_first"],
-              int(r["tokens_per_gib"])] for r in compare]))
+        report.tables.append(
+            Table(
+                f"Compared ({kv_dtype}, context {ctx:,})",
+                ["model", "attention", "bytes/token", "per sequence", "x first", "tokens/GiB"],
+                [
+                    [
+                        r["model"],
+                        r["attention"],
+                        r["bytes_per_token"],
+                        fmt_bytes(r["bytes_per_sequence"]),
+                        r["ratio_to_first"],
+                        int(r["tokens_per_gib"]),
+                    ]
+                    for r in compare
+                ],
+            )
+        )
         first = compare[0]
         for r in compare[1:]:
             more = r["bytes_per_token"] / first["bytes_per_token"]
             report.notes.append(
                 f"{first['model']} holds {more:.2f}x the tokens of {r['model']} per byte "
-                "of KV memory")
+                "of KV memory"
+            )
     if m.attention == "mla":
-        report.notes.append("MLA caches one latent (kv_lora_rank) and one RoPE key per "
-                            "layer, shared by all heads (DeepSeek-V2 section 2.1)")
+        report.notes.append(
+            "MLA caches one latent (kv_lora_rank) and one RoPE key per "
+            "layer, shared by all heads (DeepSeek-V2 section 2.1)"
+        )
     return report
 
 
@@ -137,37 +197,78 @@ def cmd_capacity(args: argparse.Namespace) -> Report:
     m = model_of(args)
     hw = None if args.kv_budget_bytes is not None else hardware_of(args)
     rows = capacity_table(
-        m, hw, tuple(args.tp), weight_dtype=weight_dtype_of(args),
-        kv_dtype=kv_dtype_of(args), context=args.context,
-        mem_fraction=args.mem_fraction, reserve_bytes=args.reserve_gib * GIB,
-        kv_budget_bytes=args.kv_budget_bytes, page_size=args.page_size,
-        group_size=args.group_size)
+        m,
+        hw,
+        tuple(args.tp),
+        weight_dtype=weight_dtype_of(args),
+        kv_dtype=kv_dtype_of(args),
+        context=args.context,
+        mem_fraction=args.mem_fraction,
+        reserve_bytes=args.reserve_gib * GIB,
+        kv_budget_bytes=args.kv_budget_bytes,
+        page_size=args.page_size,
+        group_size=args.group_size,
+    )
     weights = weights_table(m, ("fp32", "bf16", "fp8", "int8", "int4"), args.group_size)
-    data = {"model": m.name, "gpu": hw.name if hw else None,
-            "weight_dtype": weight_dtype_of(args), "kv_dtype": kv_dtype_of(args),
-            "context": args.context, "page_size": args.page_size,
-            "mem_fraction": args.mem_fraction, "weights": weights,
-            "rows": [r.to_dict() for r in rows]}
+    data = {
+        "model": m.name,
+        "gpu": hw.name if hw else None,
+        "weight_dtype": weight_dtype_of(args),
+        "kv_dtype": kv_dtype_of(args),
+        "context": args.context,
+        "page_size": args.page_size,
+        "mem_fraction": args.mem_fraction,
+        "weights": weights,
+        "rows": [r.to_dict() for r in rows],
+    }
     facts = model_facts(m)
     if hw:
         facts += hw_facts(hw, "bf16")[:2]
-        facts.append(("budget", f"memory x {args.mem_fraction} - weights/tp - "
-                                f"{args.reserve_gib} GiB reserve"))
+        facts.append(
+            (
+                "budget",
+                f"memory x {args.mem_fraction} - weights/tp - {args.reserve_gib} GiB reserve",
+            )
+        )
     else:
         facts.append(("budget", f"{args.kv_budget_bytes:,} B of KV per GPU (given)"))
     report = Report("plan capacity", data, facts=facts)
-    report.tables.append(Table(
-        "Weights (block linears quantized; embeddings, head, norms 16-bit)",
-        ["dtype", "bytes", "x bf16"],
-        [[w["dtype"], fmt_bytes(w["bytes"]), w["ratio_to_bf16"]] for w in weights]))
-    report.tables.append(Table(
-        f"Capacity ({weight_dtype_of(args)} weights, {kv_dtype_of(args)} KV, "
-        f"context {args.context:,})",
-        ["tp", "weights/GPU", "KV budget/GPU", "KV B/token/GPU", "replication", "tokens",
-         "tokens if no repl.", "users"],
-        [[r.tp, fmt_bytes(r.weights_bytes_per_gpu), fmt_bytes(r.kv_budget_bytes_per_gpu),
-          r.kv_bytes_per_token_per_gpu, r.kv_replication, r.max_tokens,
-          r.tokens_without_replication, r.max_users] for r in rows]))
+    report.tables.append(
+        Table(
+            "Weights (block linears quantized; embeddings, head, norms 16-bit)",
+            ["dtype", "bytes", "x bf16"],
+            [[w["dtype"], fmt_bytes(w["bytes"]), w["ratio_to_bf16"]] for w in weights],
+        )
+    )
+    report.tables.append(
+        Table(
+            f"Capacity ({weight_dtype_of(args)} weights, {kv_dtype_of(args)} KV, "
+            f"context {args.context:,})",
+            [
+                "tp",
+                "weights/GPU",
+                "KV budget/GPU",
+                "KV B/token/GPU",
+                "replication",
+                "tokens",
+                "tokens if no repl.",
+                "users",
+            ],
+            [
+                [
+                    r.tp,
+                    fmt_bytes(r.weights_bytes_per_gpu),
+                    fmt_bytes(r.kv_budget_bytes_per_gpu),
+                    r.kv_bytes_per_token_per_gpu,
+                    r.kv_replication,
+                    r.max_tokens,
+                    r.tokens_without_replication,
+                    r.max_users,
+                ]
+                for r in rows
+            ],
+        )
+    )
     for r in rows:
         if r.kv_budget_bytes_per_gpu <= 0:
             report.notes.append(f"tp={r.tp}: the weights alone exceed the memory budget")
@@ -175,7 +276,8 @@ def cmd_capacity(args: argparse.Namespace) -> Report:
             what = "the MLA latent is" if m.attention == "mla" else "KV heads are"
             report.notes.append(
                 f"tp={r.tp}: {what} replicated {r.kv_replication:g}x, so capacity is "
-                f"{r.max_tokens:,} tokens instead of {r.tokens_without_replication:,}")
+                f"{r.max_tokens:,} tokens instead of {r.tokens_without_replication:,}"
+            )
     return report
 
 
@@ -183,31 +285,58 @@ def cmd_moe(args: argparse.Namespace) -> Report:
     m = model_of(args)
     dtype = weight_dtype_of(args)
     if not m.is_moe:
-        return Report("plan moe", {"model": m.name, "is_moe": False},
-                      facts=model_facts(m),
-                      notes=[f"{m.name} is dense: memory and bandwidth bills are both the "
-                             "total parameters"])
+        return Report(
+            "plan moe",
+            {"model": m.name, "is_moe": False},
+            facts=model_facts(m),
+            notes=[f"{m.name} is dense: memory and bandwidth bills are both the total parameters"],
+        )
     bills = moe_bills(m, dtype)
     rows = moe_batch_table(m, tuple(args.batches), dtype)
     report = Report(
-        "plan moe", {"model": m.name, "is_moe": True, "dtype": dtype, **bills, "rows": rows},
-        facts=[*model_facts(m),
-               ("experts", f"{m.num_experts} routed, top-{m.experts_per_token}"
-                           + (", shared expert" if m.shared_expert_intermediate_size else "")),
-               ("memory bill", f"{fmt_bytes(bills['memory_bytes'])} (all parameters, "
-                               f"{dtype})"),
-               ("bandwidth bill", f"{fmt_bytes(bills['bandwidth_bytes_per_token_batch1'])}"
-                                  " per token at batch 1 (active parameters)"),
-               ("memory / bandwidth", f"{bills['memory_to_bandwidth_ratio']:.2f}x"),
-               ("all experts active", f"from {bills['batch_all_experts_active']} tokens/step "
-                                      "(< 1 expected idle expert)"),
-               ("50/90/99% active", f"{bills['batch_50pct_active']} / "
-                                    f"{bills['batch_90pct_active']} / "
-                                    f"{bills['batch_99pct_active']} tokens/step")])
-    report.tables.append(Table(
-        "Weights read per decode step (uniform top-k routing)",
-        ["batch", "experts/layer", "active", "read/step", "read/token", "expert FLOP/B"],
-        [[r["batch"], r["active_experts"], f"{100 * r['active_fraction']:.1f}%",
-          fmt_bytes(r["weights_read_bytes"]), fmt_bytes(r["weights_read_per_token"]),
-          r["expert_intensity"]] for r in rows]))
+        "plan moe",
+        {"model": m.name, "is_moe": True, "dtype": dtype, **bills, "rows": rows},
+        facts=[
+            *model_facts(m),
+            (
+                "experts",
+                f"{m.num_experts} routed, top-{m.experts_per_token}"
+                + (", shared expert" if m.shared_expert_intermediate_size else ""),
+            ),
+            ("memory bill", f"{fmt_bytes(bills['memory_bytes'])} (all parameters, {dtype})"),
+            (
+                "bandwidth bill",
+                f"{fmt_bytes(bills['bandwidth_bytes_per_token_batch1'])}"
+                " per token at batch 1 (active parameters)",
+            ),
+            ("memory / bandwidth", f"{bills['memory_to_bandwidth_ratio']:.2f}x"),
+            (
+                "all experts active",
+                f"from {bills['batch_all_experts_active']} tokens/step (< 1 expected idle expert)",
+            ),
+            (
+                "50/90/99% active",
+                f"{bills['batch_50pct_active']} / "
+                f"{bills['batch_90pct_active']} / "
+                f"{bills['batch_99pct_active']} tokens/step",
+            ),
+        ],
+    )
+    report.tables.append(
+        Table(
+            "Weights read per decode step (uniform top-k routing)",
+            ["batch", "experts/layer", "active", "read/step", "read/token", "expert FLOP/B"],
+            [
+                [
+                    r["batch"],
+                    r["active_experts"],
+                    f"{100 * r['active_fraction']:.1f}%",
+                    fmt_bytes(r["weights_read_bytes"]),
+                    fmt_bytes(r["weights_read_per_token"]),
+                    r["expert_intensity"],
+                ]
+                for r in rows
+            ],
+        )
+    )
     return report

@@ -77,8 +77,14 @@ class Deployment:
     def kv_per_token(self) -> float:
         return kv_bytes_per_token_per_gpu(self.model, self.kv_dtype, self.tp)
 
-    def step(self, decode_batch: int = 0, context: int = 0, chunk: int = 0,
-             chunk_prefix: int = 0, chunk_seqs: int = 1) -> Step:
+    def step(
+        self,
+        decode_batch: int = 0,
+        context: int = 0,
+        chunk: int = 0,
+        chunk_prefix: int = 0,
+        chunk_seqs: int = 1,
+    ) -> Step:
         """Cost of one step (see module doc). A step with no tokens costs nothing."""
         m, tp = self.model, self.tp
         prefill_tokens = chunk * chunk_seqs if chunk else 0
@@ -91,12 +97,15 @@ class Deployment:
             attn += m.attn_flops_per_context_token(prefill=True) * pairs
         flops = (2.0 * m.matmul_params_per_token() * tokens + attn) / tp
         kv_read = decode_batch * context + (chunk_seqs * chunk_prefix if chunk else 0)
-        nbytes = (weights_read_bytes(m, tokens, self.weight_dtype) / tp
-                  + (kv_read + tokens) * self.kv_per_token)
+        nbytes = (
+            weights_read_bytes(m, tokens, self.weight_dtype) / tp
+            + (kv_read + tokens) * self.kv_per_token
+        )
         compute_s = flops / self.peak_flops
         memory_s = nbytes / self.hw.mem_bandwidth
-        return Step(tokens, flops, nbytes, compute_s, memory_s,
-                    max(compute_s, memory_s) + self.overhead_s)
+        return Step(
+            tokens, flops, nbytes, compute_s, memory_s, max(compute_s, memory_s) + self.overhead_s
+        )
 
     def decode(self, batch: int, context: int) -> Step:
         return self.step(decode_batch=batch, context=context)

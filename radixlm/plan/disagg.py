@@ -42,12 +42,12 @@ from radixlm.plan.cost import Deployment
 class DisaggPlan:
     prompt: int
     output: int
-    kv_bytes_per_request: float          # whole request, all TP ranks
-    kv_bytes_per_gpu: float              # one GPU's slice
-    link_bandwidth: float                # bytes/s per GPU
+    kv_bytes_per_request: float  # whole request, all TP ranks
+    kv_bytes_per_gpu: float  # one GPU's slice
+    link_bandwidth: float  # bytes/s per GPU
     transfer_ms: float
     prefill_ms: float
-    break_even_bandwidth: float          # bytes/s per GPU at which transfer = prefill
+    break_even_bandwidth: float  # bytes/s per GPU at which transfer = prefill
     colocated_decode_batch: int
     decode_ms: float
     mixed_step_ms: float
@@ -61,15 +61,23 @@ class DisaggPlan:
     decode_step_ms: float
     prefill_rps_per_instance: float
     decode_rps_per_instance: float
-    prefill_to_decode_ratio: float       # N_prefill / N_decode
+    prefill_to_decode_ratio: float  # N_prefill / N_decode
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def plan_disagg(dep: Deployment, *, prompt: int, output: int, link_bandwidth: float,
-                tpot_slo_ms: float, colocated_batch: int = 32, link_latency_s: float = 0.0,
-                mem_fraction: float = 0.9) -> DisaggPlan:
+def plan_disagg(
+    dep: Deployment,
+    *,
+    prompt: int,
+    output: int,
+    link_bandwidth: float,
+    tpot_slo_ms: float,
+    colocated_batch: int = 32,
+    link_latency_s: float = 0.0,
+    mem_fraction: float = 0.9,
+) -> DisaggPlan:
     """Transfer vs interference for one request profile, and the pool ratio (module doc).
 
     `link_bandwidth` is bytes/s per GPU; `colocated_batch` the decodes a colocated
@@ -84,22 +92,38 @@ def plan_disagg(dep: Deployment, *, prompt: int, output: int, link_bandwidth: fl
     decode_s = dep.decode(colocated_batch, ctx).time_s
     mixed_s = dep.step(decode_batch=colocated_batch, context=ctx, chunk=prompt).time_s
     stall_s = mixed_s - decode_s
-    b_d, limit = max_decode_batch(dep, avg_context=ctx, seq_tokens=prompt + output,
-                                  tpot_slo_ms=tpot_slo_ms, mem_fraction=mem_fraction)
+    b_d, limit = max_decode_batch(
+        dep,
+        avg_context=ctx,
+        seq_tokens=prompt + output,
+        tpot_slo_ms=tpot_slo_ms,
+        mem_fraction=mem_fraction,
+    )
     step_d = dep.decode(b_d, ctx).time_s if b_d else float("inf")
     prefill_rps = 1.0 / prefill_s
     decode_rps = b_d / (output * step_d) if b_d else 0.0
     ratio = decode_rps / prefill_rps if decode_rps else float("inf")
     return DisaggPlan(
-        prompt=prompt, output=output, kv_bytes_per_request=kv_total, kv_bytes_per_gpu=kv_gpu,
-        link_bandwidth=link_bandwidth, transfer_ms=transfer_s * 1e3,
-        prefill_ms=prefill_s * 1e3, break_even_bandwidth=break_even,
-        colocated_decode_batch=colocated_batch, decode_ms=decode_s * 1e3,
-        mixed_step_ms=mixed_s * 1e3, stall_ms=stall_s * 1e3, tpot_slo_ms=tpot_slo_ms,
+        prompt=prompt,
+        output=output,
+        kv_bytes_per_request=kv_total,
+        kv_bytes_per_gpu=kv_gpu,
+        link_bandwidth=link_bandwidth,
+        transfer_ms=transfer_s * 1e3,
+        prefill_ms=prefill_s * 1e3,
+        break_even_bandwidth=break_even,
+        colocated_decode_batch=colocated_batch,
+        decode_ms=decode_s * 1e3,
+        mixed_step_ms=mixed_s * 1e3,
+        stall_ms=stall_s * 1e3,
+        tpot_slo_ms=tpot_slo_ms,
         colocated_meets_tpot=mixed_s * 1e3 <= tpot_slo_ms,
         transfer_hidden_by_prefill=transfer_s <= prefill_s,
         disagg_pays_on_latency=transfer_s < stall_s,
-        decode_batch=b_d, decode_limit=limit, decode_step_ms=step_d * 1e3,
-        prefill_rps_per_instance=prefill_rps, decode_rps_per_instance=decode_rps,
+        decode_batch=b_d,
+        decode_limit=limit,
+        decode_step_ms=step_d * 1e3,
+        prefill_rps_per_instance=prefill_rps,
+        decode_rps_per_instance=decode_rps,
         prefill_to_decode_ratio=ratio,
     )

@@ -22,8 +22,14 @@ KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
 
 _ALIASES = {
-    "float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16",
-    "half": "fp16", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "e4m3": "fp8",
+    "float32": "fp32",
+    "float": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "e4m3": "fp8",
 }
 
 

@@ -42,7 +42,7 @@ class LengthDist:
 
     @classmethod
     def parse(cls, text: str) -> LengthDist:
-        """"512" (fixed) or "128:0.5,2048:0.5" (length:weight pairs)."""
+        """ "512" (fixed) or "128:0.5,2048:0.5" (length:weight pairs)."""
         values, weights = [], []
         for part in text.split(","):
             length, _, weight = part.strip().partition(":")
@@ -83,10 +83,19 @@ def _prefill_s(dep: Deployment, prompt: int, hit: float) -> float:
     return dep.step(chunk=new, chunk_prefix=cached).time_s
 
 
-def plan_replica(dep: Deployment, *, rate: float, prompt: LengthDist, output: LengthDist,
-                 ttft_slo_ms: float, tpot_slo_ms: float, utilization: float = 0.8,
-                 gpus_per_node: int = 8, prefix_hit: float = 0.0,
-                 mem_fraction: float = 0.9) -> FleetPlan:
+def plan_replica(
+    dep: Deployment,
+    *,
+    rate: float,
+    prompt: LengthDist,
+    output: LengthDist,
+    ttft_slo_ms: float,
+    tpot_slo_ms: float,
+    utilization: float = 0.8,
+    gpus_per_node: int = 8,
+    prefix_hit: float = 0.0,
+    mem_fraction: float = 0.9,
+) -> FleetPlan:
     """Run the sizing chain (module doc) for one deployment (one TP degree)."""
     tp = dep.tp
     chain: list[dict] = []
@@ -97,17 +106,25 @@ def plan_replica(dep: Deployment, *, rate: float, prompt: LengthDist, output: Le
     p_mean, o_mean = prompt.mean, output.mean
     note("lengths", "P_mean, O_mean, P_max", f"{p_mean:,.0f}, {o_mean:,.0f}, {prompt.max:,}")
     seq = math.ceil(p_mean + o_mean)
-    cap = capacity(dep.model, dep.hw, tp=tp, weight_dtype=dep.weight_dtype,
-                   kv_dtype=dep.kv_dtype, context=seq, mem_fraction=mem_fraction)
+    cap = capacity(
+        dep.model,
+        dep.hw,
+        tp=tp,
+        weight_dtype=dep.weight_dtype,
+        kv_dtype=dep.kv_dtype,
+        context=seq,
+        mem_fraction=mem_fraction,
+    )
     note("weights/GPU", "weights / tp", f"{cap.weights_bytes_per_gpu / 1e9:.1f} GB")
     note("KV tokens/replica", "(mem*frac - weights/tp) / kv_per_token_gpu", cap.max_tokens)
     b_mem = cap.max_tokens // seq
     note("B_mem", "tokens / (P_mean + O_mean)", b_mem)
     if b_mem == 0:
-        return FleetPlan(tp, False, "weights or one sequence do not fit in memory",
-                         chain=chain)
-    t_p = sum(w * _prefill_s(dep, p, prefix_hit)
-              for p, w in zip(prompt.values, prompt.weights, strict=True))
+        return FleetPlan(tp, False, "weights or one sequence do not fit in memory", chain=chain)
+    t_p = sum(
+        w * _prefill_s(dep, p, prefix_hit)
+        for p, w in zip(prompt.values, prompt.weights, strict=True)
+    )
     note("t_prefill mean", "E[t_prefill(P (1 - hit))]", f"{t_p * 1e3:.2f} ms")
     ctx = int(p_mean + o_mean / 2)
 
@@ -128,8 +145,11 @@ def plan_replica(dep: Deployment, *, rate: float, prompt: LengthDist, output: Le
             hi = mid
     b = lo
     t_d = dep.decode(b, ctx).time_s
-    note("decode batch B", "max B: t_d(B) + B t_p / O <= TPOT SLO, B <= B_mem",
-         f"{b:,} ({'memory' if b == b_mem else 'TPOT'}-limited)")
+    note(
+        "decode batch B",
+        "max B: t_d(B) + B t_p / O <= TPOT SLO, B <= B_mem",
+        f"{b:,} ({'memory' if b == b_mem else 'TPOT'}-limited)",
+    )
     note("t_d(B)", f"decode step at B, context {ctx}", f"{t_d * 1e3:.2f} ms")
     tpot = tpot_s(b)
     note("TPOT", "t_d(B) + B t_p / O", f"{tpot * 1e3:.2f} ms")
@@ -138,21 +158,35 @@ def plan_replica(dep: Deployment, *, rate: float, prompt: LengthDist, output: Le
     ttft = _prefill_s(dep, prompt.max, prefix_hit)
     note("TTFT (P_max)", "t_prefill(P_max)", f"{ttft * 1e3:.1f} ms")
     if ttft * 1e3 > ttft_slo_ms:
-        return FleetPlan(tp, False, "TTFT SLO missed by the longest prompt's prefill",
-                         decode_batch=b, replica_rps=rps, tpot_ms=tpot * 1e3,
-                         ttft_ms=ttft * 1e3, chain=chain)
+        return FleetPlan(
+            tp,
+            False,
+            "TTFT SLO missed by the longest prompt's prefill",
+            decode_batch=b,
+            replica_rps=rps,
+            tpot_ms=tpot * 1e3,
+            ttft_ms=ttft * 1e3,
+            chain=chain,
+        )
     replicas = math.ceil(rate / (utilization * rps))
     note("replicas", f"ceil(rate / (u * lambda_r)), u = {utilization}", replicas)
     per_node = max(1, gpus_per_node // tp)
     nodes = math.ceil(replicas / per_node)
     note("GPUs", "replicas * tp", replicas * tp)
     note("nodes", f"ceil(replicas / floor({gpus_per_node} / tp))", nodes)
-    note("in flight", "rate * (TTFT + O * TPOT) (Little's law)",
-         f"{rate * (ttft + o_mean * tpot):,.0f} requests")
-    note("token rates", "rate * P_mean in, rate * O_mean out",
-         f"{rate * p_mean:,.0f} in/s, {rate * o_mean:,.0f} out/s")
-    return FleetPlan(tp, True, "ok", replicas, replicas * tp, nodes, b, rps,
-                     tpot * 1e3, ttft * 1e3, chain)
+    note(
+        "in flight",
+        "rate * (TTFT + O * TPOT) (Little's law)",
+        f"{rate * (ttft + o_mean * tpot):,.0f} requests",
+    )
+    note(
+        "token rates",
+        "rate * P_mean in, rate * O_mean out",
+        f"{rate * p_mean:,.0f} in/s, {rate * o_mean:,.0f} out/s",
+    )
+    return FleetPlan(
+        tp, True, "ok", replicas, replicas * tp, nodes, b, rps, tpot * 1e3, ttft * 1e3, chain
+    )
 
 
 def plan_fleet(deps: list[Deployment], **kwargs) -> tuple[FleetPlan | None, list[FleetPlan]]:

@@ -57,8 +57,17 @@ class Hardware:
         return self.flops_for_weights(weight_dtype) / self.mem_bandwidth
 
 
-def _gpu(name: str, mem_gb: float, bw_tbs: float, bf16: float, fp8: float, int8: float,
-         fp32: float, link_gbs: float, source: str) -> Hardware:
+def _gpu(
+    name: str,
+    mem_gb: float,
+    bw_tbs: float,
+    bf16: float,
+    fp8: float,
+    int8: float,
+    fp32: float,
+    link_gbs: float,
+    source: str,
+) -> Hardware:
     peaks = {"bf16": bf16 * TERA, "int8": int8 * TERA, "fp32": fp32 * TERA}
     if fp8:
         peaks["fp8"] = fp8 * TERA
@@ -66,16 +75,19 @@ def _gpu(name: str, mem_gb: float, bw_tbs: float, bf16: float, fp8: float, int8:
 
 
 GPUS: dict[str, Hardware] = {
-    "H100-SXM": _gpu("H100-SXM", 80, 3.35, 989.5, 1979, 1979, 494.5, 900,
-                     "NVIDIA H100 datasheet (SXM5, dense)"),
-    "H200": _gpu("H200", 141, 4.8, 989.5, 1979, 1979, 494.5, 900,
-                 "NVIDIA H200 datasheet (SXM, dense)"),
-    "A100-80GB": _gpu("A100-80GB", 80, 2.039, 312, 0, 624, 156, 600,
-                      "NVIDIA A100 datasheet (80GB SXM, dense)"),
-    "L40S": _gpu("L40S", 48, 0.864, 362.05, 733, 733, 183, 32,
-                 "NVIDIA L40S datasheet (dense)"),
-    "B200": _gpu("B200", 180, 8.0, 2250, 4500, 4500, 1100, 1800,
-                 "NVIDIA HGX B200 datasheet, per GPU (dense)"),
+    "H100-SXM": _gpu(
+        "H100-SXM", 80, 3.35, 989.5, 1979, 1979, 494.5, 900, "NVIDIA H100 datasheet (SXM5, dense)"
+    ),
+    "H200": _gpu(
+        "H200", 141, 4.8, 989.5, 1979, 1979, 494.5, 900, "NVIDIA H200 datasheet (SXM, dense)"
+    ),
+    "A100-80GB": _gpu(
+        "A100-80GB", 80, 2.039, 312, 0, 624, 156, 600, "NVIDIA A100 datasheet (80GB SXM, dense)"
+    ),
+    "L40S": _gpu("L40S", 48, 0.864, 362.05, 733, 733, 183, 32, "NVIDIA L40S datasheet (dense)"),
+    "B200": _gpu(
+        "B200", 180, 8.0, 2250, 4500, 4500, 1100, 1800, "NVIDIA HGX B200 datasheet, per GPU (dense)"
+    ),
 }
 
 
@@ -172,7 +184,12 @@ def measure_cpu(budget_s: float = 0.3) -> Hardware:
         torch.set_num_threads(threads)
     peaks = {p: flops for p in ("fp32", "bf16", "fp8", "int8")}
     return Hardware(
-        "cpu", _physical_memory(), streaming, peaks, 0.0,
+        "cpu",
+        _physical_memory(),
+        streaming,
+        peaks,
+        0.0,
         "measured here: 1 thread, fp32 512^3 matmul, GEMV over 128 MiB of matrices",
-        measured=True, copy_bandwidth=copy,
+        measured=True,
+        copy_bandwidth=copy,
     )

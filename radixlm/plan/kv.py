@@ -102,8 +102,11 @@ def layout_variants(model: ModelSpec, kv_dtype: str = "bf16") -> list[LayoutRow]
         rows.append(LayoutRow("mqa (1 K,V head)", 1, mqa, mqa / own))
         return rows
     per_head = model.num_layers * model.head_dim * 2 * b
-    rows.append(LayoutRow("mha", model.num_heads, model.num_heads * per_head,
-                          model.num_heads * per_head / own))
+    rows.append(
+        LayoutRow(
+            "mha", model.num_heads, model.num_heads * per_head, model.num_heads * per_head / own
+        )
+    )
     if model.attention == "gqa":
         rows.append(LayoutRow("gqa (model)", model.num_kv_heads, own, 1.0))
     rows.append(LayoutRow("mqa", 1, per_head, per_head / own))
@@ -120,12 +123,14 @@ def compare_models(models: list[ModelSpec], kv_dtype: str, context: int) -> list
     out = []
     for m in models:
         per_token = kv_bytes_per_token(m, kv_dtype)
-        out.append({
-            "model": m.name,
-            "attention": m.attention,
-            "bytes_per_token": per_token,
-            "bytes_per_sequence": per_token * context,
-            "ratio_to_first": per_token / base,
-            "tokens_per_gib": (1 << 30) / per_token,
-        })
+        out.append(
+            {
+                "model": m.name,
+                "attention": m.attention,
+                "bytes_per_token": per_token,
+                "bytes_per_sequence": per_token * context,
+                "ratio_to_first": per_token / base,
+                "tokens_per_gib": (1 << 30) / per_token,
+            }
+        )
     return out

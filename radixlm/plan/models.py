@@ -30,37 +30,71 @@ from radixlm.errors import ModelNotFoundError
 
 PRESETS: dict[str, dict[str, Any]] = {
     "Llama-3-8B": {
-        "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
-        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "max_position_embeddings": 8192,
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 8192,
         "tie_word_embeddings": False,
     },
     "Llama-3-70B": {
-        "model_type": "llama", "vocab_size": 128256, "hidden_size": 8192,
-        "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
-        "num_key_value_heads": 8, "max_position_embeddings": 8192,
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 8192,
         "tie_word_embeddings": False,
     },
     "Qwen2.5-7B": {
-        "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584,
-        "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-        "num_key_value_heads": 4, "max_position_embeddings": 32768,
+        "model_type": "qwen2",
+        "vocab_size": 152064,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 32768,
         "tie_word_embeddings": False,
     },
     "Mixtral-8x7B": {
-        "model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
-        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "max_position_embeddings": 32768,
-        "num_local_experts": 8, "num_experts_per_tok": 2, "tie_word_embeddings": False,
+        "model_type": "mixtral",
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 32768,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "tie_word_embeddings": False,
     },
     "DeepSeek-V3": {
-        "model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168,
-        "intermediate_size": 18432, "moe_intermediate_size": 2048,
-        "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
-        "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
-        "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256,
-        "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
-        "max_position_embeddings": 163840, "tie_word_embeddings": False,
+        "model_type": "deepseek_v3",
+        "vocab_size": 129280,
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "n_routed_experts": 256,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3,
+        "max_position_embeddings": 163840,
+        "tie_word_embeddings": False,
     },
 }
 
@@ -174,8 +208,7 @@ class ModelSpec:
         if self.is_moe:
             routed = self.experts_per_token if active_only else self.num_experts
             per_layer = (
-                routed * self.expert_params() + self.shared_expert_params()
-                + self.router_params()
+                routed * self.expert_params() + self.shared_expert_params() + self.router_params()
             )
             mlp += self.num_moe_layers * per_layer
         return attn + mlp
@@ -183,14 +216,18 @@ class ModelSpec:
     def total_params(self) -> int:
         """All parameters: embeddings, blocks, norms and the (untied) LM head."""
         return (
-            self.embedding_params() + self.lm_head_params() + self.norm_params()
+            self.embedding_params()
+            + self.lm_head_params()
+            + self.norm_params()
             + self.block_linear_params()
         )
 
     def active_params(self) -> int:
         """Parameters one token touches (MoE: only its top-k experts); = total if dense."""
         return (
-            self.embedding_params() + self.lm_head_params() + self.norm_params()
+            self.embedding_params()
+            + self.lm_head_params()
+            + self.norm_params()
             + self.block_linear_params(active_only=True)
         )
 
@@ -218,8 +255,7 @@ class ModelSpec:
             if prefill:
                 per_head = 2 * (self.qk_nope_head_dim + self.qk_rope_head_dim) + 2 * self.v_head_dim
             else:
-                per_head = (2 * (self.kv_lora_rank + self.qk_rope_head_dim)
-                            + 2 * self.kv_lora_rank)
+                per_head = 2 * (self.kv_lora_rank + self.qk_rope_head_dim) + 2 * self.kv_lora_rank
             return self.num_layers * self.num_heads * per_head
         return self.num_layers * 4 * self.num_heads * self.head_dim
 
@@ -244,8 +280,7 @@ def spec_from_config(cfg: Mapping[str, Any], name: str = "model") -> ModelSpec:
     hidden = int(cfg["hidden_size"])
     heads = int(cfg["num_attention_heads"])
     model_type = str(cfg.get("model_type", ""))
-    num_experts = int(_get(cfg, "num_local_experts", "n_routed_experts", "num_experts",
-                           default=0))
+    num_experts = int(_get(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0))
     moe_inter = int(_get(cfg, "moe_intermediate_size", default=0)) if num_experts else 0
     shared = 0
     if num_experts:
@@ -319,7 +354,5 @@ def load_model(model: str) -> ModelSpec:
             return spec_from_config(json.loads(config_path.read_text()), name=model)
         config = model_registry.load_hf_config(model)
     except ModelNotFoundError as exc:
-        raise ModelNotFoundError(
-            f"{exc}; built-in presets: {', '.join(preset_names())}"
-        ) from exc
+        raise ModelNotFoundError(f"{exc}; built-in presets: {', '.join(preset_names())}") from exc
     return spec_from_config(config.to_dict(), name=model)

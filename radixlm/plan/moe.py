@@ -81,12 +81,14 @@ def moe_batch_table(model: ModelSpec, batches: tuple[int, ...], dtype: str = "bf
     for n in batches:
         read = weights_read_bytes(model, n, dtype)
         active = expected_distinct_experts(model, n)
-        rows.append({
-            "batch": n,
-            "active_experts": active,
-            "active_fraction": active / model.num_experts,
-            "weights_read_bytes": read,
-            "weights_read_per_token": read / n,
-            "expert_intensity": expert_intensity(model, n, dtype),
-        })
+        rows.append(
+            {
+                "batch": n,
+                "active_experts": active,
+                "active_fraction": active / model.num_experts,
+                "weights_read_bytes": read,
+                "weights_read_per_token": read / n,
+                "expert_intensity": expert_intensity(model, n, dtype),
+            }
+        )
     return rows

@@ -57,7 +57,7 @@ def fmt_num(x: Any, digits: int = 3) -> str:
             return "inf"
         if x == int(x) and abs(x) < 1e15:
             return f"{int(x):,}"
-        if abs(x) >= 10 ** digits:
+        if abs(x) >= 10**digits:
             return f"{x:,.0f}"
         return f"{x:.{digits}g}"
     return str(x)
@@ -70,16 +70,18 @@ def fmt_params(n: float) -> str:
 def render_table(table: Table) -> str:
     """Text columns left-aligned, numbers right-aligned (decided by the first row)."""
     cells = [[fmt_num(c) if not isinstance(c, str) else c for c in row] for row in table.rows]
-    left = [isinstance(c, str) and not _NUMERIC.match(c) for c in table.rows[0]] \
-        if table.rows else []
+    left = (
+        [isinstance(c, str) and not _NUMERIC.match(c) for c in table.rows[0]] if table.rows else []
+    )
     left += [False] * (len(table.headers) - len(left))
     widths = [len(h) for h in table.headers]
     for row in cells:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
 
     def line(row: list[str]) -> str:
-        return "  ".join((c.ljust(w) if lt else c.rjust(w))
-                         for c, w, lt in zip(row, widths, left, strict=True)).rstrip()
+        return "  ".join(
+            (c.ljust(w) if lt else c.rjust(w)) for c, w, lt in zip(row, widths, left, strict=True)
+        ).rstrip()
 
     lines = [table.title] if table.title else []
     lines.append(line(table.headers))
@@ -92,8 +94,9 @@ def render_text(report: Report) -> str:
     parts = [report.title, "=" * len(report.title)]
     if report.facts:
         width = max(len(k) for k, _ in report.facts)
-        parts.extend(f"{k.ljust(width)}  {v if isinstance(v, str) else fmt_num(v)}"
-                     for k, v in report.facts)
+        parts.extend(
+            f"{k.ljust(width)}  {v if isinstance(v, str) else fmt_num(v)}" for k, v in report.facts
+        )
     for table in report.tables:
         parts.extend(["", render_table(table)])
     if report.notes:

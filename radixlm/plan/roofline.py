@@ -47,15 +47,25 @@ def ridge_point(dep: Deployment) -> float:
     return dep.peak_flops / dep.hw.mem_bandwidth
 
 
-def decode_curve(dep: Deployment, context: int,
-                 batches: tuple[int, ...] = DEFAULT_BATCHES) -> list[CurvePoint]:
+def decode_curve(
+    dep: Deployment, context: int, batches: tuple[int, ...] = DEFAULT_BATCHES
+) -> list[CurvePoint]:
     """Predicted decode step time and throughput along the batch sizes."""
     out = []
     for b in batches:
         s = dep.decode(b, context)
-        out.append(CurvePoint(b, s.intensity, s.compute_s * 1e3, s.memory_s * 1e3,
-                              s.time_s * 1e3, b / s.time_s, s.flops / s.time_s / 1e12,
-                              s.bound))
+        out.append(
+            CurvePoint(
+                b,
+                s.intensity,
+                s.compute_s * 1e3,
+                s.memory_s * 1e3,
+                s.time_s * 1e3,
+                b / s.time_s,
+                s.flops / s.time_s / 1e12,
+                s.bound,
+            )
+        )
     return out
 
 
@@ -67,8 +77,9 @@ def knee_closed_form(dep: Deployment, context: int) -> float | None:
     m = dep.model
     ridge = ridge_point(dep)
     w = weights_read_bytes(m, 1, dep.weight_dtype) / dep.tp
-    per_seq_flops = (2.0 * m.matmul_params_per_token()
-                     + m.attn_flops_per_context_token() * context) / dep.tp
+    per_seq_flops = (
+        2.0 * m.matmul_params_per_token() + m.attn_flops_per_context_token() * context
+    ) / dep.tp
     denom = per_seq_flops - ridge * (context + 1) * dep.kv_per_token
     return ridge * w / denom if denom > 0 else None
 
@@ -78,6 +89,7 @@ def decode_knee(dep: Deployment, context: int, max_batch: int = 1 << 24) -> int 
 
     Bisection on the sign of compute time - memory time (unique crossing, module doc).
     """
+
     def compute_bound(b: int) -> bool:
         s = dep.decode(b, context)
         return s.compute_s >= s.memory_s
@@ -101,13 +113,26 @@ def prefill_points(dep: Deployment, prompts: tuple[int, ...]) -> list[dict]:
     out = []
     for p in prompts:
         s = dep.prefill(p)
-        out.append({"prompt": p, "intensity": s.intensity, "step_ms": s.time_s * 1e3,
-                    "tokens_per_s": p / s.time_s, "bound": s.bound})
+        out.append(
+            {
+                "prompt": p,
+                "intensity": s.intensity,
+                "step_ms": s.time_s * 1e3,
+                "tokens_per_s": p / s.time_s,
+                "bound": s.bound,
+            }
+        )
     return out
 
 
-def plot_roofline(dep: Deployment, context: int, curve: list[CurvePoint],
-                  prefill: list[dict], path: str, knee: int | None = None) -> str:
+def plot_roofline(
+    dep: Deployment,
+    context: int,
+    curve: list[CurvePoint],
+    prefill: list[dict],
+    path: str,
+    knee: int | None = None,
+) -> str:
     """Write a two-panel PNG: the roofline with decode/prefill points, and decode
     tokens/s vs batch. Needs matplotlib (optional dependency); returns `path`.
 
@@ -123,13 +148,24 @@ def plot_roofline(dep: Deployment, context: int, curve: list[CurvePoint],
     peak = dep.peak_flops / 1e12
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     xs = [0.1, ridge, max(ridge * 100, 1e4)]
-    ax1.loglog(xs, [min(x * dep.hw.mem_bandwidth / 1e12, peak) for x in xs], "k-",
-               label=f"roof (ridge {ridge:.0f} FLOP/B)")
-    ax1.loglog([p.intensity for p in curve], [p.achieved_tflops for p in curve], "o-",
-               label=f"decode, ctx {context}")
-    ax1.loglog([p["intensity"] for p in prefill],
-               [min(p["intensity"] * dep.hw.mem_bandwidth, dep.peak_flops) / 1e12
-                for p in prefill], "s--", label="prefill")
+    ax1.loglog(
+        xs,
+        [min(x * dep.hw.mem_bandwidth / 1e12, peak) for x in xs],
+        "k-",
+        label=f"roof (ridge {ridge:.0f} FLOP/B)",
+    )
+    ax1.loglog(
+        [p.intensity for p in curve],
+        [p.achieved_tflops for p in curve],
+        "o-",
+        label=f"decode, ctx {context}",
+    )
+    ax1.loglog(
+        [p["intensity"] for p in prefill],
+        [min(p["intensity"] * dep.hw.mem_bandwidth, dep.peak_flops) / 1e12 for p in prefill],
+        "s--",
+        label="prefill",
+    )
     ax1.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax1.set_ylabel("attainable TFLOP/s per GPU")
     ax1.legend(fontsize=8)

@@ -46,8 +46,7 @@ def leviathan_speedup(acceptance: float, draft_len: int, draft_cost: float) -> f
 
 def best_draft_len(acceptance: float, draft_cost: float, max_len: int = 16) -> int:
     """Draft length maximizing the batch-1 speed-up."""
-    return max(range(1, max_len + 1),
-               key=lambda k: leviathan_speedup(acceptance, k, draft_cost))
+    return max(range(1, max_len + 1), key=lambda k: leviathan_speedup(acceptance, k, draft_cost))
 
 
 @dataclass(frozen=True)
@@ -69,8 +68,15 @@ class SpecModel:
     roofline.
     """
 
-    def __init__(self, target: Deployment, acceptance: float, draft_len: int,
-                 context: int, draft_cost: float = 0.05, draft: Deployment | None = None):
+    def __init__(
+        self,
+        target: Deployment,
+        acceptance: float,
+        draft_len: int,
+        context: int,
+        draft_cost: float = 0.05,
+        draft: Deployment | None = None,
+    ):
         self.target, self.draft = target, draft
         self.acceptance, self.k, self.context = acceptance, draft_len, context
         self.draft_cost = draft_cost
@@ -81,8 +87,9 @@ class SpecModel:
             draft = self.draft.decode(batch, self.context).time_s
         else:
             draft = self.draft_cost * dec
-        verify = self.target.step(chunk=self.k + 1, chunk_prefix=self.context,
-                                  chunk_seqs=batch).time_s
+        verify = self.target.step(
+            chunk=self.k + 1, chunk_prefix=self.context, chunk_seqs=batch
+        ).time_s
         tokens = expected_tokens(self.acceptance, self.k)
         speedup = tokens * dec / (self.k * draft + verify)
         return SpecPoint(batch, dec * 1e3, draft * 1e3, verify * 1e3, tokens, speedup)

@@ -59,8 +59,9 @@ def tokens_for_expert_fraction(model: ModelSpec, fraction: float) -> int:
     return max(1, math.ceil(math.log(1.0 - fraction) / math.log(1.0 - k / e) - 1e-9))
 
 
-def weights_read_bytes(model: ModelSpec, tokens: float = 1, dtype: str = "bf16",
-                       group_size: int = 128) -> float:
+def weights_read_bytes(
+    model: ModelSpec, tokens: float = 1, dtype: str = "bf16", group_size: int = 128
+) -> float:
     """Weight bytes one forward step over `tokens` tokens reads from memory."""
     per = weight_bytes_per_param(dtype, group_size)
     head = model.vocab_size * model.hidden_size * _unquantized_bytes(dtype)

@@ -71,8 +71,11 @@ def test_negative_budget_gives_zero():
     assert tokens_that_fit(-1.0, 100.0) == 0
 
 
-@given(budget=st.integers(0, 10**12), per_token=st.integers(1, 10**7),
-       page=st.sampled_from([1, 16, 64]))
+@given(
+    budget=st.integers(0, 10**12),
+    per_token=st.integers(1, 10**7),
+    page=st.sampled_from([1, 16, 64]),
+)
 def test_tokens_that_fit_is_tight(budget, per_token, page):
     tokens = tokens_that_fit(budget, per_token, page)
     assert tokens % page == 0
@@ -82,7 +85,8 @@ def test_tokens_that_fit_is_tight(budget, per_token, page):
 
 def test_budget_subtracts_reserve(h100):
     assert kv_budget_per_gpu(h100, 10e9, tp=2, mem_fraction=0.5, reserve_bytes=1e9) == (
-        pytest.approx(40e9 - 5e9 - 1e9))
+        pytest.approx(40e9 - 5e9 - 1e9)
+    )
 
 
 def test_max_decode_batch_limits(specs, h100):

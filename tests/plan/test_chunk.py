@@ -8,8 +8,9 @@ from radixlm.plan.cost import Deployment
 
 def test_feasible_plan_meets_both_slos(h100, specs):
     dep = Deployment(specs["Llama-3-8B"], h100)
-    plan = plan_chunk(dep, decode_batch=32, context=2048, prompt=8192, tpot_slo_ms=30,
-                      ttft_slo_ms=1000)
+    plan = plan_chunk(
+        dep, decode_batch=32, context=2048, prompt=8192, tpot_slo_ms=30, ttft_slo_ms=1000
+    )
     assert plan.feasible
     assert plan.min_chunk <= plan.recommended_chunk <= plan.max_chunk
     assert plan.itl_ms <= 30 and plan.ttft_ms <= 1000
@@ -21,15 +22,17 @@ def test_feasible_plan_meets_both_slos(h100, specs):
 
 def test_tight_tpot_is_infeasible(h100, specs):
     dep = Deployment(specs["Llama-3-8B"], h100)
-    plan = plan_chunk(dep, decode_batch=64, context=2048, prompt=4096, tpot_slo_ms=1,
-                      ttft_slo_ms=1000)
+    plan = plan_chunk(
+        dep, decode_batch=64, context=2048, prompt=4096, tpot_slo_ms=1, ttft_slo_ms=1000
+    )
     assert not plan.feasible and plan.max_chunk == 0 and plan.recommended_chunk is None
 
 
 def test_conflicting_slos(h100, specs):
     dep = Deployment(specs["Llama-3-8B"], h100)
-    plan = plan_chunk(dep, decode_batch=32, context=2048, prompt=32768, tpot_slo_ms=8,
-                      ttft_slo_ms=600)
+    plan = plan_chunk(
+        dep, decode_batch=32, context=2048, prompt=32768, tpot_slo_ms=8, ttft_slo_ms=600
+    )
     assert not plan.feasible
     assert plan.min_chunk is None or plan.min_chunk > plan.max_chunk
 
@@ -42,8 +45,9 @@ def test_ttft_falls_with_chunk(h100, specs):
 def test_small_chunks_below_alignment(fake_cpu, specs):
     # On a CPU the TPOT budget admits only a few dozen prefill tokens per step.
     dep = Deployment(specs["smollm2"], fake_cpu, weight_dtype="fp32", kv_dtype="fp32")
-    plan = plan_chunk(dep, decode_batch=4, context=256, prompt=512, tpot_slo_ms=100,
-                      ttft_slo_ms=5000)
+    plan = plan_chunk(
+        dep, decode_batch=4, context=256, prompt=512, tpot_slo_ms=100, ttft_slo_ms=5000
+    )
     assert 0 < plan.max_chunk < 64
     assert plan.feasible and plan.recommended_chunk == plan.max_chunk
     assert plan.itl_ms <= 100 and plan.ttft_ms <= 5000

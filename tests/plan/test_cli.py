@@ -14,8 +14,9 @@ from radixlm.plan.cli import main, register
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "radixlm.plan", *argv],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "radixlm.plan", *argv], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_kv_json_subprocess():
@@ -44,16 +45,19 @@ def _json(capsys, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("argv", [
-    ["roofline", "--model", "Llama-3-8B", "--gpu", "H100"],
-    ["spec", "--model", "Llama-3-8B", "--gpu", "H200", "--acceptance", "0.8"],
-    ["chunk", "--model", "Llama-3-8B", "--gpu", "A100"],
-    ["disagg", "--model", "Llama-3-70B", "--gpu", "H100", "--tp", "4"],
-    ["fleet", "--model", "Llama-3-70B", "--gpu", "H100", "--rate", "10000"],
-    ["moe", "--model", "DeepSeek-V3"],
-    ["kv", "--model", "DeepSeek-V3", "--compare", "Llama-3-70B"],
-    ["capacity", "--model", "Mixtral-8x7B", "--gpu", "B200", "--dtype", "fp8"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["roofline", "--model", "Llama-3-8B", "--gpu", "H100"],
+        ["spec", "--model", "Llama-3-8B", "--gpu", "H200", "--acceptance", "0.8"],
+        ["chunk", "--model", "Llama-3-8B", "--gpu", "A100"],
+        ["disagg", "--model", "Llama-3-70B", "--gpu", "H100", "--tp", "4"],
+        ["fleet", "--model", "Llama-3-70B", "--gpu", "H100", "--rate", "10000"],
+        ["moe", "--model", "DeepSeek-V3"],
+        ["kv", "--model", "DeepSeek-V3", "--compare", "Llama-3-70B"],
+        ["capacity", "--model", "Mixtral-8x7B", "--gpu", "B200", "--dtype", "fp8"],
+    ],
+)
 def test_every_subcommand_text_and_json(capsys, argv):
     assert main(argv) == 0
     text = capsys.readouterr().out
@@ -70,8 +74,19 @@ def test_fleet_json_has_chain(capsys):
 
 
 def test_cpu_measured_roofline(capsys):
-    data = _json(capsys, "roofline", "--model", "Llama-3-8B", "--gpu", "cpu",
-                 "--batches", "1", "--prompts", "64", "--json")
+    data = _json(
+        capsys,
+        "roofline",
+        "--model",
+        "Llama-3-8B",
+        "--gpu",
+        "cpu",
+        "--batches",
+        "1",
+        "--prompts",
+        "64",
+        "--json",
+    )
     assert data["gpu"] == "cpu" and data["mem_bandwidth"] > 0
     assert data["decode"][0]["bound"] == "memory"
 

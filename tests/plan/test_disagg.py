@@ -25,7 +25,8 @@ def test_interference_and_ratio(h100, specs):
     assert p.stall_ms == pytest.approx(p.mixed_step_ms - p.decode_ms)
     assert not p.colocated_meets_tpot  # an 8k prefill dwarfs a 50 ms step budget
     assert p.prefill_to_decode_ratio == pytest.approx(
-        p.decode_rps_per_instance / p.prefill_rps_per_instance)
+        p.decode_rps_per_instance / p.prefill_rps_per_instance
+    )
 
 
 def test_slow_link_does_not_pay(h100, specs):

@@ -72,9 +72,21 @@ def test_kv_bytes_per_token_matches_pool(engines, capsys):
 @pytest.mark.parametrize("which", [0, 1], ids=["max-total-tokens", "mem-fraction"])
 def test_capacity_matches_engine(engines, capsys, which):
     info = engines[which].get_server_info()
-    plan = _plan_json(capsys, "capacity", "--model", "smollm2-135m", "--kv-dtype", "fp32",
-                      "--kv-budget-bytes", str(info["kv_budget_bytes"]),
-                      "--page-size", str(info["page_size"]), "--tp", "1", "--json")
+    plan = _plan_json(
+        capsys,
+        "capacity",
+        "--model",
+        "smollm2-135m",
+        "--kv-dtype",
+        "fp32",
+        "--kv-budget-bytes",
+        str(info["kv_budget_bytes"]),
+        "--page-size",
+        str(info["page_size"]),
+        "--tp",
+        "1",
+        "--json",
+    )
     row = plan["rows"][0]
     assert row["max_tokens"] == info["max_total_tokens"]
     assert row["kv_bytes_per_token_per_gpu"] == info["kv_bytes_per_token"]
@@ -82,6 +94,17 @@ def test_capacity_matches_engine(engines, capsys, which):
 
 def test_weights_bytes_match_engine(engines, capsys):
     info = engines[0].get_server_info()
-    plan = _plan_json(capsys, "capacity", "--model", "smollm2-135m", "--dtype", "fp32",
-                      "--kv-budget-bytes", "1", "--tp", "1", "--json")
+    plan = _plan_json(
+        capsys,
+        "capacity",
+        "--model",
+        "smollm2-135m",
+        "--dtype",
+        "fp32",
+        "--kv-budget-bytes",
+        "1",
+        "--tp",
+        "1",
+        "--json",
+    )
     assert plan["rows"][0]["weights_bytes_total"] == info["weights_bytes"]

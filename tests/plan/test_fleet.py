@@ -20,8 +20,13 @@ def test_length_dist_parse():
 
 
 def _kwargs(**over):
-    kw = dict(rate=10_000.0, prompt=LengthDist.parse("1024"), output=LengthDist.parse("256"),
-              ttft_slo_ms=2000, tpot_slo_ms=50)
+    kw = dict(
+        rate=10_000.0,
+        prompt=LengthDist.parse("1024"),
+        output=LengthDist.parse("256"),
+        ttft_slo_ms=2000,
+        tpot_slo_ms=50,
+    )
     kw.update(over)
     return kw
 
@@ -59,6 +64,7 @@ def test_prefix_hits_reduce_fleet(h100, specs):
 
 def test_ttft_infeasible(h100, specs):
     dep = Deployment(specs["Llama-3-70B"], h100, tp=2)
-    plan = plan_replica(dep, **_kwargs(prompt=LengthDist.parse("512:0.99,32768:0.01"),
-                                       ttft_slo_ms=100))
+    plan = plan_replica(
+        dep, **_kwargs(prompt=LengthDist.parse("512:0.99,32768:0.01"), ttft_slo_ms=100)
+    )
     assert not plan.feasible

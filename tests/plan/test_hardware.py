@@ -7,10 +7,18 @@ import pytest
 from radixlm.plan.hardware import GPUS, derate, get_hardware, measure_cpu
 
 
-@pytest.mark.parametrize(("name", "key"), [
-    ("H100 SXM", "H100-SXM"), ("h100", "H100-SXM"), ("H200", "H200"),
-    ("A100 80GB", "A100-80GB"), ("a100", "A100-80GB"), ("L40S", "L40S"), ("b200", "B200"),
-])
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("H100 SXM", "H100-SXM"),
+        ("h100", "H100-SXM"),
+        ("H200", "H200"),
+        ("A100 80GB", "A100-80GB"),
+        ("a100", "A100-80GB"),
+        ("L40S", "L40S"),
+        ("b200", "B200"),
+    ],
+)
 def test_lookup(name, key):
     assert get_hardware(name) is GPUS[key]
 

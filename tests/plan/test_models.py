@@ -11,8 +11,11 @@ from radixlm.plan.models import load_model, spec_from_config
 
 # Published parameter counts (model cards / papers), in billions.
 PUBLISHED = {
-    "Llama-3-8B": 8.03, "Llama-3-70B": 70.55, "Qwen2.5-7B": 7.61,
-    "Mixtral-8x7B": 46.7, "DeepSeek-V3": 671.0,
+    "Llama-3-8B": 8.03,
+    "Llama-3-70B": 70.55,
+    "Qwen2.5-7B": 7.61,
+    "Mixtral-8x7B": 46.7,
+    "DeepSeek-V3": 671.0,
 }
 
 
@@ -41,8 +44,13 @@ def test_attention_kinds(specs):
 
 
 def _llama_like() -> dict:
-    return {"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 2,
-            "vocab_size": 1000, "intermediate_size": 11008}
+    return {
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 2,
+        "vocab_size": 1000,
+        "intermediate_size": 11008,
+    }
 
 
 def test_config_defaults():

@@ -30,8 +30,8 @@ def test_expected_experts_bounds(specs, n):
 
 
 def test_all_experts_active(specs):
-    assert batch_all_experts_active(specs["Mixtral-8x7B"]) == 8    # ln 8 / -ln 0.75 = 7.2
-    assert batch_all_experts_active(specs["DeepSeek-V3"]) == 175   # ln 256 / -ln(31/32)
+    assert batch_all_experts_active(specs["Mixtral-8x7B"]) == 8  # ln 8 / -ln 0.75 = 7.2
+    assert batch_all_experts_active(specs["DeepSeek-V3"]) == 175  # ln 256 / -ln(31/32)
     assert tokens_for_expert_fraction(specs["DeepSeek-V3"], 0.99) == 146
 
 

@@ -20,7 +20,8 @@ def test_h100_ridge(h100, specs):
     # 989.5 TFLOP/s / 3.35 TB/s
     assert ridge_point(Deployment(specs["Llama-3-8B"], h100)) == pytest.approx(295.4, abs=0.1)
     assert ridge_point(Deployment(specs["Llama-3-8B"], h100, weight_dtype="fp8")) == (
-        pytest.approx(590.7, abs=0.1))
+        pytest.approx(590.7, abs=0.1)
+    )
 
 
 def test_batch1_decode_is_weight_streaming(h100, specs):
@@ -81,6 +82,7 @@ def test_tp_divides_step_time(h100, specs):
 def test_plot_optional(tmp_path, h100, specs):
     pytest.importorskip("matplotlib")
     dep = Deployment(specs["Llama-3-8B"], h100)
-    path = plot_roofline(dep, 512, decode_curve(dep, 512), prefill_points(dep, (512,)),
-                         str(tmp_path / "r.png"))
+    path = plot_roofline(
+        dep, 512, decode_curve(dep, 512), prefill_points(dep, (512,)), str(tmp_path / "r.png")
+    )
     assert (tmp_path / "r.png").stat().st_size > 1000 and path.endswith("r.png")

@@ -60,8 +60,12 @@ def test_tiny_model_matches_transformers(kind, tmp_path, hf_dir):
         for ids in prompts:
             x = torch.tensor([ids])
             y = model.generate(
-                x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=12,
-                pad_token_id=2, eos_token_id=None,
+                x,
+                attention_mask=torch.ones_like(x),
+                do_sample=False,
+                max_new_tokens=12,
+                pad_token_id=2,
+                eos_token_id=None,
             )
             refs.append(y[0, len(ids) :].tolist())
     with Engine(str(tmp_path), max_total_tokens=1024, page_size=4) as engine:
