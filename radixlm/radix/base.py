@@ -132,6 +132,19 @@ class PrefixCache(abc.ABC):
         if self.free_fn is not None and slots.numel() > 0:
             self.free_fn(slots)
 
+    def _insert_and_free_duplicates(
+        self, key: Sequence[int], kv_indices: torch.Tensor, prefix_len: int, extra_key
+    ) -> int:
+        """Insert, free the duplicates `kv_indices[prefix_len:m]`; return n (aligned key len)."""
+        n = self.aligned_len(len(key))
+        if n < prefix_len:
+            raise ValueError(f"key covers {n} aligned tokens < prefix_len {prefix_len}")
+        m = self.insert(key, kv_indices, extra_key)
+        if m < prefix_len:
+            raise RuntimeError(f"cached prefix shrank from {prefix_len} to {m}: was it locked?")
+        self._free(kv_indices[prefix_len:m])
+        return n
+
     def cache_finished(
         self,
         key: Sequence[int],
@@ -150,13 +163,7 @@ class PrefixCache(abc.ABC):
         Raises ValueError if `n < prefix_len` (the key must cover the matched prefix) and
         RuntimeError if the locked prefix is no longer cached (it was not locked).
         """
-        n = self.aligned_len(len(key))
-        if n < prefix_len:
-            raise ValueError(f"key covers {n} aligned tokens < prefix_len {prefix_len}")
-        m = self.insert(key, kv_indices, extra_key)
-        if m < prefix_len:
-            raise RuntimeError(f"cached prefix shrank from {prefix_len} to {m}: was it locked?")
-        self._free(kv_indices[prefix_len:m])
+        n = self._insert_and_free_duplicates(key, kv_indices, prefix_len, extra_key)
         self._free(kv_indices[n:])
         self.unlock(last_node)
 
@@ -175,13 +182,7 @@ class PrefixCache(abc.ABC):
         kv_indices (same length as the input) replace the request's slot row; the request
         still holds `[result.prefix_len:]`. Raises as `cache_finished`.
         """
-        n = self.aligned_len(len(key))
-        if n < prefix_len:
-            raise ValueError(f"key covers {n} aligned tokens < prefix_len {prefix_len}")
-        m = self.insert(key, kv_indices, extra_key)
-        if m < prefix_len:
-            raise RuntimeError(f"cached prefix shrank from {prefix_len} to {m}: was it locked?")
-        self._free(kv_indices[prefix_len:m])
+        n = self._insert_and_free_duplicates(key, kv_indices, prefix_len, extra_key)
         res = self.match_prefix(key[:n], extra_key)
         if len(res.kv_indices) != n:
             raise RuntimeError(f"inserted {n} tokens but matched {len(res.kv_indices)}")

@@ -59,6 +59,15 @@ def reference(hf_dir, prompts) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    outs = hf_greedy(model, prompts, MAX_NEW, eos_token_id=model.config.eos_token_id)
+    del model
+    return outs
+
+
+def hf_greedy(
+    model, prompts: list[list[int]], max_new_tokens: int, eos_token_id
+) -> list[list[int]]:
+    """transformers `generate(do_sample=False)` continuations, one prompt at a time."""
     outs = []
     with torch.inference_mode():
         for ids in prompts:
@@ -67,11 +76,11 @@ def reference(hf_dir, prompts) -> list[list[int]]:
                 x,
                 attention_mask=torch.ones_like(x),
                 do_sample=False,
-                max_new_tokens=MAX_NEW,
-                pad_token_id=model.config.eos_token_id,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=2,
+                eos_token_id=eos_token_id,
             )
             outs.append(y[0, len(ids) :].tolist())
-    del model
     return outs
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from radixlm import Engine
+from tests.runtime.conftest import hf_greedy
 
 
 def _tiny(kind: str):
@@ -55,19 +56,7 @@ def test_tiny_model_matches_transformers(kind, tmp_path, hf_dir):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(hf_dir / name, tmp_path / name)
     prompts = [[5, 17, 300, 4000, 9], [77] * 30 + [123, 456], list(range(100, 200))]
-    refs = []
-    with torch.inference_mode():
-        for ids in prompts:
-            x = torch.tensor([ids])
-            y = model.generate(
-                x,
-                attention_mask=torch.ones_like(x),
-                do_sample=False,
-                max_new_tokens=12,
-                pad_token_id=2,
-                eos_token_id=None,
-            )
-            refs.append(y[0, len(ids) :].tolist())
+    refs = hf_greedy(model, prompts, 12, eos_token_id=None)
     with Engine(str(tmp_path), max_total_tokens=1024, page_size=4) as engine:
         params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
         outs = engine.generate(input_ids=prompts, sampling_params=params)
