@@ -33,3 +33,20 @@ def test_partial_character_is_held_back(tokenizer):
 def test_special_tokens_are_skipped(tokenizer):
     detok = IncrementalDetokenizer(tokenizer)
     assert detok.add([1]) + detok.add(tokenizer.encode("hi", add_special_tokens=False)) == "hi"
+
+
+def test_random_token_streams_concatenate_to_decode(tokenizer):
+    import random
+
+    rng = random.Random(0)
+    # Byte-fallback tokens (single bytes, many invalid alone) mixed with ordinary ones.
+    byte_tokens = tokenizer.encode("é東🚀ü😀", add_special_tokens=False)
+    for _ in range(200):
+        ids = [
+            rng.choice(byte_tokens) if rng.random() < 0.5 else rng.randrange(3, 49152)
+            for _ in range(rng.randrange(1, 40))
+        ]
+        detok = IncrementalDetokenizer(tokenizer)
+        step = rng.randrange(1, 4)
+        deltas = [detok.add(ids[i : i + step]) for i in range(0, len(ids), step)]
+        assert "".join(deltas) + detok.flush() == tokenizer.decode(ids, skip_special_tokens=True)
