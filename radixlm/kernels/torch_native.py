@@ -35,8 +35,8 @@ class TorchNativeBackend(AttentionBackend):
         for i, (n, s, p) in enumerate(zip(self._ext_lens, self._seq_lens, self._pre_lens)):
             slots = self._slots[i, :s]
             qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-            ki = k_buf[slots].transpose(0, 1).unsqueeze(0)  # [1, Hkv, s, D]
-            vi = v_buf[slots].transpose(0, 1).unsqueeze(0)
+            ki = k_buf.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, s, D]
+            vi = v_buf.index_select(0, slots).transpose(0, 1).unsqueeze(0)
             if p == 0:
                 o = F.scaled_dot_product_attention(
                     qi, ki, vi, is_causal=True, scale=self.scaling, enable_gqa=True
@@ -51,8 +51,11 @@ class TorchNativeBackend(AttentionBackend):
         return out
 
     def forward_decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
-        k = self.kv_pool.k_buffer[layer_id][self._slots].transpose(1, 2)  # [B, Hkv, L, D]
-        v = self.kv_pool.v_buffer[layer_id][self._slots].transpose(1, 2)
+        shape = (*self._slots.shape, *self.kv_pool.k_buffer[layer_id].shape[1:])
+        flat = self._slots.flatten()
+        # index_select is several times faster than advanced indexing on CPU.
+        k = self.kv_pool.k_buffer[layer_id].index_select(0, flat).view(shape).transpose(1, 2)
+        v = self.kv_pool.v_buffer[layer_id].index_select(0, flat).view(shape).transpose(1, 2)
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), k, v, attn_mask=self._decode_mask, scale=self.scaling, enable_gqa=True
         )  # [B, H, 1, D]
