@@ -27,6 +27,7 @@ from radixlm.plan.cost import Deployment
 from radixlm.plan.hardware import Hardware
 from radixlm.plan.kv import kv_bytes_per_token, kv_bytes_per_token_per_gpu, kv_replication
 from radixlm.plan.models import ModelSpec
+from radixlm.plan.validate import FRACTION, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, POSITIVE_INT
 from radixlm.plan.weights import weights_bytes
 
 
@@ -54,6 +55,8 @@ class Capacity:
 
 def tokens_that_fit(kv_budget_bytes: float, bytes_per_token: float, page_size: int = 1) -> int:
     """Whole pages of tokens that fit in `kv_budget_bytes` (0 when the budget is negative)."""
+    POSITIVE.check("bytes_per_token", bytes_per_token)
+    POSITIVE_INT.check("page_size", page_size)
     if kv_budget_bytes <= 0:
         return 0
     tokens = int(kv_budget_bytes // bytes_per_token)
@@ -68,6 +71,9 @@ def kv_budget_per_gpu(
     reserve_bytes: float = 0.0,
 ) -> float:
     """Bytes left for KV on one GPU: memory * mem_fraction - weights / tp - reserve."""
+    POSITIVE_INT.check("tp", tp)
+    FRACTION.check("mem_fraction", mem_fraction)
+    NON_NEGATIVE.check("reserve_bytes", reserve_bytes)
     return hw.memory_bytes * mem_fraction - weights_total / tp - reserve_bytes
 
 
@@ -89,14 +95,23 @@ def capacity(
 
     `kv_budget_bytes` (per GPU) overrides the budget computed from `hw`, e.g. to reproduce
     an engine whose budget is known; `hw` may then be None.
+
+    Raises:
+        ValueError: a parameter out of range (tp, page_size, group_size >= 1; context,
+            reserve_bytes, kv_budget_bytes >= 0; mem_fraction in (0, 1]).
     """
+    POSITIVE_INT.check("tp", tp)
+    POSITIVE_INT.check("page_size", page_size)
+    NON_NEGATIVE_INT.check("context", context)
+    FRACTION.check("mem_fraction", mem_fraction)
+    NON_NEGATIVE.check("reserve_bytes", reserve_bytes)
     w_total = weights_bytes(model, weight_dtype, group_size)
     if kv_budget_bytes is None:
         if hw is None:
             raise ValueError("capacity needs either hw or kv_budget_bytes")
         budget = kv_budget_per_gpu(hw, w_total, tp, mem_fraction, reserve_bytes)
     else:
-        budget = float(kv_budget_bytes)
+        budget = float(NON_NEGATIVE.check("kv_budget_bytes", kv_budget_bytes))
     per_token = kv_bytes_per_token_per_gpu(model, kv_dtype, tp)
     ideal = kv_bytes_per_token(model, kv_dtype) / tp
     tokens = tokens_that_fit(budget, per_token, page_size)
@@ -155,6 +170,7 @@ def gpus_for_weights(
     model: ModelSpec, hw: Hardware, weight_dtype: str = "bf16", mem_fraction: float = 0.9
 ) -> int:
     """Minimum GPUs whose usable memory holds the weights alone (no KV)."""
+    FRACTION.check("mem_fraction", mem_fraction)
     return math.ceil(weights_bytes(model, weight_dtype) / (hw.memory_bytes * mem_fraction))
 
 
@@ -175,6 +191,9 @@ def max_decode_batch(
     not exceed the TPOT SLO; step time grows with B, so the largest such B is found by
     bisection. Returns (0, reason) when not even one sequence fits.
     """
+    POSITIVE_INT.check("seq_tokens", seq_tokens)
+    if tpot_slo_ms is not None:
+        POSITIVE.check("tpot_slo_ms", tpot_slo_ms)
     cap = capacity(
         dep.model,
         dep.hw,

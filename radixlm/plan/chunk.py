@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 from radixlm.plan.cost import Deployment
+from radixlm.plan.validate import NON_NEGATIVE_INT, POSITIVE, POSITIVE_INT
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,17 @@ def plan_chunk(
     ttft_slo_ms: float,
     align: int = 64,
 ) -> ChunkPlan:
-    """The chunk-size window meeting both SLOs, and the recommended chunk (module doc)."""
+    """The chunk-size window meeting both SLOs, and the recommended chunk (module doc).
+
+    Raises:
+        ValueError: prompt or align < 1, decode_batch or context < 0, or an SLO <= 0.
+    """
+    POSITIVE_INT.check("prompt", prompt)
+    POSITIVE_INT.check("align", align)
+    NON_NEGATIVE_INT.check("decode_batch", decode_batch)
+    NON_NEGATIVE_INT.check("context", context)
+    POSITIVE.check("tpot_slo_ms", tpot_slo_ms)
+    POSITIVE.check("ttft_slo_ms", ttft_slo_ms)
     base = dict(
         decode_batch=decode_batch,
         context=context,
@@ -105,7 +116,7 @@ def plan_chunk(
                 hi = mid
         c_max = lo
 
-    small = [1 << i for i in range(max(align, 1).bit_length()) if (1 << i) < align]
+    small = [1 << i for i in range(align.bit_length()) if (1 << i) < align]
     candidates = sorted(
         {c for c in small if c <= prompt} | {*range(align, prompt + 1, align), prompt}
     )
@@ -121,9 +132,10 @@ def plan_chunk(
         c_min = candidates[hi]
 
     if c_max == 0:
+        one = worst_step_ms(dep, decode_batch, context, prompt, 1)
         reason = (
-            f"TPOT SLO {tpot_slo_ms} ms is below the step time with a 1-token chunk "
-            f"(decode alone takes {decode_only:.2f} ms)"
+            f"TPOT SLO {tpot_slo_ms:g} ms is below the step time with a 1-token chunk, "
+            f"{one:.2f} ms (decode alone takes {decode_only:.2f} ms)"
         )
         return ChunkPlan(
             **base,
@@ -169,4 +181,5 @@ def plan_chunk(
 
 
 def steps_for_prompt(prompt: int, chunk: int) -> int:
+    POSITIVE_INT.check("chunk", chunk)
     return math.ceil(prompt / chunk)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from radixlm.plan.hardware import Hardware
 from radixlm.plan.kv import kv_bytes_per_token_per_gpu
 from radixlm.plan.models import ModelSpec
+from radixlm.plan.validate import NON_NEGATIVE, POSITIVE_INT
 from radixlm.plan.weights import weights_read_bytes
 
 
@@ -69,6 +70,10 @@ class Deployment:
     tp: int = 1
     overhead_s: float = 0.0
 
+    def __post_init__(self) -> None:
+        POSITIVE_INT.check("tp", self.tp)
+        NON_NEGATIVE.check("overhead_s", self.overhead_s)
+
     @property
     def peak_flops(self) -> float:
         return self.hw.flops_for_weights(self.weight_dtype)
@@ -86,6 +91,12 @@ class Deployment:
         chunk_seqs: int = 1,
     ) -> Step:
         """Cost of one step (see module doc). A step with no tokens costs nothing."""
+        if min(decode_batch, context, chunk, chunk_prefix) < 0 or chunk_seqs < 1:
+            raise ValueError(
+                "step needs decode_batch, context, chunk, chunk_prefix >= 0 and "
+                f"chunk_seqs >= 1, got {decode_batch}, {context}, {chunk}, {chunk_prefix}, "
+                f"{chunk_seqs}"
+            )
         m, tp = self.model, self.tp
         prefill_tokens = chunk * chunk_seqs if chunk else 0
         tokens = decode_batch + prefill_tokens
@@ -117,6 +128,9 @@ class Deployment:
     def prefill_time(self, prompt: int, chunk: int | None = None) -> float:
         """Seconds to prefill one prompt alone, in chunks of `chunk` tokens (one step if
         None); each chunk attends to the chunks before it."""
+        POSITIVE_INT.check("prompt", prompt)
+        if chunk is not None:
+            POSITIVE_INT.check("chunk", chunk)
         chunk = chunk or prompt
         total, done = 0.0, 0
         while done < prompt:

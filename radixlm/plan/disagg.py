@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 
 from radixlm.plan.capacity import max_decode_batch
 from radixlm.plan.cost import Deployment
+from radixlm.plan.validate import FRACTION, NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE, POSITIVE_INT
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,18 @@ def plan_disagg(
 
     `link_bandwidth` is bytes/s per GPU; `colocated_batch` the decodes a colocated
     prefill would interrupt.
+
+    Raises:
+        ValueError: prompt or output < 1, link_bandwidth or tpot_slo_ms <= 0, a negative
+            colocated_batch or link_latency_s, or mem_fraction outside (0, 1].
     """
+    POSITIVE_INT.check("prompt", prompt)
+    POSITIVE_INT.check("output", output)
+    POSITIVE.check("link_bandwidth", link_bandwidth)
+    POSITIVE.check("tpot_slo_ms", tpot_slo_ms)
+    NON_NEGATIVE_INT.check("colocated_batch", colocated_batch)
+    NON_NEGATIVE.check("link_latency_s", link_latency_s)
+    FRACTION.check("mem_fraction", mem_fraction)
     kv_gpu = prompt * dep.kv_per_token
     kv_total = prompt * dep.kv_per_token * dep.tp
     transfer_s = kv_gpu / link_bandwidth + link_latency_s

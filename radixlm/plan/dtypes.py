@@ -9,6 +9,8 @@ per row and are ignored. KV-cache quantization scales are ignored likewise.
 
 from __future__ import annotations
 
+from radixlm.plan.validate import POSITIVE_INT
+
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0,
     "bf16": 2.0,
@@ -48,6 +50,7 @@ def dtype_bytes(dtype: str) -> float:
 def weight_bytes_per_param(dtype: str, group_size: int = 128) -> float:
     """Bytes per quantized weight including group scales (int4 only, see module doc)."""
     name = normalize(dtype)
+    POSITIVE_INT.check("group_size", group_size)
     if name == "int4":
         return 0.5 + 4.0 / group_size
     return DTYPE_BYTES[name]

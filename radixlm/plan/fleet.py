@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from radixlm.plan.capacity import capacity
 from radixlm.plan.cost import Deployment
+from radixlm.plan.validate import FRACTION, POSITIVE, POSITIVE_INT, PROBABILITY
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,23 @@ class LengthDist:
     def parse(cls, text: str) -> LengthDist:
         """ "512" (fixed) or "128:0.5,2048:0.5" (length:weight pairs)."""
         values, weights = [], []
-        for part in text.split(","):
-            length, _, weight = part.strip().partition(":")
-            values.append(int(length))
-            weights.append(float(weight) if weight else 1.0)
-        if not values or min(values) <= 0 or min(weights) < 0 or sum(weights) <= 0:
-            raise ValueError(f"bad length distribution {text!r}")
+        try:
+            for part in text.split(","):
+                length, _, weight = part.strip().partition(":")
+                values.append(int(length))
+                weights.append(float(weight) if weight else 1.0)
+        except ValueError:
+            values = []
+        if (
+            not values
+            or min(values) <= 0
+            or not all(math.isfinite(w) and w >= 0 for w in weights)
+            or sum(weights) <= 0
+        ):
+            raise ValueError(
+                f"bad length distribution {text!r}: expected a length or 'len:weight,...' "
+                "with integer lengths >= 1 and finite weights >= 0, not all zero"
+            )
         total = sum(weights)
         return cls(tuple(values), tuple(w / total for w in weights))
 
@@ -96,7 +108,19 @@ def plan_replica(
     prefix_hit: float = 0.0,
     mem_fraction: float = 0.9,
 ) -> FleetPlan:
-    """Run the sizing chain (module doc) for one deployment (one TP degree)."""
+    """Run the sizing chain (module doc) for one deployment (one TP degree).
+
+    Raises:
+        ValueError: rate or an SLO <= 0, utilization or mem_fraction outside (0, 1],
+            prefix_hit outside [0, 1], or gpus_per_node < 1.
+    """
+    POSITIVE.check("rate", rate)
+    POSITIVE.check("ttft_slo_ms", ttft_slo_ms)
+    POSITIVE.check("tpot_slo_ms", tpot_slo_ms)
+    FRACTION.check("utilization", utilization)
+    FRACTION.check("mem_fraction", mem_fraction)
+    PROBABILITY.check("prefix_hit", prefix_hit)
+    POSITIVE_INT.check("gpus_per_node", gpus_per_node)
     tp = dep.tp
     chain: list[dict] = []
 

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from radixlm.plan.dtypes import compute_precision
+from radixlm.plan.validate import FRACTION
 
 GB = 1e9
 TERA = 1e12
@@ -100,7 +101,10 @@ def _normalize(name: str) -> str:
 
 
 def derate(hw: Hardware, flops_eff: float = 1.0, bw_eff: float = 1.0) -> Hardware:
-    """Scale peaks by achievable fractions (model FLOP and bandwidth utilization)."""
+    """Scale peaks by achievable fractions (model FLOP and bandwidth utilization), each
+    in (0, 1]."""
+    FRACTION.check("flops_eff", flops_eff)
+    FRACTION.check("bw_eff", bw_eff)
     if flops_eff == 1.0 and bw_eff == 1.0:
         return hw
     peaks = {k: v * flops_eff for k, v in hw.peak_flops.items()}

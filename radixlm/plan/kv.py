@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from radixlm.plan.dtypes import dtype_bytes
 from radixlm.plan.models import ModelSpec
+from radixlm.plan.validate import NON_NEGATIVE_INT, POSITIVE_INT
 
 
 def kv_elements_per_token_per_layer(model: ModelSpec) -> int:
@@ -46,6 +47,7 @@ def kv_bytes_per_token(model: ModelSpec, kv_dtype: str = "bf16") -> float:
 
 def kv_bytes_per_sequence(model: ModelSpec, context: int, kv_dtype: str = "bf16") -> float:
     """Bytes of KV cache one sequence of `context` tokens holds."""
+    NON_NEGATIVE_INT.check("context", context)
     return context * kv_bytes_per_token(model, kv_dtype)
 
 
@@ -57,6 +59,7 @@ def mla_expanded_bytes_per_token(model: ModelSpec, kv_dtype: str = "bf16") -> fl
 
 def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
     """KV heads each of `tp` GPUs stores: ceil(num_kv_heads / tp), never below one."""
+    POSITIVE_INT.check("tp", tp)
     if model.attention == "mla":
         return 1
     return max(1, math.ceil(model.num_kv_heads / tp))
@@ -64,6 +67,7 @@ def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
 
 def kv_replication(model: ModelSpec, tp: int) -> float:
     """How many copies of each KV head (or MLA latent) the TP group holds (1 = none)."""
+    POSITIVE_INT.check("tp", tp)
     if model.attention == "mla":
         return float(tp)
     return tp * kv_heads_per_gpu(model, tp) / model.num_kv_heads
@@ -71,6 +75,7 @@ def kv_replication(model: ModelSpec, tp: int) -> float:
 
 def kv_bytes_per_token_per_gpu(model: ModelSpec, kv_dtype: str = "bf16", tp: int = 1) -> float:
     """KV bytes per token on one GPU of a `tp`-way tensor-parallel group."""
+    POSITIVE_INT.check("tp", tp)
     if model.attention == "mla":
         return kv_bytes_per_token(model, kv_dtype)
     b = dtype_bytes(kv_dtype)

@@ -31,6 +31,7 @@ import math
 
 from radixlm.plan.dtypes import weight_bytes_per_param
 from radixlm.plan.models import ModelSpec
+from radixlm.plan.validate import POSITIVE_INT
 from radixlm.plan.weights import (
     expected_distinct_experts,
     tokens_for_expert_fraction,
@@ -79,6 +80,7 @@ def moe_batch_table(model: ModelSpec, batches: tuple[int, ...], dtype: str = "bf
     and the routed-expert arithmetic intensity."""
     rows = []
     for n in batches:
+        POSITIVE_INT.check("batch", n)
         read = weights_read_bytes(model, n, dtype)
         active = expected_distinct_experts(model, n)
         rows.append(

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixlm.plan.cost import Deployment
+from radixlm.plan.validate import POSITIVE_INT
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -50,9 +51,10 @@ def ridge_point(dep: Deployment) -> float:
 def decode_curve(
     dep: Deployment, context: int, batches: tuple[int, ...] = DEFAULT_BATCHES
 ) -> list[CurvePoint]:
-    """Predicted decode step time and throughput along the batch sizes."""
+    """Predicted decode step time and throughput along the batch sizes (each >= 1)."""
     out = []
     for b in batches:
+        POSITIVE_INT.check("batch", b)
         s = dep.decode(b, context)
         out.append(
             CurvePoint(
@@ -112,6 +114,7 @@ def prefill_points(dep: Deployment, prompts: tuple[int, ...]) -> list[dict]:
     """Arithmetic intensity, time and throughput of prefilling one prompt of each length."""
     out = []
     for p in prompts:
+        POSITIVE_INT.check("prompt", p)
         s = dep.prefill(p)
         out.append(
             {

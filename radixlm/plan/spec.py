@@ -28,12 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixlm.plan.cost import Deployment
+from radixlm.plan.validate import NON_NEGATIVE, NON_NEGATIVE_INT, POSITIVE_INT, PROBABILITY
 
 
 def expected_tokens(acceptance: float, draft_len: int) -> float:
     """(1 - a^(k+1)) / (1 - a): expected tokens emitted per verification step."""
-    if not 0.0 <= acceptance <= 1.0:
-        raise ValueError("acceptance rate must be in [0, 1]")
+    PROBABILITY.check("acceptance", acceptance)
+    NON_NEGATIVE_INT.check("draft_len", draft_len)
     if acceptance == 1.0:
         return draft_len + 1.0
     return (1.0 - acceptance ** (draft_len + 1)) / (1.0 - acceptance)
@@ -41,11 +42,13 @@ def expected_tokens(acceptance: float, draft_len: int) -> float:
 
 def leviathan_speedup(acceptance: float, draft_len: int, draft_cost: float) -> float:
     """Batch-1 walltime improvement, (1 - a^(k+1)) / ((1 - a)(k c + 1))."""
+    NON_NEGATIVE.check("draft_cost", draft_cost)
     return expected_tokens(acceptance, draft_len) / (draft_len * draft_cost + 1.0)
 
 
 def best_draft_len(acceptance: float, draft_cost: float, max_len: int = 16) -> int:
     """Draft length maximizing the batch-1 speed-up."""
+    POSITIVE_INT.check("max_len", max_len)
     return max(range(1, max_len + 1), key=lambda k: leviathan_speedup(acceptance, k, draft_cost))
 
 
@@ -77,11 +80,16 @@ class SpecModel:
         draft_cost: float = 0.05,
         draft: Deployment | None = None,
     ):
+        PROBABILITY.check("acceptance", acceptance)
+        POSITIVE_INT.check("draft_len", draft_len)
+        NON_NEGATIVE_INT.check("context", context)
+        NON_NEGATIVE.check("draft_cost", draft_cost)
         self.target, self.draft = target, draft
         self.acceptance, self.k, self.context = acceptance, draft_len, context
         self.draft_cost = draft_cost
 
     def point(self, batch: int) -> SpecPoint:
+        POSITIVE_INT.check("batch", batch)
         dec = self.target.decode(batch, self.context).time_s
         if self.draft is not None:
             draft = self.draft.decode(batch, self.context).time_s
