@@ -13,16 +13,22 @@ from radixlm.errors import RadixLMError
 
 def _generate(args: argparse.Namespace) -> int:
     from radixlm.runtime.engine import Engine
+    from radixlm.runtime.sampling import SamplingParams
 
-    engine = Engine(**dataclasses.asdict(ServerArgs.from_cli_args(args)))
+    server_args = ServerArgs.from_cli_args(args)  # check everything before loading
     params = {
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
         "top_p": args.top_p,
         "top_k": args.top_k,
+        "min_p": args.min_p,
+        "stop_token_ids": args.stop_token_ids,
+        "ignore_eos": args.ignore_eos,
     }
     if args.seed is not None:
         params["seed"] = args.seed
+    params = SamplingParams.from_any(params)
+    engine = Engine(**dataclasses.asdict(server_args))
     prompt = args.prompt
     if args.chat:
         prompt = engine.tokenizer.apply_chat_template(
@@ -44,13 +50,28 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate one completion in-process and print it")
     gen.add_argument("--prompt", required=True, help="prompt text")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    gen.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     gen.add_argument(
-        "--top-k", type=int, default=-1, help="keep the k most likely tokens (-1 = all)"
+        "--max-new-tokens", type=int, default=64, help="tokens to generate at most (default: 64)"
     )
-    gen.add_argument("--seed", type=int, default=None, help="sampling seed")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    gen.add_argument(
+        "--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0)"
+    )
+    gen.add_argument(
+        "--top-k", type=int, default=-1, help="keep the k most likely tokens (default: -1 = all)"
+    )
+    gen.add_argument(
+        "--min-p", type=float, default=0.0, help="drop tokens below min_p * p_max (default: 0)"
+    )
+    gen.add_argument("--seed", type=int, default=None, help="sampling seed (default: none)")
+    gen.add_argument(
+        "--stop-token-ids",
+        type=int,
+        nargs="*",
+        default=[],
+        help="extra token ids that end generation",
+    )
+    gen.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
     ServerArgs.add_cli_args(gen)
     gen.set_defaults(func=_generate)
 
@@ -70,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
-    except RadixLMError as e:
+    except (RadixLMError, ValueError) as e:
         print(f"radixlm: error: {e}", file=sys.stderr)
         return 2
 

@@ -16,6 +16,15 @@ def _opt(default, help: str, **extra):  # noqa: A002 - mirrors argparse's keywor
     return field(default=default, metadata={"help": help, **extra})
 
 
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "int | None": (int, type(None)),
+    "float": (float, int),
+    "bool": (bool,),
+}
+
+
 @dataclass(frozen=True)
 class ServerArgs:
     """Every setting of the engine. Units: tokens unless stated."""
@@ -24,7 +33,11 @@ class ServerArgs:
     dtype: str = _opt(
         "float32", "weights and activations dtype", choices=["float32", "bfloat16", "float16"]
     )
-    kv_cache_dtype: str = _opt("auto", "KV cache dtype ('auto' = the model dtype)")
+    kv_cache_dtype: str = _opt(
+        "auto",
+        "KV cache dtype ('auto' = the model dtype)",
+        choices=["auto", "float32", "bfloat16", "float16"],
+    )
     device: str = _opt("cpu", "torch device")
     num_threads: int = _opt(
         1, "torch compute threads per process (1 is fastest on shared small machines)"
@@ -39,7 +52,11 @@ class ServerArgs:
     max_running_requests: int = _opt(
         64, "maximum concurrently running requests (rows of the request-to-token table)"
     )
-    max_prefill_tokens: int = _opt(8192, "maximum new (uncached) prompt tokens per extend step")
+    max_prefill_tokens: int = _opt(
+        8192,
+        "maximum new (uncached) prompt tokens per extend step (a single longer prompt "
+        "still runs alone in one step)",
+    )
     context_length: int | None = _opt(
         None, "maximum tokens per request (default: the model's max positions)"
     )
@@ -47,10 +64,21 @@ class ServerArgs:
     disable_radix_cache: bool = _opt(
         False, "use no prefix cache (every prompt is prefilled in full)"
     )
-    random_seed: int = _opt(0, "seed for requests without their own seed")
+    random_seed: int = _opt(
+        0, "seed of the generator that seeds sampled requests without their own seed"
+    )
     log_level: str = _opt("info", "logging level", choices=["debug", "info", "warning", "error"])
 
     def __post_init__(self) -> None:
+        """Check types and ranges. Raises ValueError with the field name and allowed values."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            allowed = _FIELD_TYPES[str(f.type)]
+            if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
+                raise ValueError(f"{f.name} must be {str(f.type)}, got {value!r}")
+            choices = f.metadata.get("choices")
+            if choices and value not in choices:
+                raise ValueError(f"{f.name} must be one of {choices}, got {value!r}")
         ps = self.page_size
         if ps < 1 or ps & (ps - 1):
             raise ValueError(f"page_size must be a positive power of two, got {ps}")
@@ -60,6 +88,8 @@ class ServerArgs:
             raise ValueError(f"max_total_tokens must be >= page_size, got {self.max_total_tokens}")
         if self.max_running_requests < 1 or self.max_prefill_tokens < 1:
             raise ValueError("max_running_requests and max_prefill_tokens must be >= 1")
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError(f"context_length must be >= 2, got {self.context_length}")
         if not 0 < self.mem_fraction < 1:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
 

@@ -20,3 +20,7 @@ class InvalidRequestError(RadixLMError, ValueError):
 
     Raised before the request reaches the scheduler; the engine keeps serving others.
     """
+
+
+class EngineClosedError(RadixLMError, RuntimeError):
+    """The engine was shut down; create a new one."""

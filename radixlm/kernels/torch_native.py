@@ -23,9 +23,12 @@ class TorchNativeBackend(AttentionBackend):
         self._pre_lens = fb.extend_prefix_lens.tolist()
         rows = fb.req_pool_indices
         max_len = max(self._seq_lens)
-        self._slots = fb.req_to_token[rows, :max_len].to(torch.int64)  # [B, L]
-        pos = torch.arange(max_len)
-        self._decode_mask = (pos[None, :] < fb.seq_lens[:, None])[:, None, None, :]
+        valid = torch.arange(max_len)[None, :] < fb.seq_lens[:, None]  # [B, L]
+        # Positions past a request's length read the zeroed padding slot 0, never stale
+        # (possibly non-finite) slots: masked scores are exactly 0, but 0 * NaN is not.
+        slots = fb.req_to_token[rows, :max_len].to(torch.int64)
+        self._slots = torch.where(valid, slots, 0)
+        self._decode_mask = valid[:, None, None, :]
 
     def forward_extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         k_buf = self.kv_pool.k_buffer[layer_id]
@@ -35,8 +38,8 @@ class TorchNativeBackend(AttentionBackend):
         for i, (n, s, p) in enumerate(zip(self._ext_lens, self._seq_lens, self._pre_lens)):
             slots = self._slots[i, :s]
             qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-            ki = k_buf.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, s, D]
-            vi = v_buf.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+            ki = k_buf.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
+            vi = v_buf.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
             if p == 0:
                 o = F.scaled_dot_product_attention(
                     qi, ki, vi, is_causal=True, scale=self.scaling, enable_gqa=True
@@ -54,8 +57,9 @@ class TorchNativeBackend(AttentionBackend):
         shape = (*self._slots.shape, *self.kv_pool.k_buffer[layer_id].shape[1:])
         flat = self._slots.flatten()
         # index_select is several times faster than advanced indexing on CPU.
-        k = self.kv_pool.k_buffer[layer_id].index_select(0, flat).view(shape).transpose(1, 2)
-        v = self.kv_pool.v_buffer[layer_id].index_select(0, flat).view(shape).transpose(1, 2)
+        k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
+        k = k_buf.index_select(0, flat).view(shape).to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
+        v = v_buf.index_select(0, flat).view(shape).to(q.dtype).transpose(1, 2)
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), k, v, attn_mask=self._decode_mask, scale=self.scaling, enable_gqa=True
         )  # [B, H, 1, D]

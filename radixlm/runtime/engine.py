@@ -14,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import numbers
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from radixlm.config import ServerArgs
-from radixlm.errors import InvalidRequestError
+from radixlm.errors import EngineClosedError, InvalidRequestError
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.memory import PagedAllocator
 from radixlm.runtime.model_registry import local_hf_dir
@@ -32,6 +33,11 @@ from radixlm.runtime.scheduler import Scheduler
 logger = logging.getLogger(__name__)
 
 PromptInput = str | list[int] | list[str] | list[list[int]]
+
+
+def _is_token(value: Any) -> bool:
+    """An integer token id (Python or numpy int; bool excluded)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 class _Tracked:
@@ -123,21 +129,29 @@ class Engine:
             InvalidRequestError: empty prompt, prompt beyond the context or the KV pool,
                 bad sampling values. Nothing is queued when any prompt of a batch is bad.
         """
+        self._check_open()
         if (prompt is None) == (input_ids is None):
             raise InvalidRequestError("pass exactly one of prompt and input_ids")
+        if isinstance(input_ids, str):
+            raise InvalidRequestError("input_ids must be a list of token ids, not a string")
         single, token_lists = self._tokenize(prompt if prompt is not None else input_ids)
         params = self._params(sampling_params, len(token_lists))
         for ids, p in zip(token_lists, params):
             self._validate(ids, p)
-        rids = [self._submit(i, ids, p) for i, (ids, p) in enumerate(zip(token_lists, params))]
-        if stream:
-            return self._stream(rids)
-        self._run_until_done(rids)
+        if stream:  # submitted on first iteration: an unused stream never runs
+            return self._stream(token_lists, params)
+        rids = self._submit_all(token_lists, params)
+        try:
+            self._run_until_done(rids)
+        except BaseException:  # an interrupted or failed call leaves nothing running
+            self._abort(rids)
+            raise
         results = [self._result(self._tracked.pop(rid)) for rid in rids]
         return results[0] if single else results
 
     def get_server_info(self) -> dict[str, Any]:
         """Settings, KV capacity and pool counters (tokens unless stated)."""
+        self._check_open()
         r = self.runner
         return {
             "args": dataclasses.asdict(self.args),
@@ -153,12 +167,20 @@ class Engine:
         }
 
     def shutdown(self) -> None:
-        """Abort everything in flight and drop the model and pools."""
-        for rid in list(self._tracked):
-            self.scheduler.abort(rid)
-        self._tracked.clear()
+        """Abort everything in flight and drop the model and pools (idempotent)."""
+        if self.scheduler is not None:
+            self._abort(list(self._tracked))
         self.scheduler = None
         self.runner = None
+
+    def _check_open(self) -> None:
+        if self.scheduler is None:
+            raise EngineClosedError("the engine was shut down")
+
+    def _abort(self, rids: list[str]) -> None:
+        for rid in rids:
+            if self._tracked.pop(rid, None) is not None and self.scheduler is not None:
+                self.scheduler.abort(rid)
 
     def __enter__(self) -> Engine:
         return self
@@ -171,17 +193,19 @@ class Engine:
     def _tokenize(self, value) -> tuple[bool, list[list[int]]]:
         if isinstance(value, str):
             return True, [self._encode(value)]
-        if isinstance(value, list) and value and all(isinstance(t, int) for t in value):
-            return True, [list(value)]
+        if isinstance(value, list) and value and all(_is_token(t) for t in value):
+            return True, [[int(t) for t in value]]
         if isinstance(value, list) and value:
             out = []
             for item in value:
                 if isinstance(item, str):
                     out.append(self._encode(item))
-                elif isinstance(item, list) and all(isinstance(t, int) for t in item):
-                    out.append(list(item))
+                elif isinstance(item, list) and all(_is_token(t) for t in item):
+                    out.append([int(t) for t in item])
                 else:
-                    raise InvalidRequestError("each prompt must be a string or a list of token ids")
+                    raise InvalidRequestError(
+                        "a prompt must be a string, a list of int token ids, or a list of those"
+                    )
             return False, out
         if isinstance(value, list):
             raise InvalidRequestError("empty prompt list")
@@ -215,11 +239,14 @@ class Engine:
                 f"cannot fit the KV cache of {self.runner.max_total_tokens} tokens"
             )
 
-    def _submit(self, index: int, ids: list[int], p: SamplingParams) -> str:
-        rid = f"req-{next(self._rid_counter)}"
-        self._tracked[rid] = _Tracked(index, self.tokenizer)
-        self.scheduler.add_request(Req(rid=rid, input_ids=ids, params=p))
-        return rid
+    def _submit_all(self, token_lists: list[list[int]], params: list[SamplingParams]) -> list[str]:
+        rids = []
+        for index, (ids, p) in enumerate(zip(token_lists, params)):
+            rid = f"req-{next(self._rid_counter)}"
+            self._tracked[rid] = _Tracked(index, self.tokenizer)
+            self.scheduler.add_request(Req(rid=rid, input_ids=ids, params=p))
+            rids.append(rid)
+        return rids
 
     def _step(self) -> None:
         for out in self.scheduler.step():
@@ -243,24 +270,25 @@ class Engine:
         while any(self._tracked[r].final is None for r in rids):
             self._step()
 
-    def _stream(self, rids: list[str]) -> Iterator[dict[str, Any]]:
-        pending = list(rids)
+    def _stream(self, token_lists, params) -> Iterator[dict[str, Any]]:
+        self._check_open()
+        pending = self._submit_all(token_lists, params)
         try:
             while pending:
+                self._check_open()
                 if not any(self._tracked[r].chunks for r in pending):
                     self._step()
                 for rid in list(pending):
                     t = self._tracked[rid]
-                    chunks, t.chunks = t.chunks, []
-                    yield from chunks
+                    # Pop before yielding: chunks that arrive while this generator is
+                    # suspended (another consumer stepped) are picked up on resume.
+                    while t.chunks:
+                        yield t.chunks.pop(0)
                     if t.final is not None:
                         pending.remove(rid)
                         del self._tracked[rid]
-        finally:
-            for rid in pending:  # the consumer stopped early: abort what is left
-                if self.scheduler is not None:
-                    self.scheduler.abort(rid)
-                self._tracked.pop(rid, None)
+        finally:  # the consumer stopped early or the step failed: abort what is left
+            self._abort(pending)
 
     @staticmethod
     def _meta(out: ReqOutput) -> dict[str, Any]:

@@ -59,6 +59,7 @@ class KVPool:
         num_slots: slots per buffer including the reserved padding page.
         num_layers, num_kv_heads, head_dim: model attention layout.
         dtype: storage dtype of K and V.
+        padding_slots: leading slots zeroed for padding reads (the reserved page).
 
     Bytes per token = num_layers * num_kv_heads * head_dim * 2 (K and V) * dtype size.
     """
@@ -71,11 +72,15 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: str | torch.device = "cpu",
+        padding_slots: int = 1,
     ):
         shape = (num_slots, num_kv_heads, head_dim)
-        # zeros, not empty: masked-out padding slots are read by attention and must be finite.
-        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # Uninitialised (fast to create, pages mapped on first write) except the padding
+        # page, which attention reads for masked positions and must hold finite values.
+        self.k_buffer = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffer = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        for buf in self.k_buffer + self.v_buffer:
+            buf[:padding_slots].zero_()
         self.dtype = dtype
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
 

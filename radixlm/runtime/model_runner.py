@@ -59,6 +59,12 @@ class ModelRunner:
                 "raise --mem-fraction or set --max-total-tokens"
             )
         self.context_len = args.context_length or config.max_position_embeddings
+        if self.context_len > config.max_position_embeddings:
+            logger.warning(
+                "context_length %d exceeds the model's %d positions; quality may degrade",
+                self.context_len,
+                config.max_position_embeddings,
+            )
         self.kv_pool = KVPool(
             self.max_total_tokens + args.page_size,
             num_layers,
@@ -66,6 +72,7 @@ class ModelRunner:
             attn.head_dim,
             kv_dtype,
             args.device,
+            padding_slots=args.page_size,
         )
         self.allocator = PagedAllocator(self.max_total_tokens, args.page_size)
         self.req_to_token_pool = ReqToTokenPool(

@@ -6,6 +6,7 @@ tokens whose probability mass reaches p. Min-p keeps tokens with p >= min_p * p_
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -13,13 +14,15 @@ import torch
 
 from radixlm.errors import InvalidRequestError
 
+_GREEDY_TEMPERATURE = 1e-5
+
 
 class SamplingParams(msgspec.Struct, kw_only=True):
     """Per-request sampling settings, with SGLang's names.
 
     Attributes:
         max_new_tokens: tokens to generate at most (0 only fills the cache and returns).
-        temperature: 0 means greedy (argmax).
+        temperature: 0 (or below 1e-5) means greedy (argmax).
         top_p: nucleus mass in (0, 1]. top_k: keep the k most likely (-1 = all).
         min_p: relative probability floor in [0, 1).
         seed: per-request RNG seed; the same seed and request give the same output.
@@ -43,24 +46,27 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         Raises InvalidRequestError for unknown keys, wrong types or out-of-range values.
         """
         if value is None:
-            params = cls()
+            value = {}
         elif isinstance(value, cls):
-            params = value
-        elif isinstance(value, dict):
-            unknown = set(value) - set(cls.__struct_fields__)
-            if unknown:
-                raise InvalidRequestError(f"unknown sampling parameters: {sorted(unknown)}")
-            try:
-                params = msgspec.convert(value, cls, strict=False)
-            except msgspec.ValidationError as e:
-                raise InvalidRequestError(f"invalid sampling parameters: {e}") from None
-        else:
+            # Struct constructors do not type-check: re-check the fields like a dict.
+            value = msgspec.structs.asdict(value)
+        elif not isinstance(value, dict):
             raise InvalidRequestError(f"sampling_params must be a dict, got {type(value).__name__}")
+        unknown = set(value) - set(cls.__struct_fields__)
+        if unknown:
+            raise InvalidRequestError(f"unknown sampling parameters: {sorted(unknown)}")
+        try:
+            params = msgspec.convert(value, cls)
+        except msgspec.ValidationError as e:
+            raise InvalidRequestError(f"invalid sampling parameters: {e}") from None
         params.validate()
         return params
 
     def validate(self) -> None:
         """Raise InvalidRequestError when a value is out of range."""
+        for name in ("temperature", "top_p", "min_p"):
+            if not math.isfinite(getattr(self, name)):
+                raise InvalidRequestError(f"{name} must be finite, got {getattr(self, name)}")
         if self.max_new_tokens < 0:
             raise InvalidRequestError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.temperature < 0:
@@ -71,10 +77,15 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             raise InvalidRequestError(f"top_k must be -1 or >= 1, got {self.top_k}")
         if not 0 <= self.min_p < 1:
             raise InvalidRequestError(f"min_p must be in [0, 1), got {self.min_p}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise InvalidRequestError(f"seed must be in [0, 2**63), got {self.seed}")
+        if any(not 0 <= t < 2**31 for t in self.stop_token_ids):
+            raise InvalidRequestError("stop_token_ids must be token ids >= 0")
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        """Argmax decoding: temperature below 1e-5 (where logits / T overflows) or top_k 1."""
+        return self.temperature < _GREEDY_TEMPERATURE or self.top_k == 1
 
 
 class Sampler:
@@ -110,7 +121,7 @@ class Sampler:
     def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         """Softmax after top-k, top-p and min-p masks; returns probabilities [R, vocab]."""
         vocab = logits.shape[-1]
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params])
+        top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params])
         top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype)
         min_p = torch.tensor([p.min_p for p in params], dtype=logits.dtype)
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)

@@ -13,6 +13,7 @@ leaves) when free slots run short.
 from __future__ import annotations
 
 import logging
+import random
 from collections import deque
 
 import torch
@@ -50,15 +51,16 @@ class Scheduler:
         self.running: list[Req] = []
         self._pending: list[ReqOutput] = []
         self.num_steps = 0
+        self._seed_rng = random.Random(args.random_seed)
 
     # ---- queue management -------------------------------------------------------------
 
     def add_request(self, req: Req) -> None:
         """Queue a validated request."""
-        if req.params.seed is not None or not req.params.is_greedy:
+        if not req.params.is_greedy:
             seed = req.params.seed
-            if seed is None:
-                seed = hash((self.args.random_seed, req.rid)) & 0x7FFFFFFF
+            if seed is None:  # reproducible per engine: drawn in arrival order
+                seed = self._seed_rng.getrandbits(63)
             req.generator = torch.Generator().manual_seed(seed)
         self.waiting.append(req)
 
@@ -92,12 +94,30 @@ class Scheduler:
         else:
             out, self._pending = self._pending, []
             return out
-        logits = self.runner.forward(fb)
-        next_ids = self.sampler.sample(
-            logits, [r.params for r in batch], [r.generator for r in batch]
-        ).tolist()
+        try:
+            logits = self.runner.forward(fb)
+            next_ids = self.sampler.sample(
+                logits, [r.params for r in batch], [r.generator for r in batch]
+            ).tolist()
+        except Exception:
+            self._fail(batch)
+            raise
         self.num_steps += 1
         return self._process(batch, next_ids)
+
+    def _fail(self, batch: list[Req]) -> None:
+        """A step raised: abort its requests and free their slots without caching them
+        (their KV may be partly written)."""
+        logger.exception("step failed; aborting %d requests", len(batch))
+        for req in batch:
+            if req in self.running:
+                self.running.remove(req)
+            kv = self.table[req.row, : req.kv_len].to(torch.int64)
+            self.tree.release(kv, req.prefix_len, req.last_node)
+            self.req_pool.free(req.row)
+            req.row = -1
+            req.finish_reason = "abort"
+            self._pending.append(self._output(req, []))
 
     def _admit(self) -> list[Req]:
         """Pop waiting requests (FCFS) that fit the KV, row and prefill-token budgets."""
@@ -114,9 +134,15 @@ class Scheduler:
             if admitted and prefill_tokens + extend > self.args.max_prefill_tokens:
                 break
             self.tree.lock(match.last_node)
-            need = self._pages(prefix_len, extend + req.remaining_new_tokens()) * self.page_size
+            need = self._pages(prefix_len, extend + self._future_tokens(req)) * self.page_size
             if need > budget + self.tree.evictable_size():
                 self.tree.unlock(match.last_node)
+                if not admitted and not self.running:
+                    # Nothing runs and nothing else can be freed: it can never fit.
+                    logger.error("request %s needs %d KV slots > capacity", req.rid, need)
+                    self.waiting.popleft()
+                    self._finish(req, "abort", release=False)
+                    continue
                 break
             self.waiting.popleft()
             budget -= need
@@ -202,7 +228,11 @@ class Scheduler:
 
     def _reserved_tokens(self, reqs: list[Req]) -> int:
         """Slots still to be allocated by running requests' future decode steps."""
-        return sum(self._pages(r.kv_len, r.remaining_new_tokens()) for r in reqs) * self.page_size
+        return sum(self._pages(r.kv_len, self._future_tokens(r)) for r in reqs) * self.page_size
+
+    def _future_tokens(self, req: Req) -> int:
+        """Upper bound on KV slots the request's decode steps still write."""
+        return min(req.remaining_new_tokens(), max(self.runner.context_len - len(req.all_ids), 0))
 
     def _alloc(self, req: Req, start: int, n: int) -> torch.Tensor:
         """Allocate slots for positions start..start+n-1 of `req`, evicting cache if needed."""

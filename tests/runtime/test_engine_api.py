@@ -121,6 +121,13 @@ def test_sampling_params_object_and_dict_agree(engine):
         ({"prompt": PROMPT, "sampling_params": {"max_tokens": 3}}, "unknown sampling"),
         ({"prompt": PROMPT, "sampling_params": {"max_new_tokens": "x"}}, "invalid sampling"),
         ({"prompt": 42}, "prompt must be"),
+        ({"input_ids": "hello"}, "input_ids must be a list"),
+        ({"input_ids": [True, False]}, "a prompt must be"),
+        ({"prompt": PROMPT, "sampling_params": {"temperature": float("nan")}}, "finite"),
+        ({"prompt": PROMPT, "sampling_params": {"seed": 2**64}}, "seed must be"),
+        ({"prompt": PROMPT, "sampling_params": {"max_new_tokens": 3.5}}, "Expected `int`"),
+        ({"prompt": PROMPT, "sampling_params": {"stop_token_ids": [-1]}}, "stop_token_ids"),
+        ({"prompt": PROMPT, "sampling_params": SamplingParams(stop_token_ids=None)}, "array"),
         ({}, "exactly one of"),
     ],
 )
@@ -146,3 +153,140 @@ def test_unknown_model_is_a_typed_error():
 def test_unknown_engine_argument():
     with pytest.raises(TypeError, match="unknown Engine arguments"):
         Engine(MODEL, max_tokens_total=5)
+
+
+def test_streams_consumed_alternately_lose_nothing(engine):
+    a_ref, b_ref = engine.generate([PROMPT, "The capital of France is"], greedy(10))
+    a = engine.generate(PROMPT, greedy(10), stream=True)
+    b = engine.generate("The capital of France is", greedy(10), stream=True)
+    first_b = next(b)
+    first_a = next(a)
+    rest_a = list(a)  # drives b's request to completion while b is suspended
+    rest_b = list(b)
+    assert "".join(c["text"] for c in [first_a, *rest_a]) == a_ref["text"]
+    assert "".join(c["text"] for c in [first_b, *rest_b]) == b_ref["text"]
+    assert rest_b[-1]["finish_reason"] == "length"
+    _idle(engine)
+
+
+def test_blocking_generate_inside_a_stream_loop(engine):
+    ref = engine.generate(PROMPT, greedy(6))
+    texts = []
+    for chunk in engine.generate(PROMPT, greedy(6), stream=True):
+        texts.append(chunk["text"])
+        if len(texts) == 1:
+            assert engine.generate("Hi", greedy(3))["usage"]["completion_tokens"] == 3
+    assert "".join(texts) == ref["text"]
+    _idle(engine)
+
+
+def test_unused_stream_never_runs(engine):
+    engine.generate(PROMPT, greedy(8), stream=True)
+    info = engine.get_server_info()
+    assert info["num_waiting"] == 0 and info["num_running"] == 0
+
+
+def test_interrupted_generate_aborts_its_requests(engine, monkeypatch):
+    calls = []
+    real_step = engine.scheduler.step
+
+    def step_then_interrupt():
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_step()
+
+    monkeypatch.setattr(engine.scheduler, "step", step_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        engine.generate([PROMPT, "Hello"], greedy(20))
+    monkeypatch.undo()
+    assert engine.get_server_info()["num_running"] == 0
+    _idle(engine)
+
+
+def test_failed_step_frees_its_batch_and_caches_nothing(engine, monkeypatch):
+    ref = engine.generate("A fresh prompt about rivers", greedy(6))["output_ids"]
+
+    def broken(fb):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(engine.runner, "forward", broken)
+    with pytest.raises(RuntimeError, match="kernel exploded"):
+        engine.generate("Another fresh prompt about lakes", greedy(6))
+    monkeypatch.undo()
+    _idle(engine)
+    again = engine.generate("Another fresh prompt about lakes", greedy(6))
+    assert again["usage"]["cached_tokens"] == 0  # the failed prefill was not cached
+    assert engine.generate("A fresh prompt about rivers", greedy(6))["output_ids"] == ref
+
+
+def test_max_new_tokens_beyond_the_pool_stops_at_context(engine):
+    out = engine.generate(PROMPT, {**greedy(5000), "ignore_eos": True})
+    assert out["finish_reason"] == "length"
+    assert out["usage"]["prompt_tokens"] + out["usage"]["completion_tokens"] == 512
+
+
+def test_tiny_temperature_is_greedy_and_huge_top_k_is_clamped(engine):
+    ref = engine.generate(PROMPT, greedy(6))["output_ids"]
+    assert engine.generate(PROMPT, {"max_new_tokens": 6, "temperature": 1e-45})["output_ids"] == ref
+    sampled = {"max_new_tokens": 6, "temperature": 0.01, "top_k": 2**62, "seed": 1}
+    assert engine.generate(PROMPT, sampled)["output_ids"] == ref
+
+
+def test_numpy_token_ids_are_accepted(engine):
+    import numpy as np
+
+    ids = engine.tokenizer.encode(PROMPT)
+    out = engine.generate(input_ids=list(np.array(ids)), sampling_params=greedy(4))
+    assert out["output_ids"] == engine.generate(PROMPT, greedy(4))["output_ids"]
+
+
+def test_random_seed_reproducible_across_processes():
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from radixlm import Engine; e = Engine('smollm2-135m', max_total_tokens=512, "
+        "random_seed=123, log_level='error'); "
+        "print(e.generate('Once upon a time', {'max_new_tokens': 12})['output_ids'])"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": str(h)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for h in (1, 2)
+    }
+    assert len(outs) == 1
+
+
+def test_kv_cache_dtype_differs_from_model_dtype():
+    with Engine(MODEL, max_total_tokens=512, kv_cache_dtype="bfloat16") as e:
+        out = e.generate(PROMPT, greedy(8))
+        assert len(out["output_ids"]) == 8 and out["text"].startswith(", the city")
+
+
+def test_closed_engine_raises_typed_error():
+    from radixlm.errors import EngineClosedError
+
+    e = Engine(MODEL, max_total_tokens=256)
+    stream = e.generate(PROMPT, greedy(8), stream=True)
+    next(stream)
+    e.shutdown()
+    e.shutdown()  # idempotent
+    with pytest.raises(EngineClosedError):
+        e.generate(PROMPT, greedy(2))
+    with pytest.raises(EngineClosedError):
+        next(stream)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"page_size": 3}, {"page_size": 2.0}, {"dtype": "int8"}, {"context_length": 1}]
+)
+def test_bad_engine_settings(kwargs):
+    with pytest.raises(ValueError):
+        Engine(MODEL, **kwargs)
