@@ -18,7 +18,8 @@ The sizing chain, per tensor-parallel degree (each step is printed by `plan flee
  6. Replicas: run each at a target utilization u < 1 to keep queueing delay bounded
     (queueing theory: the mean wait of an M/G/1 queue grows like u / (1 - u)),
         replicas = ceil(lambda / (u * lambda_r)).
- 7. Hardware: GPUs = replicas * tp; nodes = ceil(replicas / floor(gpus_per_node / tp)).
+ 7. Hardware: GPUs = replicas * tp; nodes = ceil(replicas / floor(gpus_per_node / tp)),
+    or replicas * ceil(tp / gpus_per_node) when one replica spans several nodes.
 The TP degree with the fewest GPUs (then the smallest TP) is chosen. Step times come
 from the roofline model (`radixlm.plan.cost`), so the answer is a lower bound on
 hardware: scale `--flops-eff` / `--bw-eff` to what your kernels achieve.
@@ -194,10 +195,14 @@ def plan_replica(
         )
     replicas = math.ceil(rate / (utilization * rps))
     note("replicas", f"ceil(rate / (u * lambda_r)), u = {utilization}", replicas)
-    per_node = max(1, gpus_per_node // tp)
-    nodes = math.ceil(replicas / per_node)
+    if tp <= gpus_per_node:
+        nodes = math.ceil(replicas / (gpus_per_node // tp))
+        how = f"ceil(replicas / floor({gpus_per_node} / tp))"
+    else:  # a replica spans several nodes
+        nodes = replicas * math.ceil(tp / gpus_per_node)
+        how = f"replicas * ceil(tp / {gpus_per_node})"
     note("GPUs", "replicas * tp", replicas * tp)
-    note("nodes", f"ceil(replicas / floor({gpus_per_node} / tp))", nodes)
+    note("nodes", how, nodes)
     note(
         "in flight",
         "rate * (TTFT + O * TPOT) (Little's law)",

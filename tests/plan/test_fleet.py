@@ -68,3 +68,11 @@ def test_ttft_infeasible(h100, specs):
         dep, **_kwargs(prompt=LengthDist.parse("512:0.99,32768:0.01"), ttft_slo_ms=100)
     )
     assert not plan.feasible
+
+
+def test_replica_spanning_nodes_counts_every_node(h100, specs):
+    dep = Deployment(specs["Llama-3-70B"], h100, tp=8)
+    plan = plan_replica(dep, **_kwargs(gpus_per_node=4))
+    assert plan.feasible
+    assert plan.nodes == 2 * plan.replicas  # 8 GPUs per replica over 4-GPU nodes
+    assert plan.gpus == 4 * plan.nodes
