@@ -50,7 +50,6 @@ class Scheduler:
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self._pending: list[ReqOutput] = []
-        self.num_steps = 0
         self._seed_rng = random.Random(args.random_seed)
 
     # ---- queue management -------------------------------------------------------------
@@ -78,9 +77,6 @@ class Scheduler:
                 return True
         return False
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._pending)
-
     # ---- one iteration ----------------------------------------------------------------
 
     def step(self) -> list[ReqOutput]:
@@ -102,7 +98,6 @@ class Scheduler:
         except Exception:
             self._fail(batch)
             raise
-        self.num_steps += 1
         return self._process(batch, next_ids)
 
     def _fail(self, batch: list[Req]) -> None:
