@@ -38,7 +38,9 @@ class ServerArgs:
         "KV cache dtype ('auto' = the model dtype)",
         choices=["auto", "float32", "bfloat16", "float16"],
     )
-    device: str = _opt("cpu", "torch device")
+    device: str = _opt(
+        "cpu", "torch device (only cpu until the GPU backends land)", choices=["cpu"]
+    )
     num_threads: int = _opt(
         1, "torch compute threads per process (1 is fastest on shared small machines)"
     )
