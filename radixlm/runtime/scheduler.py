@@ -82,7 +82,8 @@ class Scheduler:
     def step(self) -> list[ReqOutput]:
         """Run one extend or decode step; return the outputs of every request it touched."""
         batch = self._admit()
-        if batch:
+        extend = bool(batch)
+        if extend:
             fb = self._build_extend(batch)
         elif self.running:
             batch = list(self.running)
@@ -98,7 +99,21 @@ class Scheduler:
         except Exception:
             self._fail(batch)
             raise
-        return self._process(batch, next_ids)
+        outputs = self._process(batch, next_ids)
+        if extend:
+            self._cache_prefilled([r for r in batch if r.finish_reason is None])
+        return outputs
+
+    def _cache_prefilled(self, reqs: list[Req]) -> None:
+        """Insert freshly prefilled prompts into the cache while they keep decoding, so
+        requests admitted in later steps hit their shared prefix (as SGLang does)."""
+        for req in reqs:
+            kv = self.table[req.row, : req.kv_len].to(torch.int64)
+            update = self.tree.cache_unfinished(
+                req.all_ids[: req.kv_len], kv, req.prefix_len, req.last_node, req.extra_key
+            )
+            self.table[req.row, : req.kv_len] = update.kv_indices.to(torch.int32)
+            req.prefix_len, req.last_node = update.prefix_len, update.last_node
 
     def _fail(self, batch: list[Req]) -> None:
         """A step raised: abort its requests and free their slots without caching them

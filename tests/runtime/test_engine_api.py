@@ -290,3 +290,23 @@ def test_closed_engine_raises_typed_error():
 def test_bad_engine_settings(kwargs):
     with pytest.raises(ValueError):
         Engine(MODEL, **kwargs)
+
+
+def test_prefilled_prompts_are_shared_with_later_admissions():
+    import random
+
+    rng = random.Random(0)
+    system = [rng.randrange(3, 49000) for _ in range(200)]
+    prompts = [system + [rng.randrange(3, 49000) for _ in range(8)] for _ in range(4)]
+    params = {**greedy(4), "ignore_eos": True}
+    # 256 prefill tokens per step: one prompt per extend step, so each later prompt can
+    # hit the shared system prompt inserted right after the first one's prefill.
+    with Engine(MODEL, max_total_tokens=4096, max_prefill_tokens=256) as cached:
+        outs = cached.generate(input_ids=prompts, sampling_params=params)
+        assert [o["usage"]["cached_tokens"] for o in outs] == [0, 200, 200, 200]
+        _idle(cached)
+    with Engine(MODEL, max_total_tokens=4096, disable_radix_cache=True) as plain:
+        ref = plain.generate(input_ids=prompts, sampling_params=params)
+        assert all(o["usage"]["cached_tokens"] == 0 for o in ref)
+        _idle(plain)
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in ref]
