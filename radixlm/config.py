@@ -20,6 +20,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "str": (str,),
     "int": (int,),
     "int | None": (int, type(None)),
+    "str | None": (str, type(None)),
     "float": (float, int),
     "bool": (bool,),
 }
@@ -39,7 +40,9 @@ class ServerArgs:
         choices=["auto", "float32", "bfloat16", "float16"],
     )
     device: str = _opt(
-        "cpu", "torch device (only cpu until the GPU backends land)", choices=["cpu"]
+        "auto",
+        "torch device ('auto' = cuda when available, else cpu)",
+        choices=["auto", "cpu", "cuda"],
     )
     num_threads: int = _opt(
         1, "torch compute threads per process (1 is fastest on shared small machines)"
@@ -62,7 +65,35 @@ class ServerArgs:
     context_length: int | None = _opt(
         None, "maximum tokens per request (default: the model's max positions)"
     )
-    attention_backend: str = _opt("torch_native", "attention backend", choices=["torch_native"])
+    attention_backend: str = _opt(
+        "auto",
+        "attention backend ('auto' = flashinfer on CUDA when installed, else triton on CUDA, "
+        "torch_native on CPU)",
+        choices=["auto", "torch_native", "triton", "flashinfer"],
+    )
+    disable_cuda_graph: bool = _opt(False, "run decode without CUDA graphs (graphs are CUDA-only)")
+    cuda_graph_max_bs: int = _opt(256, "largest decode batch captured in a CUDA graph")
+    schedule_policy: str = _opt(
+        "lpm",
+        "order of the waiting queue: lpm (longest prefix match), dfs-weight, fcfs, "
+        "lof (longest output first), random",
+        choices=["lpm", "dfs-weight", "fcfs", "lof", "random"],
+    )
+    schedule_fallback_queue_len: int = _opt(
+        128, "cache-aware policies (lpm, dfs-weight) fall back to fcfs above this queue length"
+    )
+    schedule_conservativeness: float = _opt(
+        1.0, "scales the estimated new-token reservation for running decodes (higher = safer)"
+    )
+    chunked_prefill_size: int = _opt(
+        512, "prompt tokens prefilled per step for one request (-1 disables chunking)"
+    )
+    enable_mixed_chunk: bool = _opt(
+        False, "run a prefill chunk and the running decodes in the same forward"
+    )
+    max_queued_requests: int = _opt(
+        4096, "waiting-queue length above which new requests are refused (HTTP 503)"
+    )
     disable_radix_cache: bool = _opt(
         False, "use no prefix cache (every prompt is prefilled in full)"
     )
@@ -70,6 +101,14 @@ class ServerArgs:
         0, "seed of the generator that seeds sampled requests without their own seed"
     )
     log_level: str = _opt("info", "logging level", choices=["debug", "info", "warning", "error"])
+    host: str = _opt("127.0.0.1", "HTTP server bind address")
+    port: int = _opt(30000, "HTTP server port")
+    api_key: str | None = _opt(
+        None, "when set, requests must send 'Authorization: Bearer <key>' (else HTTP 401)"
+    )
+    served_model_name: str | None = _opt(
+        None, "model name reported by /v1/models and accepted in requests (default: --model)"
+    )
 
     def __post_init__(self) -> None:
         """Check types and ranges. Raises ValueError with the field name and allowed values."""
@@ -92,6 +131,18 @@ class ServerArgs:
             raise ValueError("max_running_requests and max_prefill_tokens must be >= 1")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
+        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
+            raise ValueError(
+                f"chunked_prefill_size must be >= 1 or -1, got {self.chunked_prefill_size}"
+            )
+        if self.cuda_graph_max_bs < 1 or self.max_queued_requests < 1:
+            raise ValueError("cuda_graph_max_bs and max_queued_requests must be >= 1")
+        if self.schedule_fallback_queue_len < 1 or self.schedule_conservativeness <= 0:
+            raise ValueError(
+                "schedule_fallback_queue_len must be >= 1 and schedule_conservativeness > 0"
+            )
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if not 0 < self.mem_fraction < 1:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
 

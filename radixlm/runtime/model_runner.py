@@ -7,7 +7,12 @@ import logging
 import torch
 
 from radixlm.config import ServerArgs
-from radixlm.kernels import ForwardBatch, create_attention_backend
+from radixlm.kernels import (
+    ForwardBatch,
+    create_attention_backend,
+    resolve_attention_backend,
+    resolve_device,
+)
 from radixlm.runtime.memory import (
     KVPool,
     PagedAllocator,
@@ -34,9 +39,10 @@ class ModelRunner:
     def __init__(self, args: ServerArgs, hf_dir, config):
         self.args = args
         self.config = config
+        self.device = resolve_device(args.device)
         self.dtype = _DTYPES[args.dtype]
         kv_dtype = self.dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
-        self.model = load_model(hf_dir, config, self.dtype, args.device)
+        self.model = load_model(hf_dir, config, self.dtype, self.device)
         self.weights_bytes = weights_bytes(self.model)
 
         attn = self.model.model.layers[0].self_attn
@@ -71,15 +77,17 @@ class ModelRunner:
             attn.num_kv_heads,
             attn.head_dim,
             kv_dtype,
-            args.device,
+            self.device,
             padding_slots=args.page_size,
         )
         self.allocator = PagedAllocator(self.max_total_tokens, args.page_size)
         self.req_to_token_pool = ReqToTokenPool(
-            args.max_running_requests, self.context_len + 1, args.device
+            args.max_running_requests, self.context_len + 1, self.device
         )
         self.backend = create_attention_backend(
-            args.attention_backend, self.kv_pool, attn.head_dim**-0.5
+            resolve_attention_backend(args.attention_backend, self.device),
+            self.kv_pool,
+            attn.head_dim**-0.5,
         )
         logger.info(
             "weights %.1f MB, KV %d bytes/token, capacity %d tokens (%.1f full-context users)",
