@@ -80,7 +80,9 @@ class Engine:
         self.config = AutoConfig.from_pretrained(hf_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(hf_dir)
         self.runner = ModelRunner(self.args, hf_dir, self.config)
-        self.scheduler = Scheduler(self.args, self.runner, self._eos_ids(hf_dir, GenerationConfig))
+        self.scheduler = Scheduler(
+            self.args, self.runner, self._eos_ids(hf_dir, GenerationConfig), self.tokenizer
+        )
         self._tracked: dict[str, _Tracked] = {}
         self._rid_counter = itertools.count()
 

@@ -30,7 +30,7 @@ class Req:
     kv_len: int = 0
     cached_tokens: int = 0
     finish_reason: str | None = None
-    matched_stop: int | None = None
+    matched_stop: int | str | None = None
     generator: torch.Generator | None = None
 
     @property
@@ -48,13 +48,13 @@ class ReqOutput(NamedTuple):
 
     new_token_ids: tokens generated in this step (empty for a finished-without-token event).
     finish_reason: None while running, else "stop", "length" or "abort".
-    matched_stop: the EOS / stop token id that ended it, if any.
+    matched_stop: the EOS / stop token id or the stop string that ended it, if any.
     """
 
     rid: str
     new_token_ids: list[int]
     finish_reason: str | None
-    matched_stop: int | None
+    matched_stop: int | str | None
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int

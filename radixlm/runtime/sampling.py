@@ -26,6 +26,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         top_p: nucleus mass in (0, 1]. top_k: keep the k most likely (-1 = all).
         min_p: relative probability floor in [0, 1).
         seed: per-request RNG seed; the same seed and request give the same output.
+        stop: strings that end generation when the decoded output contains one; the
+            output text is cut before it.
         stop_token_ids: extra token ids that end generation (as EOS does).
         ignore_eos: keep generating past EOS.
     """
@@ -36,6 +38,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     top_k: int = -1
     min_p: float = 0.0
     seed: int | None = None
+    stop: list[str] = msgspec.field(default_factory=list)
     stop_token_ids: list[int] = msgspec.field(default_factory=list)
     ignore_eos: bool = False
 
@@ -79,6 +82,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             raise InvalidRequestError(f"min_p must be in [0, 1), got {self.min_p}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise InvalidRequestError(f"seed must be in [0, 2**63), got {self.seed}")
+        if any(not s for s in self.stop):
+            raise InvalidRequestError("stop strings must be non-empty")
         if any(not 0 <= t < 2**31 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids must be token ids >= 0")
 

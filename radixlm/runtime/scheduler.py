@@ -35,9 +35,12 @@ class Scheduler:
     Args:
         args: engine settings. runner: the loaded model and pools.
         eos_token_ids: token ids that end generation unless `ignore_eos`.
+        tokenizer: decodes output tails for stop strings (requests with `stop` need it).
     """
 
-    def __init__(self, args: ServerArgs, runner: ModelRunner, eos_token_ids: list[int]):
+    def __init__(
+        self, args: ServerArgs, runner: ModelRunner, eos_token_ids: list[int], tokenizer=None
+    ):
         self.args = args
         self.runner = runner
         self.page_size = args.page_size
@@ -47,6 +50,7 @@ class Scheduler:
         self.tree = make_prefix_cache(args.disable_radix_cache, args.page_size, self.allocator.free)
         self.eos_token_ids = set(eos_token_ids)
         self.sampler = Sampler()
+        self.tokenizer = tokenizer
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self._pending: list[ReqOutput] = []
@@ -227,8 +231,22 @@ class Scheduler:
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
             req.matched_stop = tok
             return "stop"
+        if p.stop and self._matched_stop_str(req) is not None:
+            return "stop"
         if len(req.output_ids) >= p.max_new_tokens or req.kv_len + 1 >= self.runner.context_len:
             return "length"
+        return None
+
+    def _matched_stop_str(self, req: Req) -> str | None:
+        """The first stop string ending in the output's decoded tail, recorded in
+        `req.matched_stop`. Every token holds at least one byte, so the last
+        len(utf-8 bytes of stop)+1 tokens cover any occurrence the newest token completed."""
+        window = max(len(s.encode("utf-8")) for s in req.params.stop) + 1
+        tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=True)
+        for s in req.params.stop:
+            if s in tail:
+                req.matched_stop = s
+                return s
         return None
 
     # ---- memory -----------------------------------------------------------------------
