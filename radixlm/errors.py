@@ -24,3 +24,11 @@ class InvalidRequestError(RadixLMError, ValueError):
 
 class EngineClosedError(RadixLMError, RuntimeError):
     """The engine was shut down; create a new one."""
+
+
+class QueueFullError(RadixLMError, RuntimeError):
+    """The waiting queue holds `max_queued_requests` already; retry later (HTTP 503)."""
+
+
+class ServerError(RadixLMError, RuntimeError):
+    """A server process failed or the request could not be served (HTTP 500/503)."""

@@ -1,0 +1,141 @@
+"""Every message that crosses a process boundary, as tagged `msgspec.Struct` types.
+
+Wire format: msgpack (`encode`), decoded by one `Decoder` for the tagged union `Message`.
+No pickle. Flow (DESIGN §2):
+
+    TokenizerManager --GenerateReq/AbortReq/FlushCacheReq/GetInfoReq--> Scheduler
+    Scheduler --BatchTokenOut (one per step) / control replies--> Detokenizer
+    Detokenizer --BatchStrOut / control replies (forwarded as is)--> TokenizerManager
+
+Token counts are in tokens; lists in a batch message are parallel (index i = request i).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from radixlm.runtime.sampling import SamplingParams
+
+
+class GenerateReq(msgspec.Struct, tag="generate", kw_only=True):
+    """A validated, tokenized generation request.
+
+    input_ids: prompt token ids (non-empty, each in [0, vocab)).
+    extra_key: prefix-cache namespace (e.g. a cache salt); requests in different
+        namespaces never share cached KV.
+    """
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    extra_key: str | None = None
+
+
+class AbortReq(msgspec.Struct, tag="abort"):
+    """Stop request `rid` wherever it is (waiting, prefilling, decoding)."""
+
+    rid: str
+
+
+class FlushCacheReq(msgspec.Struct, tag="flush_cache"):
+    """Drop every cached prefix; refused while requests run or wait."""
+
+    rid: str
+
+
+class GetInfoReq(msgspec.Struct, tag="get_info"):
+    """Ask the scheduler for its counters (memory accounting, queue sizes, cache stats)."""
+
+    rid: str
+
+
+class ControlResp(msgspec.Struct, tag="control"):
+    """Reply to FlushCacheReq / GetInfoReq, matched to its request by `rid`."""
+
+    rid: str
+    ok: bool
+    message: str = ""
+    info: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ReqError(msgspec.Struct, tag="req_error"):
+    """The scheduler refused a request. status: the HTTP status it maps to (400, 503)."""
+
+    rid: str
+    message: str
+    status: int
+
+
+class BatchTokenOut(msgspec.Struct, tag="token_out"):
+    """What one scheduler step produced: new token ids of every request it touched.
+
+    finish_reasons[i] is None while request i runs, else "stop", "length" or "abort";
+    matched_stops[i] is the EOS / stop token id or stop string that ended it.
+    stops[i] are the request's stop strings (the detokenizer cuts the text before them).
+    """
+
+    rids: list[str]
+    new_token_ids: list[list[int]]
+    finish_reasons: list[str | None]
+    matched_stops: list[int | str | None]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    stops: list[list[str]]
+
+
+class BatchStrOut(msgspec.Struct, tag="str_out"):
+    """BatchTokenOut with text: texts[i] is the new text of request i (never a broken
+    UTF-8 character, never text already sent, never a possible start of a stop string)."""
+
+    rids: list[str]
+    texts: list[str]
+    new_token_ids: list[list[int]]
+    finish_reasons: list[str | None]
+    matched_stops: list[int | str | None]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+
+
+class ProcessReady(msgspec.Struct, tag="ready"):
+    """Sent once by a child process when it is ready to serve (info: model facts)."""
+
+    name: str
+    info: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ProcessFailed(msgspec.Struct, tag="failed"):
+    """Sent by a child process that could not start or crashed; `error` is its traceback."""
+
+    name: str
+    error: str
+
+
+Message = (
+    GenerateReq
+    | AbortReq
+    | FlushCacheReq
+    | GetInfoReq
+    | ControlResp
+    | ReqError
+    | BatchTokenOut
+    | BatchStrOut
+    | ProcessReady
+    | ProcessFailed
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    """Serialize one message to msgpack bytes."""
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes) -> Message:
+    """Parse msgpack bytes into the tagged message type. Raises msgspec.DecodeError."""
+    return _decoder.decode(data)
