@@ -1,4 +1,5 @@
-"""Incremental detokenization that never emits half a UTF-8 character or re-emits text.
+"""Incremental detokenization that never emits half a UTF-8 character or re-emits text,
+and stop-string trimming with hold-back for streams.
 
 Byte-level BPE splits multi-byte characters across tokens; decoding a partial character
 yields U+FFFD. The decoder keeps a short window of already-emitted tokens as left context
@@ -45,3 +46,48 @@ class IncrementalDetokenizer:
             return ""
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         return text[len(emitted) :]
+
+
+class RequestDetokenizer:
+    """One request's text stream: UTF-8-safe incremental decoding plus stop strings.
+
+    While the request runs, text that could be the start of a stop string is held back
+    until it is decided; when the scheduler ends the request on a stop string, the text
+    is cut before its first occurrence. The concatenated deltas equal the final text.
+    """
+
+    def __init__(self, tokenizer, stop: list[str] | tuple[str, ...] = ()):
+        self._incremental = IncrementalDetokenizer(tokenizer)
+        self.stop = [s for s in stop if s]
+        self.text = ""
+        self._sent = 0
+
+    def add(self, new_ids: list[int], finished: bool, matched_stop: int | str | None) -> str:
+        """Append this step's tokens; return the text that can be sent now.
+
+        finished: the request ended with this step. matched_stop: the stop string (or
+        token id) that ended it, if any.
+        """
+        self.text += self._incremental.add(new_ids)
+        if finished:
+            self.text += self._incremental.flush()
+            if isinstance(matched_stop, str):
+                cut = self.text.find(matched_stop)
+                if cut >= 0:
+                    self.text = self.text[: max(cut, self._sent)]
+            end = len(self.text)
+        else:
+            end = len(self.text) - self._held_back()
+        delta = self.text[self._sent : end]
+        self._sent = max(self._sent, end)
+        return delta
+
+    def _held_back(self) -> int:
+        """Length of the longest text suffix that is a proper prefix of a stop string."""
+        best = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(self.text)), best, -1):
+                if self.text.endswith(s[:k]):
+                    best = k
+                    break
+        return best

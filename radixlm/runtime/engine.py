@@ -18,17 +18,12 @@ import numbers
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-
 from radixlm.config import ServerArgs
 from radixlm.errors import EngineClosedError, InvalidRequestError
-from radixlm.runtime.detokenizer import IncrementalDetokenizer
-from radixlm.runtime.memory import PagedAllocator
-from radixlm.runtime.model_registry import local_hf_dir
-from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.detokenizer import RequestDetokenizer
+from radixlm.runtime.loader import build_stack, check_request, flush_cache, server_info
 from radixlm.runtime.request import Req, ReqOutput
 from radixlm.runtime.sampling import SamplingParams
-from radixlm.runtime.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +38,9 @@ def _is_token(value: Any) -> bool:
 class _Tracked:
     """Per-request client-side state: detokenizer and accumulated result."""
 
-    def __init__(self, index: int, tokenizer):
+    def __init__(self, index: int, tokenizer, stop: list[str]):
         self.index = index
-        self.detok = IncrementalDetokenizer(tokenizer)
+        self.detok = RequestDetokenizer(tokenizer, stop)
         self.output_ids: list[int] = []
         self.chunks: list[dict[str, Any]] = []
         self.final: ReqOutput | None = None
@@ -65,8 +60,6 @@ class Engine:
     """
 
     def __init__(self, model: str | None = None, **server_args: Any):
-        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
         if model is not None:
             server_args["model"] = model
         known = {f.name for f in dataclasses.fields(ServerArgs)}
@@ -74,31 +67,11 @@ class Engine:
         if unknown:
             raise TypeError(f"unknown Engine arguments: {sorted(unknown)}")
         self.args = ServerArgs(**server_args)
-        logging.getLogger("radixlm").setLevel(self.args.log_level.upper())
-        torch.set_num_threads(self.args.num_threads)
-        hf_dir = local_hf_dir(self.args.model)
-        self.config = AutoConfig.from_pretrained(hf_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(hf_dir)
-        self.runner = ModelRunner(self.args, hf_dir, self.config)
-        self.scheduler = Scheduler(
-            self.args, self.runner, self._eos_ids(hf_dir, GenerationConfig), self.tokenizer
-        )
+        stack = build_stack(self.args)
+        self.config, self.tokenizer = stack.config, stack.tokenizer
+        self.runner, self.scheduler = stack.runner, stack.scheduler
         self._tracked: dict[str, _Tracked] = {}
         self._rid_counter = itertools.count()
-
-    def _eos_ids(self, hf_dir, generation_config_cls) -> list[int]:
-        ids: list[int] = []
-        sources = [self.config.eos_token_id]
-        try:
-            sources.append(generation_config_cls.from_pretrained(hf_dir).eos_token_id)
-        except OSError:
-            pass
-        for value in sources:
-            if isinstance(value, int):
-                ids.append(value)
-            elif value:
-                ids.extend(value)
-        return sorted(set(ids))
 
     # ---- public API -------------------------------------------------------------------
 
@@ -154,19 +127,15 @@ class Engine:
     def get_server_info(self) -> dict[str, Any]:
         """Settings, KV capacity and pool counters (tokens unless stated)."""
         self._check_open()
-        r = self.runner
-        return {
-            "args": dataclasses.asdict(self.args),
-            "kv_bytes_per_token": r.kv_bytes_per_token,
-            "max_total_tokens": r.max_total_tokens,
-            "weights_bytes": r.weights_bytes,
-            "kv_budget_bytes": r.kv_budget_bytes,
-            "page_size": self.args.page_size,
-            "context_length": r.context_len,
-            "memory": self.scheduler.memory_accounting(),
-            "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting),
-        }
+        return server_info(self.args, self.runner, self.scheduler)
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix; False (nothing done) while requests are in flight."""
+        self._check_open()
+        ok, message = flush_cache(self.scheduler)
+        if not ok:
+            logger.warning(message)
+        return ok
 
     def shutdown(self) -> None:
         """Abort everything in flight and drop the model and pools (idempotent)."""
@@ -225,27 +194,20 @@ class Engine:
         return [SamplingParams.from_any(value)] * n
 
     def _validate(self, ids: list[int], p: SamplingParams) -> None:
-        if not ids:
-            raise InvalidRequestError("empty prompt")
-        vocab = self.config.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise InvalidRequestError(f"token ids must be in [0, {vocab})")
-        ctx = self.runner.context_len
-        if len(ids) >= ctx:
-            raise InvalidRequestError(f"prompt has {len(ids)} tokens; the context length is {ctx}")
-        need = min(len(ids) + p.max_new_tokens, ctx)
-        ps = self.args.page_size
-        if PagedAllocator.pages_needed(ps, 0, need) * ps > self.runner.max_total_tokens:
-            raise InvalidRequestError(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) "
-                f"cannot fit the KV cache of {self.runner.max_total_tokens} tokens"
-            )
+        check_request(
+            ids,
+            p,
+            vocab_size=self.config.vocab_size,
+            context_len=self.runner.context_len,
+            max_total_tokens=self.runner.max_total_tokens,
+            page_size=self.args.page_size,
+        )
 
     def _submit_all(self, token_lists: list[list[int]], params: list[SamplingParams]) -> list[str]:
         rids = []
         for index, (ids, p) in enumerate(zip(token_lists, params)):
             rid = f"req-{next(self._rid_counter)}"
-            self._tracked[rid] = _Tracked(index, self.tokenizer)
+            self._tracked[rid] = _Tracked(index, self.tokenizer, p.stop)
             self.scheduler.add_request(Req(rid=rid, input_ids=ids, params=p))
             rids.append(rid)
         return rids
@@ -256,15 +218,15 @@ class Engine:
             if t is None:
                 continue
             t.output_ids.extend(out.new_token_ids)
-            text = t.detok.add(out.new_token_ids)
+            finished = out.finish_reason is not None
+            text = t.detok.add(out.new_token_ids, finished, out.matched_stop)
             chunk: dict[str, Any] = {
                 "index": t.index,
                 "text": text,
                 "output_ids": out.new_token_ids,
             }
-            if out.finish_reason is not None:
+            if finished:
                 t.final = out
-                chunk["text"] += t.detok.flush()
                 chunk.update(self._meta(out))
             t.chunks.append(chunk)
 
@@ -306,5 +268,4 @@ class Engine:
 
     def _result(self, t: _Tracked) -> dict[str, Any]:
         assert t.final is not None
-        text = self.tokenizer.decode(t.output_ids, skip_special_tokens=True)
-        return {"text": text, "output_ids": list(t.output_ids), **self._meta(t.final)}
+        return {"text": t.detok.text, "output_ids": list(t.output_ids), **self._meta(t.final)}
