@@ -1,4 +1,5 @@
-"""The `radixlm` command: `generate` (one completion in-process) and `plan` (serving planner)."""
+"""The `radixlm` command: `serve` (OpenAI-compatible HTTP server), `generate` (one completion
+in-process) and `plan` (serving planner)."""
 
 from __future__ import annotations
 
@@ -42,10 +43,25 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from radixlm.runtime.launch import launch_server
+
+    return launch_server(ServerArgs.from_cli_args(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `radixlm` command."""
     parser = argparse.ArgumentParser(prog="radixlm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve a model over HTTP (OpenAI-compatible and native routes)",
+        description="Start the scheduler and detokenizer processes and an OpenAI-compatible "
+        "HTTP server; prints the URL once the model is loaded. Stop with Ctrl-C or SIGTERM.",
+    )
+    ServerArgs.add_cli_args(serve)
+    serve.set_defaults(func=_serve)
 
     gen = sub.add_parser("generate", help="generate one completion in-process and print it")
     gen.add_argument("--prompt", required=True, help="prompt text")

@@ -152,9 +152,8 @@ class ServerArgs:
         for f in dataclasses.fields(cls):
             flag = "--" + f.name.replace("_", "-")
             meta = dict(f.metadata)
-            help_text = meta.pop("help") + (
-                f" (default: {f.default})" if f.default is not None else ""
-            )
+            default = "none" if f.default is None else f.default
+            help_text = f"{meta.pop('help')} (default: {default})"
             if f.type in ("bool", bool):
                 parser.add_argument(flag, action="store_true", help=help_text)
             else:

@@ -1,0 +1,76 @@
+"""The detokenizer process: token ids -> text deltas, per request, off the scheduler's path.
+
+Each `BatchTokenOut` becomes one `BatchStrOut` (UTF-8 safe, stop strings cut and held
+back, see `RequestDetokenizer`); every other message (control replies, request errors)
+is forwarded to the TokenizerManager unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from radixlm.config import ServerArgs
+from radixlm.runtime.detokenizer import RequestDetokenizer
+from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket, run_child
+from radixlm.runtime.loader import load_tokenizer
+from radixlm.runtime.messages import BatchStrOut, BatchTokenOut, decode, encode
+
+logger = logging.getLogger(__name__)
+
+
+class DetokenizerLoop:
+    """Keeps one RequestDetokenizer per running request (dropped when it finishes)."""
+
+    def __init__(self, tokenizer, recv: zmq.Socket, send: zmq.Socket):
+        self.tokenizer = tokenizer
+        self.recv = recv
+        self.send = send
+        self.states: dict[str, RequestDetokenizer] = {}
+
+    def run_forever(self) -> None:
+        """Serve until the process is killed."""
+        while True:
+            data = self.recv.recv()
+            msg = decode(data)
+            if isinstance(msg, BatchTokenOut):
+                self.send.send(encode(self.convert(msg)))
+            else:
+                self.send.send(data)
+
+    def convert(self, batch: BatchTokenOut) -> BatchStrOut:
+        """Text deltas for one step's tokens."""
+        texts = []
+        for i, rid in enumerate(batch.rids):
+            state = self.states.get(rid)
+            if state is None:
+                state = self.states[rid] = RequestDetokenizer(self.tokenizer, batch.stops[i])
+            finished = batch.finish_reasons[i] is not None
+            texts.append(state.add(batch.new_token_ids[i], finished, batch.matched_stops[i]))
+            if finished:
+                del self.states[rid]
+        return BatchStrOut(
+            rids=batch.rids,
+            texts=texts,
+            new_token_ids=batch.new_token_ids,
+            finish_reasons=batch.finish_reasons,
+            matched_stops=batch.matched_stops,
+            prompt_tokens=batch.prompt_tokens,
+            completion_tokens=batch.completion_tokens,
+            cached_tokens=batch.cached_tokens,
+        )
+
+
+def run_detokenizer_process(args: ServerArgs, ipc: IpcPaths, status_conn) -> None:
+    """Entry point of the detokenizer process (multiprocessing target)."""
+
+    def body(ready) -> None:
+        ctx = zmq.Context()
+        recv = pull_socket(ctx, ipc.detokenizer)
+        send = push_socket(ctx, ipc.tokenizer)
+        loop = DetokenizerLoop(load_tokenizer(args), recv, send)
+        ready()
+        loop.run_forever()
+
+    run_child("detokenizer", args.log_level, status_conn, body)

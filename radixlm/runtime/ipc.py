@@ -1,0 +1,114 @@
+"""ZMQ plumbing shared by the server processes: per-instance ipc:// endpoints and the
+child-process setup (signals, parent-death watch, start-up handshake)."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+
+from radixlm.runtime.messages import ProcessFailed, ProcessReady, encode
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class IpcPaths:
+    """The three PULL endpoints of one server instance (each bound by its reader).
+
+    tokenizer: read by the TokenizerManager (HTTP process); scheduler: read by the
+    scheduler process; detokenizer: read by the detokenizer process.
+    """
+
+    directory: str
+    tokenizer: str
+    scheduler: str
+    detokenizer: str
+
+    @classmethod
+    def create(cls) -> IpcPaths:
+        """Fresh endpoints in a new private temporary directory (unique per instance)."""
+        d = tempfile.mkdtemp(prefix="radixlm-")
+        return cls(d, f"ipc://{d}/tokenizer", f"ipc://{d}/scheduler", f"ipc://{d}/detokenizer")
+
+    def remove(self) -> None:
+        """Delete the socket files' directory."""
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def pull_socket(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    """A PULL socket bound to `endpoint` (unbounded receive queue)."""
+    sock = ctx.socket(zmq.PULL)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.bind(endpoint)
+    return sock
+
+
+def push_socket(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    """A PUSH socket connected to `endpoint` (unbounded send queue, no linger on close)."""
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    return sock
+
+
+def run_child(name: str, log_level: str, status_conn, body: Callable[[Callable], None]) -> None:
+    """Run a server child process's `body(ready)` with the process set up.
+
+    The child ignores SIGINT (the parent orchestrates shutdown), dies with its parent
+    (PR_SET_PDEATHSIG on Linux, plus a parent-pid watch), and reports over
+    `status_conn` (a multiprocessing Connection): `ready(info)` sends ProcessReady; an
+    exception sends ProcessFailed with the traceback and exits with status 1.
+    """
+    logging.basicConfig(
+        level=log_level.upper(),
+        format=f"[%(asctime)s {name}] %(levelname)s %(name)s: %(message)s",
+    )
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent()
+
+    def ready(info: dict | None = None) -> None:
+        status_conn.send_bytes(encode(ProcessReady(name, info or {})))
+
+    try:
+        body(ready)
+    except Exception:
+        error = traceback.format_exc()
+        logger.error("%s process failed:\n%s", name, error)
+        try:
+            status_conn.send_bytes(encode(ProcessFailed(name, error)))
+        except OSError:
+            pass
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _die_with_parent() -> None:
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

@@ -1,0 +1,143 @@
+"""The scheduler process: owns the model, pools and radix cache; runs the step loop.
+
+Loop: drain every request message (blocking only while idle), then run one scheduler
+step and send its outputs to the detokenizer as one `BatchTokenOut`. Control requests
+(flush, info) are answered through the detokenizer, which forwards them unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from radixlm.config import ServerArgs
+from radixlm.errors import QueueFullError, RadixLMError
+from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket, run_child
+from radixlm.runtime.loader import (
+    ServingStack,
+    build_stack,
+    flush_cache,
+    model_facts,
+    server_info,
+)
+from radixlm.runtime.messages import (
+    AbortReq,
+    BatchTokenOut,
+    ControlResp,
+    FlushCacheReq,
+    GenerateReq,
+    GetInfoReq,
+    Message,
+    ReqError,
+    decode,
+    encode,
+)
+from radixlm.runtime.request import Req, ReqOutput
+
+logger = logging.getLogger(__name__)
+
+_IDLE_POLL_MS = 1000
+
+
+class SchedulerLoop:
+    """Feeds messages into a Scheduler and ships its per-step outputs."""
+
+    def __init__(self, args: ServerArgs, stack: ServingStack, recv: zmq.Socket, send: zmq.Socket):
+        self.args = args
+        self.stack = stack
+        self.scheduler = stack.scheduler
+        self.recv = recv
+        self.send = send
+        self._stops: dict[str, list[str]] = {}
+        self._after_failure = False
+
+    def run_forever(self) -> None:
+        """Serve until the process is killed."""
+        while True:
+            self.run_once()
+
+    def run_once(self) -> None:
+        """Handle waiting messages, then run one step (or wait for work while idle)."""
+        sched = self.scheduler
+        idle = not (sched.running or sched.waiting or self._after_failure)
+        if idle and not self.recv.poll(_IDLE_POLL_MS):
+            return
+        self._after_failure = False
+        while True:
+            try:
+                data = self.recv.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self.handle(decode(data))
+        try:
+            outputs = sched.step()
+        except Exception:  # the batch was aborted; its outputs come with the next step
+            logger.exception("scheduler step failed")
+            self._after_failure = True
+            return
+        if outputs:
+            self.send.send(encode(self._batch(outputs)))
+
+    def handle(self, msg: Message) -> None:
+        """Apply one request message."""
+        if isinstance(msg, GenerateReq):
+            self._add(msg)
+        elif isinstance(msg, AbortReq):
+            self.scheduler.abort(msg.rid)
+        elif isinstance(msg, FlushCacheReq):
+            ok, message = flush_cache(self.scheduler)
+            self.send.send(encode(ControlResp(msg.rid, ok, message)))
+        elif isinstance(msg, GetInfoReq):
+            info = server_info(self.args, self.stack.runner, self.scheduler)
+            self.send.send(encode(ControlResp(msg.rid, True, info=info)))
+        else:
+            logger.error("scheduler got unexpected message %s", type(msg).__name__)
+
+    def _add(self, msg: GenerateReq) -> None:
+        try:
+            req = Req(
+                rid=msg.rid, input_ids=msg.input_ids, params=msg.params, extra_key=msg.extra_key
+            )
+            self.scheduler.add_request(req)
+        except QueueFullError as e:
+            self.send.send(encode(ReqError(msg.rid, str(e), 503)))
+            return
+        except RadixLMError as e:
+            self.send.send(encode(ReqError(msg.rid, str(e), 400)))
+            return
+        if msg.params.stop:
+            self._stops[msg.rid] = msg.params.stop
+
+    def _batch(self, outputs: list[ReqOutput]) -> BatchTokenOut:
+        stops = []
+        for o in outputs:
+            if o.finish_reason is None:
+                stops.append(self._stops.get(o.rid, []))
+            else:
+                stops.append(self._stops.pop(o.rid, []))
+        return BatchTokenOut(
+            rids=[o.rid for o in outputs],
+            new_token_ids=[o.new_token_ids for o in outputs],
+            finish_reasons=[o.finish_reason for o in outputs],
+            matched_stops=[o.matched_stop for o in outputs],
+            prompt_tokens=[o.prompt_tokens for o in outputs],
+            completion_tokens=[o.completion_tokens for o in outputs],
+            cached_tokens=[o.cached_tokens for o in outputs],
+            stops=stops,
+        )
+
+
+def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, status_conn) -> None:
+    """Entry point of the scheduler process (multiprocessing target)."""
+
+    def body(ready) -> None:
+        ctx = zmq.Context()
+        recv = pull_socket(ctx, ipc.scheduler)
+        send = push_socket(ctx, ipc.detokenizer)
+        stack = build_stack(args)
+        loop = SchedulerLoop(args, stack, recv, send)
+        ready(model_facts(stack))
+        loop.run_forever()
+
+    run_child("scheduler", args.log_level, status_conn, body)

@@ -1,0 +1,229 @@
+"""TokenizerManager: the HTTP process's asyncio client of the scheduler pipeline.
+
+It validates and sends tokenized requests to the scheduler process, receives text
+deltas from the detokenizer process, and hands them to the per-request async iterators
+that the HTTP routes stream from. Closing an iterator early (client disconnect) aborts
+its request in the scheduler, which frees its KV slots at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from radixlm.config import ServerArgs
+from radixlm.errors import InvalidRequestError, QueueFullError, ServerError
+from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket
+from radixlm.runtime.loader import check_request, load_tokenizer
+from radixlm.runtime.messages import (
+    AbortReq,
+    BatchStrOut,
+    ControlResp,
+    FlushCacheReq,
+    GenerateReq,
+    GetInfoReq,
+    Message,
+    ReqError,
+    decode,
+    encode,
+)
+from radixlm.runtime.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class _ReqState:
+    """Chunks received for one request and the event that wakes its iterator."""
+
+    __slots__ = ("chunks", "event", "finished", "error")
+
+    def __init__(self) -> None:
+        self.chunks: list[dict[str, Any]] = []
+        self.event = asyncio.Event()
+        self.finished = False
+        self.error: Exception | None = None
+
+
+class TokenizerManager:
+    """Front end of the scheduler: validation, request routing, streaming, aborts.
+
+    Args:
+        args: server settings. ipc: endpoints of this server instance.
+        facts: model limits reported by the scheduler process at start-up
+            (vocab_size, context_length, max_total_tokens).
+
+    Attributes: tokenizer (Hugging Face), model_name (served name), context_len,
+    vocab_size, max_total_tokens (KV pool size in tokens).
+    """
+
+    def __init__(self, args: ServerArgs, ipc: IpcPaths, facts: dict[str, int]):
+        self.args = args
+        self.tokenizer = load_tokenizer(args)
+        self.model_name = args.served_model_name or args.model
+        self.vocab_size = facts["vocab_size"]
+        self.context_len = facts["context_length"]
+        self.max_total_tokens = facts["max_total_tokens"]
+        self._ctx = zmq.asyncio.Context()
+        self._ipc = ipc
+        self._send: zmq.asyncio.Socket | None = None
+        self._recv: zmq.asyncio.Socket | None = None
+        self._states: dict[str, _ReqState] = {}
+        self._control: dict[str, asyncio.Future] = {}
+        self._task: asyncio.Task | None = None
+
+    # ---- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind the result socket and start the receive loop (call inside the event loop)."""
+        self._recv = pull_socket(self._ctx, self._ipc.tokenizer)
+        self._send = push_socket(self._ctx, self._ipc.scheduler)
+        self._task = asyncio.create_task(self._recv_loop(), name="tokenizer-manager-recv")
+
+    async def close(self) -> None:
+        """Stop the receive loop and fail every pending request with ServerError."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        for state in self._states.values():
+            state.error = ServerError("the server is shutting down")
+            state.event.set()
+        for fut in self._control.values():
+            if not fut.done():
+                fut.set_exception(ServerError("the server is shutting down"))
+        self._ctx.destroy(linger=0)
+
+    # ---- requests ---------------------------------------------------------------------
+
+    def validate(self, input_ids: list[int], params: SamplingParams) -> None:
+        """Raise InvalidRequestError for a request that can never run (see check_request)."""
+        check_request(
+            input_ids,
+            params,
+            vocab_size=self.vocab_size,
+            context_len=self.context_len,
+            max_total_tokens=self.max_total_tokens,
+            page_size=self.args.page_size,
+        )
+
+    async def generate(
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        *,
+        rid: str | None = None,
+        extra_key: str | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Run one request; yield its chunks as they arrive.
+
+        Each chunk: ``rid``, ``text`` (new text), ``output_ids`` (new token ids),
+        ``finish_reason`` (None, "stop", "length", "abort") and ``matched_stop``; the last
+        chunk also has ``usage`` {prompt_tokens, completion_tokens, cached_tokens}.
+
+        Raises InvalidRequestError (bad request, checked before anything is sent, or a
+        duplicate rid), QueueFullError (scheduler queue full), ServerError (shutdown).
+        Closing the iterator before the last chunk aborts the request.
+        """
+        self.validate(input_ids, params)
+        rid = rid or uuid.uuid4().hex
+        if rid in self._states:
+            raise InvalidRequestError(f"request id {rid!r} is already in use")
+        if self._send is None:
+            raise ServerError("the tokenizer manager is not started")
+        state = self._states[rid] = _ReqState()
+        try:
+            msg = GenerateReq(rid=rid, input_ids=input_ids, params=params, extra_key=extra_key)
+            await self._send.send(encode(msg))
+            while True:
+                await state.event.wait()
+                state.event.clear()
+                if state.error is not None:
+                    raise state.error
+                chunks, state.chunks = state.chunks, []
+                for chunk in chunks:
+                    yield chunk
+                if state.finished:
+                    return
+        finally:
+            self._states.pop(rid, None)
+            if not state.finished and state.error is None:
+                self.abort(rid)
+
+    def abort(self, rid: str) -> None:
+        """Ask the scheduler to stop `rid` (no-op for unknown or finished requests)."""
+        if self._send is not None:
+            self._send.send(encode(AbortReq(rid)))
+
+    async def get_server_info(self) -> dict[str, Any]:
+        """The scheduler's settings, capacity and counters (see loader.server_info)."""
+        resp = await self._control_call(GetInfoReq)
+        return resp.info
+
+    async def flush_cache(self) -> tuple[bool, str]:
+        """Drop the prefix cache; (False, reason) while requests run or wait."""
+        resp = await self._control_call(FlushCacheReq)
+        return resp.ok, resp.message
+
+    async def _control_call(self, kind) -> ControlResp:
+        rid = uuid.uuid4().hex
+        fut = asyncio.get_running_loop().create_future()
+        self._control[rid] = fut
+        try:
+            await self._send.send(encode(kind(rid)))
+            return await fut
+        finally:
+            self._control.pop(rid, None)
+
+    # ---- results ----------------------------------------------------------------------
+
+    async def _recv_loop(self) -> None:
+        while True:
+            data = await self._recv.recv()
+            try:
+                self._dispatch(decode(data))
+            except Exception:
+                logger.exception("bad message from the detokenizer")
+
+    def _dispatch(self, msg: Message) -> None:
+        if isinstance(msg, BatchStrOut):
+            self._on_batch(msg)
+        elif isinstance(msg, ReqError):
+            state = self._states.get(msg.rid)
+            if state is not None:
+                cls = QueueFullError if msg.status == 503 else InvalidRequestError
+                state.error = cls(msg.message)
+                state.event.set()
+        elif isinstance(msg, ControlResp):
+            fut = self._control.get(msg.rid)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        else:
+            logger.error("unexpected message %s", type(msg).__name__)
+
+    def _on_batch(self, b: BatchStrOut) -> None:
+        for i, rid in enumerate(b.rids):
+            state = self._states.get(rid)
+            if state is None:  # the client went away; its abort is on the way
+                continue
+            reason = b.finish_reasons[i]
+            chunk: dict[str, Any] = {
+                "rid": rid,
+                "text": b.texts[i],
+                "output_ids": b.new_token_ids[i],
+                "finish_reason": reason,
+                "matched_stop": b.matched_stops[i],
+            }
+            if reason is not None:
+                state.finished = True
+                chunk["usage"] = {
+                    "prompt_tokens": b.prompt_tokens[i],
+                    "completion_tokens": b.completion_tokens[i],
+                    "cached_tokens": b.cached_tokens[i],
+                }
+            state.chunks.append(chunk)
+            state.event.set()
