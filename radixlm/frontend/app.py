@@ -1,0 +1,126 @@
+"""The FastAPI application: OpenAI-compatible and native routes over a TokenizerManager.
+
+Routes:
+    GET  /health                   200 while the server is up (no API key needed)
+    GET  /v1/models, /v1/models/{id}
+    POST /v1/completions, /v1/chat/completions   (serving_openai.py)
+    POST /generate                 SGLang's native route (serving_native.py)
+    GET  /get_server_info          settings, KV capacity, pool counters (tokens)
+    GET  /get_model_info
+    POST /flush_cache              409 while requests run or wait
+
+With ``args.api_key`` set, every route but /health needs ``Authorization: Bearer <key>``
+(else 401). Errors are OpenAI error bodies (errors.py).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from radixlm.config import ServerArgs
+from radixlm.frontend.errors import APIError, install_error_handlers
+from radixlm.frontend.serving_native import NativeServing
+from radixlm.frontend.serving_openai import OpenAIServing
+
+logger = logging.getLogger(__name__)
+
+
+def _api_key_check(api_key: str):
+    expected = f"Bearer {api_key}".encode()
+
+    async def check(request: Request) -> None:
+        got = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(got, expected):
+            raise APIError(
+                401,
+                "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+                code="invalid_api_key",
+            )
+
+    return check
+
+
+def create_app(tm, args: ServerArgs) -> FastAPI:
+    """Build the app serving `tm` (a started TokenizerManager). Units: tokens."""
+    app = FastAPI(title="radixlm", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.tm = tm
+    install_error_handlers(app)
+    openai = OpenAIServing(tm)
+    native = NativeServing(tm)
+    created = int(time.time())
+    auth = [Depends(_api_key_check(args.api_key))] if args.api_key else []
+    api = APIRouter(dependencies=auth)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    def model_card() -> dict[str, Any]:
+        return {
+            "id": tm.model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "radixlm",
+            "root": args.model,
+            "max_model_len": tm.context_len,
+        }
+
+    @api.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @api.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict[str, Any]:
+        if model_id != tm.model_name:
+            raise APIError(
+                404,
+                f"The model '{model_id}' does not exist",
+                param="model",
+                code="model_not_found",
+            )
+        return model_card()
+
+    @api.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await openai.completions(request)
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await openai.chat(request)
+
+    @api.post("/generate")
+    async def generate(request: Request) -> Response:
+        return await native.generate(request)
+
+    @api.get("/get_server_info")
+    async def get_server_info() -> dict[str, Any]:
+        info = await tm.get_server_info()
+        if info.get("args", {}).get("api_key"):
+            info["args"] = {**info["args"], "api_key": "<redacted>"}
+        return {**info, "served_model_name": tm.model_name}
+
+    @api.get("/get_model_info")
+    async def get_model_info() -> dict[str, Any]:
+        return {
+            "model_path": args.model,
+            "served_model_name": tm.model_name,
+            "is_generation": True,
+            "context_length": tm.context_len,
+            "vocab_size": tm.vocab_size,
+        }
+
+    @api.api_route("/flush_cache", methods=["POST", "GET"])
+    async def flush_cache() -> Response:
+        ok, message = await tm.flush_cache()
+        if not ok:
+            raise APIError(409, message, code="requests_running")
+        return JSONResponse({"message": message})
+
+    app.include_router(api)
+    return app

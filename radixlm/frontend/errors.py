@@ -1,0 +1,169 @@
+"""OpenAI-style error bodies and the exception handlers that produce them.
+
+Every error the HTTP server returns has the body
+
+    {"error": {"message": str, "type": str, "param": str | None, "code": str | None}}
+
+and a status code: 400 for bad input (never FastAPI's default 422), 401 for a missing or
+wrong API key, 404 for an unknown route, 409 for a refused cache flush, 503 when the queue
+is full or the server cannot serve, 500 for bugs. The server keeps serving after any of
+them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from radixlm.errors import InvalidRequestError, QueueFullError, RadixLMError, ServerError
+
+logger = logging.getLogger(__name__)
+
+_encoder = msgspec.json.Encoder()
+
+
+class APIError(Exception):
+    """An error with its HTTP status and OpenAI error fields, raised by route handlers."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
+        param: str | None = None,
+        code: str | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def invalid_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    """A 400 `invalid_request_error`."""
+    return APIError(400, message, param=param, code=code)
+
+
+def error_body(
+    message: str,
+    type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
+    param: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
+    """The OpenAI error object."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def from_exception(exc: BaseException) -> APIError:
+    """Map any exception to an APIError (status, type, code). Unknown ones become 500."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, InvalidRequestError):
+        return APIError(400, str(exc), param=getattr(exc, "param", None))
+    if isinstance(exc, QueueFullError):
+        return APIError(503, str(exc), type="server_error", code="queue_full")
+    if isinstance(exc, ValidationError):
+        return _from_validation_errors(exc.errors(include_url=False))
+    if isinstance(exc, RequestValidationError):
+        return _from_validation_errors(list(exc.errors()))
+    if isinstance(exc, ServerError):
+        status = getattr(exc, "status_code", None) or 503
+        return APIError(status, str(exc), type="server_error")
+    if isinstance(exc, RadixLMError):
+        return APIError(500, str(exc), type="server_error")
+    return APIError(500, "internal server error", type="server_error")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _param_of(loc: tuple | list) -> str | None:
+    """'messages.0.content' from a pydantic location, without union member tags."""
+    parts = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(str(item))
+        elif isinstance(item, str) and item != "body" and not _is_type_tag(item):
+            parts.append(item)
+    return ".".join(parts) or None
+
+
+def _is_type_tag(item: str) -> bool:
+    return "[" in item or item in {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def _from_validation_errors(errors: list[dict[str, Any]]) -> APIError:
+    """One 400 error describing the first problem pydantic found."""
+    if not errors:
+        return invalid_request("invalid request body")
+    err = errors[0]
+    kind, param = err.get("type", ""), _param_of(err.get("loc", ()))
+    if kind == "json_invalid":
+        return invalid_request(
+            "We could not parse the JSON body of your request: "
+            f"{err.get('ctx', {}).get('error', err.get('msg'))}",
+            code="invalid_json",
+        )
+    if kind == "model_type" and param is None:
+        return invalid_request("the request body must be a JSON object", code="invalid_json")
+    if kind == "extra_forbidden":
+        return invalid_request(
+            f"Unrecognized request argument supplied: {param}",
+            param=param,
+            code="unknown_parameter",
+        )
+    if kind == "missing":
+        return invalid_request(
+            f"Missing required parameter: '{param}'.",
+            param=param,
+            code="missing_required_parameter",
+        )
+    return invalid_request(
+        f"Invalid value for '{param}': {err.get('msg')} (got {_short(err.get('input'))}).",
+        param=param,
+        code="invalid_value" if "type" not in kind else "invalid_type",
+    )
+
+
+def json_error(err: APIError) -> Response:
+    """The JSON response for an error."""
+    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+    return Response(
+        _encoder.encode(err.body()),
+        status_code=err.status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every exception raised by a handler to an OpenAI-style JSON error."""
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        err = from_exception(exc)
+        if err.status >= 500:
+            logger.error("%s %s failed: %r", request.method, request.url.path, exc, exc_info=exc)
+        return json_error(err)
+
+    async def handle_http(request: Request, exc: StarletteHTTPException) -> Response:
+        type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return json_error(APIError(exc.status_code, str(exc.detail), type=type_))
+
+    for cls in (APIError, RadixLMError, ValidationError, RequestValidationError, Exception):
+        app.add_exception_handler(cls, handle)
+    app.add_exception_handler(StarletteHTTPException, handle_http)

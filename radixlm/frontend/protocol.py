@@ -1,0 +1,189 @@
+"""Request types of the HTTP API: OpenAI completions and chat completions, native /generate.
+
+Parsing is strict (pydantic strict mode, unknown fields refused): ``"3"`` is not an
+integer, ``true`` is not a number, and a misspelled field is an error rather than silently
+ignored. Every parse error becomes an HTTP 400 with an OpenAI error body (see errors.py).
+
+OpenAI fields radixlm does not implement yet are declared with their OpenAI types, so a
+client sending the default (no-op) value works; `NOT_YET_SUPPORTED` lists the accepted
+values and `check_supported` refuses any other value with a message naming the field.
+A later feature implements a field by removing its entry and mapping it in serving code.
+
+Response bodies are plain dicts built in `serving_openai.py` / `serving_native.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from radixlm.frontend.errors import invalid_request
+
+# 2**31 - 1: larger counts are nonsense for any model and would overflow int32 tables.
+_MAX_TOKENS_LIMIT = 2**31 - 1
+
+# field -> values that mean "feature off". Any other value is refused (HTTP 400).
+NOT_YET_SUPPORTED: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "frequency_penalty": (None, 0),
+    "presence_penalty": (None, 0),
+    "repetition_penalty": (None, 1),
+    "logit_bias": (None, {}),
+    "response_format": (None, {"type": "text"}),
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "audio": (None,),
+    "prediction": (None,),
+    "modalities": (None, ["text"]),
+    "reasoning_effort": (None,),
+    "web_search_options": (None,),
+    "return_logprob": (None, False),
+    "top_logprobs_num": (None, 0),
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def check_supported(req: BaseModel) -> None:
+    """Raise a 400 APIError naming the first field set to a value radixlm cannot honour yet."""
+    for name, allowed in NOT_YET_SUPPORTED.items():
+        value = getattr(req, name, None)
+        if value is None:
+            continue
+        if isinstance(value, BaseModel):
+            value = value.model_dump(exclude_none=True)
+        if any(_same(value, ok) for ok in allowed):
+            continue
+        shown = ", ".join(repr(v) for v in allowed if v is not None)
+        raise invalid_request(
+            f"'{name}' = {value!r} is not supported yet by radixlm (accepted: {shown or 'unset'})",
+            param=name,
+            code="unsupported_parameter",
+        )
+
+
+def _same(value: Any, ok: Any) -> bool:
+    """Equal, and not a bool standing in for a number (``0 == False`` in Python)."""
+    return ok is not None and value == ok and isinstance(value, bool) == isinstance(ok, bool)
+
+
+class StreamOptions(_Strict):
+    """include_usage: send a last chunk with empty choices and the request's usage."""
+
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class _SamplingFields(_Strict):
+    """Fields shared by completions and chat completions (OpenAI names and ranges)."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1, le=_MAX_TOKENS_LIMIT)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    n: int | None = Field(None, ge=1, le=128)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    # Extensions (SGLang / vLLM names).
+    top_k: int | None = None
+    min_p: float | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    repetition_penalty: float | None = Field(None, gt=0)
+
+
+class CompletionRequest(_SamplingFields):
+    """POST /v1/completions. prompt: a string, strings, token ids, or lists of token ids."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    best_of: int | None = Field(None, ge=1)
+    echo: bool | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)
+    suffix: str | None = None
+
+
+class TextPart(_Strict):
+    """A content part; only ``{"type": "text"}`` parts are served (checked in serving)."""
+
+    type: str
+    text: str | None = None
+    image_url: dict[str, Any] | None = None
+    input_audio: dict[str, Any] | None = None
+    file: dict[str, Any] | None = None
+
+
+class ChatMessage(_Strict):
+    """One chat turn. Fields the OpenAI SDK echoes back from responses are accepted."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    function_call: dict[str, Any] | None = None
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    audio: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=_MAX_TOKENS_LIMIT)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    reasoning_effort: str | None = None
+    web_search_options: dict[str, Any] | None = None
+    # Accepted and ignored: they do not change the output.
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+
+
+class GenerateRequest(_Strict):
+    """POST /generate (SGLang's native route).
+
+    Exactly one of `text` (a string or a batch of strings) and `input_ids` (token ids or a
+    batch of them). `sampling_params` uses SGLang's names (max_new_tokens, temperature,
+    top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos): one dict for all prompts
+    or a list with one per prompt; its values are checked by `SamplingParams.from_any`.
+    """
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    stream: bool = False
+    rid: str | list[str] | None = None
+    return_logprob: bool | None = None
+    top_logprobs_num: int | None = None

@@ -1,0 +1,176 @@
+"""POST /generate: SGLang's native route (text or token ids in, text and token ids out).
+
+Body: ``{"text" | "input_ids", "sampling_params", "stream", "rid"}`` (see
+`protocol.GenerateRequest`). A single prompt answers with one result, a batch (list of
+strings or of token-id lists) with a list:
+
+    {"text": str, "output_ids": [int],
+     "meta_info": {"id": rid, "finish_reason": {"type": "stop", "matched": id | str}
+                   | {"type": "length", "length": n} | {"type": "abort"} | None,
+                   "prompt_tokens": int, "completion_tokens": int, "cached_tokens": int}}
+
+Streaming sends one such object per server-sent event with the text and output_ids so
+far (cumulative, as SGLang does), plus ``"index"`` for batches, then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from fastapi import Request
+from fastapi.responses import Response
+
+from radixlm.errors import InvalidRequestError
+from radixlm.frontend.errors import from_exception, invalid_request
+from radixlm.frontend.protocol import GenerateRequest, check_supported
+from radixlm.frontend.streaming import (
+    CLIENT_CLOSED,
+    DONE,
+    ClientGone,
+    SSEResponse,
+    collect,
+    first_chunk,
+    merge,
+    sse,
+    until_disconnect,
+)
+from radixlm.runtime.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_encoder = msgspec.json.Encoder()
+
+
+class NativeServing:
+    """Handler of /generate over a TokenizerManager `tm`."""
+
+    def __init__(self, tm):
+        self.tm = tm
+
+    async def generate(self, request: Request) -> Response:
+        """POST /generate. Raises APIError / ValidationError / InvalidRequestError (400)."""
+        req = GenerateRequest.model_validate_json(await request.body())
+        check_supported(req)
+        single, prompts = self._prompts(req)
+        params = self._params(req.sampling_params, len(prompts))
+        rids = self._rids(req.rid, len(prompts))
+        for ids, p in zip(prompts, params):
+            self.tm.validate(ids, p)
+        runs = zip(prompts, params, rids)
+        merged = merge([self.tm.generate(ids, p, rid=rid) for ids, p, rid in runs])
+        try:
+            if req.stream:
+                first = await first_chunk(request, merged)
+                return SSEResponse(_stream_body(first, merged, rids, single))
+            results = await until_disconnect(request, collect(merged, len(prompts)))
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
+        out = [_result(r, rid) for r, rid in zip(results, rids)]
+        return Response(_encoder.encode(out[0] if single else out), media_type="application/json")
+
+    def _prompts(self, req: GenerateRequest) -> tuple[bool, list[list[int]]]:
+        if (req.text is None) == (req.input_ids is None):
+            raise invalid_request("pass exactly one of 'text' and 'input_ids'", param="text")
+        if isinstance(req.text, str):
+            return True, [self._encode(req.text)]
+        if req.text is not None:
+            if not req.text:
+                raise invalid_request("'text' must not be an empty list", param="text")
+            return False, [self._encode(t) for t in req.text]
+        ids = req.input_ids
+        if not ids:
+            raise invalid_request("'input_ids' must not be empty", param="input_ids")
+        if isinstance(ids[0], int):
+            return True, [list(ids)]
+        return False, [list(p) for p in ids]
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tm.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    @staticmethod
+    def _params(value: dict | list | None, n: int) -> list[SamplingParams]:
+        try:
+            if isinstance(value, list):
+                if len(value) != n:
+                    raise InvalidRequestError(f"{len(value)} sampling_params for {n} prompts")
+                return [SamplingParams.from_any(v) for v in value]
+            return [SamplingParams.from_any(value)] * n
+        except InvalidRequestError as e:
+            raise invalid_request(str(e), param="sampling_params") from None
+
+    @staticmethod
+    def _rids(value: str | list[str] | None, n: int) -> list[str]:
+        if value is None:
+            base = uuid.uuid4().hex
+            return [base] if n == 1 else [f"{base}-{i}" for i in range(n)]
+        rids = [value] if isinstance(value, str) else list(value)
+        if len(rids) != n or len(set(rids)) != n or not all(rids):
+            raise invalid_request(f"'rid' must give {n} distinct non-empty ids", param="rid")
+        return rids
+
+
+def _finish_reason(r: dict[str, Any]) -> dict[str, Any] | None:
+    reason = r["finish_reason"]
+    if reason == "stop":
+        return {"type": "stop", "matched": r["matched_stop"]}
+    if reason == "length":
+        return {"type": "length", "length": (r["usage"] or {}).get("completion_tokens")}
+    return None if reason is None else {"type": reason}
+
+
+def _result(r: dict[str, Any], rid: str) -> dict[str, Any]:
+    usage = r["usage"] or {}
+    return {
+        "text": r["text"],
+        "output_ids": r["output_ids"],
+        "meta_info": {
+            "id": rid,
+            "finish_reason": _finish_reason(r),
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": usage.get("completion_tokens", len(r["output_ids"])),
+            "cached_tokens": usage.get("cached_tokens"),
+        },
+    }
+
+
+async def _stream_body(
+    first: tuple[int, dict] | None,
+    merged: AsyncIterator[tuple[int, dict]],
+    rids: list[str],
+    single: bool,
+) -> AsyncIterator[bytes]:
+    """Cumulative result objects per chunk, then [DONE]; errors become an error event."""
+    sofar = [
+        {"text": "", "output_ids": [], "finish_reason": None, "matched_stop": None, "usage": None}
+        for _ in rids
+    ]
+    try:
+        item = first
+        while item is not None:
+            index, chunk = item
+            r = sofar[index]
+            r["text"] += chunk["text"]
+            r["output_ids"] = r["output_ids"] + chunk["output_ids"]
+            if chunk["finish_reason"] is not None:
+                r.update(
+                    finish_reason=chunk["finish_reason"],
+                    matched_stop=chunk.get("matched_stop"),
+                    usage=chunk.get("usage"),
+                )
+            body = _result(r, rids[index])
+            if not single:
+                body["index"] = index
+            yield sse(body)
+            item = await anext(merged, None)
+    except Exception as e:  # noqa: BLE001 - the status line is already sent
+        err = from_exception(e)
+        if err.status >= 500:
+            logger.error("generate stream failed: %r", e, exc_info=e)
+        yield sse(err.body())
+    finally:
+        await merged.aclose()
+    yield DONE

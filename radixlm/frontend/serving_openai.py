@@ -1,0 +1,261 @@
+"""OpenAI-compatible /v1/completions and /v1/chat/completions.
+
+A request becomes one tokenized prompt per choice and one `SamplingParams` each; the
+prompts run concurrently through `TokenizerManager.generate` and their chunks are turned
+into OpenAI response bodies (non-streamed) or ``chat.completion.chunk`` /
+``text_completion`` server-sent events ending with ``data: [DONE]``.
+
+Token counts are in tokens. Defaults follow OpenAI: temperature 1.0, top_p 1.0,
+completions max_tokens 16, chat max_tokens up to the context (capped, see
+`DEFAULT_CHAT_MAX_TOKENS`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from radixlm.frontend.errors import from_exception, invalid_request
+from radixlm.frontend.formats import ChatFormat, CompletionFormat, OutputFormat, Usage
+from radixlm.frontend.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    _SamplingFields,
+    check_supported,
+)
+from radixlm.frontend.streaming import (
+    CLIENT_CLOSED,
+    DONE,
+    ClientGone,
+    SSEResponse,
+    collect,
+    first_chunk,
+    merge,
+    sse,
+    until_disconnect,
+)
+from radixlm.runtime.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+# The scheduler reserves KV for the whole max_new_tokens of a running request, so an
+# unbounded default would let one chat request hold most of the pool.
+DEFAULT_CHAT_MAX_TOKENS = 1024
+
+
+@dataclass
+class _Job:
+    """A parsed request: one prompt and sampling setting per choice."""
+
+    fmt: OutputFormat
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+    stream: bool
+    include_usage: bool
+    rids: list[str] = field(default_factory=list)
+
+
+class OpenAIServing:
+    """Handlers of the OpenAI routes over a TokenizerManager `tm` (see runtime docs)."""
+
+    def __init__(self, tm):
+        self.tm = tm
+
+    # ---- routes -----------------------------------------------------------------------
+
+    async def completions(self, request: Request) -> Response:
+        """POST /v1/completions. Raises APIError / pydantic ValidationError (HTTP 400)."""
+        req = CompletionRequest.model_validate_json(await request.body())
+        self._check_common(req)
+        prompts = self._completion_prompts(req.prompt)
+        fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", int(time.time()), self.tm.model_name)
+        params = [
+            self._params(req, req.max_tokens, len(p), DEFAULT_COMPLETION_MAX_TOKENS, "prompt")
+            for p in prompts
+        ]
+        return await self._serve(request, self._job(fmt, prompts, params, req))
+
+    async def chat(self, request: Request) -> Response:
+        """POST /v1/chat/completions. Raises APIError / pydantic ValidationError (HTTP 400)."""
+        req = ChatCompletionRequest.model_validate_json(await request.body())
+        self._check_common(req)
+        ids = self._chat_prompt(req.messages)
+        requested = req.max_completion_tokens or req.max_tokens
+        fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.tm.model_name)
+        params = self._params(req, requested, len(ids), DEFAULT_CHAT_MAX_TOKENS, "messages")
+        return await self._serve(request, self._job(fmt, [ids], [params], req))
+
+    # ---- request -> prompts and sampling ----------------------------------------------
+
+    def _check_common(self, req: _SamplingFields) -> None:
+        if req.model is not None and req.model != self.tm.model_name:
+            raise invalid_request(
+                f"The model '{req.model}' does not exist; this server serves "
+                f"'{self.tm.model_name}'.",
+                param="model",
+                code="model_not_found",
+            )
+        check_supported(req)
+
+    def _completion_prompts(self, prompt: str | list) -> list[list[int]]:
+        if isinstance(prompt, str):
+            return [self._encode(prompt)]
+        if not prompt:
+            raise invalid_request("'prompt' must not be an empty list", param="prompt")
+        if isinstance(prompt[0], int):
+            return [list(prompt)]
+        if isinstance(prompt[0], str):
+            return [self._encode(p) for p in prompt]
+        return [list(p) for p in prompt]
+
+    def _encode(self, text: str) -> list[int]:
+        """Plain prompts get no special tokens (as `radixlm.Engine` does)."""
+        return self.tm.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def _chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
+        """Token ids of the chat template with the assistant turn opened.
+
+        The template writes BOS itself when the model has one; no special tokens are added
+        on top (no double BOS).
+        """
+        rendered = [_template_message(i, m) for i, m in enumerate(messages)]
+        try:
+            ids = self.tm.tokenizer.apply_chat_template(
+                rendered, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        except Exception as e:  # jinja errors: the template refused these messages
+            raise invalid_request(f"the chat template failed: {e}", param="messages") from None
+        return list(ids)
+
+    def _params(
+        self,
+        req: _SamplingFields,
+        requested: int | None,
+        prompt_len: int,
+        default: int,
+        prompt_param: str,
+    ) -> SamplingParams:
+        """SamplingParams for one prompt; 400 when the prompt or max_tokens exceed the context."""
+        ctx = self.tm.context_len
+        if prompt_len >= ctx:
+            raise invalid_request(
+                f"This model's maximum context length is {ctx} tokens; the prompt has "
+                f"{prompt_len} tokens.",
+                param=prompt_param,
+                code="context_length_exceeded",
+            )
+        if requested is not None and prompt_len + requested > ctx:
+            raise invalid_request(
+                f"This model's maximum context length is {ctx} tokens. However, you requested "
+                f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} "
+                "for the completion). Please reduce the prompt or max_tokens.",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        if requested is None:
+            ps = self.tm.args.page_size
+            pool = self.tm.max_total_tokens // ps * ps
+            requested = max(1, min(default, ctx - prompt_len, pool - prompt_len))
+        values: dict[str, Any] = {"max_new_tokens": requested}
+        for name in ("temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos"):
+            if getattr(req, name) is not None:
+                values[name] = getattr(req, name)
+        if req.stop is not None:
+            values["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+        if req.stop_token_ids is not None:
+            values["stop_token_ids"] = list(req.stop_token_ids)
+        return SamplingParams.from_any(values)
+
+    def _job(self, fmt: OutputFormat, prompts, params, req: _SamplingFields) -> _Job:
+        for ids, p in zip(prompts, params):
+            self.tm.validate(ids, p)  # InvalidRequestError -> 400 before anything runs
+        opts = req.stream_options
+        job = _Job(fmt, prompts, params, bool(req.stream), bool(opts and opts.include_usage))
+        job.rids = [f"{fmt.id}-{i}" for i in range(len(prompts))]
+        return job
+
+    # ---- running ----------------------------------------------------------------------
+
+    def _streams(self, job: _Job) -> AsyncIterator[tuple[int, dict]]:
+        return merge(
+            [
+                self.tm.generate(ids, p, rid=r)
+                for ids, p, r in zip(job.prompts, job.params, job.rids)
+            ]
+        )
+
+    async def _serve(self, request: Request, job: _Job) -> Response:
+        merged = self._streams(job)
+        try:
+            if job.stream:
+                first = await first_chunk(request, merged)
+                return SSEResponse(_stream_body(job, first, merged))
+            results = await until_disconnect(request, collect(merged, len(job.rids)))
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
+        usage = Usage()
+        for r in results:
+            usage.add(r["usage"])
+        return Response(job.fmt.encode_full(results, usage), media_type="application/json")
+
+
+async def _stream_body(
+    job: _Job, first: tuple[int, dict] | None, merged: AsyncIterator[tuple[int, dict]]
+) -> AsyncIterator[bytes]:
+    """SSE bytes: opening chunks, one chunk per text delta, finish chunks, optional usage
+    chunk, ``[DONE]``. An error after the 200 header is sent as an error event."""
+    usage = Usage()
+    try:
+        for payload in job.fmt.opening(len(job.rids), job.include_usage):
+            yield sse(payload)
+        item = first
+        while item is not None:
+            index, chunk = item
+            for payload in job.fmt.deltas(index, chunk, job.include_usage):
+                yield sse(payload)
+            if chunk["finish_reason"] is not None:
+                usage.add(chunk.get("usage"))
+            item = await anext(merged, None)
+        if job.include_usage:
+            yield sse(job.fmt.usage_chunk(usage))
+    except Exception as e:  # noqa: BLE001 - the status line is already sent
+        err = from_exception(e)
+        if err.status >= 500:
+            logger.error("stream %s failed: %r", job.fmt.id, e, exc_info=e)
+        yield sse(err.body())
+    finally:
+        await merged.aclose()
+    yield DONE
+
+
+def _template_message(index: int, m: ChatMessage) -> dict[str, str]:
+    """{role, content} for the chat template; tool turns are refused until tool calls land."""
+    if m.tool_calls or m.function_call or m.role in ("tool", "function"):
+        raise invalid_request(
+            "tool and function messages are not supported yet by radixlm",
+            param=f"messages.{index}",
+            code="unsupported_parameter",
+        )
+    if isinstance(m.content, list):
+        texts = []
+        for j, part in enumerate(m.content):
+            if part.type != "text" or part.text is None:
+                raise invalid_request(
+                    f"content parts of type {part.type!r} are not supported (text only)",
+                    param=f"messages.{index}.content.{j}",
+                    code="unsupported_parameter",
+                )
+            texts.append(part.text)
+        content = "\n".join(texts)
+    else:
+        content = m.content or ""
+    return {"role": "system" if m.role == "developer" else m.role, "content": content}
