@@ -1,0 +1,156 @@
+"""Bad input gets HTTP 400 (401 for the API key) with an OpenAI error body, never 422 or
+500, and the server keeps serving."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from .conftest import API_KEY, MODEL
+
+USER = [{"role": "user", "content": "Hi"}]
+TOO_LONG = "hello " * 9000  # about 9,000 tokens; the context is 8,192
+
+# (route, body, expected param or None, expected code or None)
+BAD = [
+    ("/v1/completions", b"{bad", None, "invalid_json"),
+    ("/v1/completions", b"", None, "invalid_json"),
+    ("/v1/completions", b"[1, 2]", None, "invalid_json"),
+    ("/v1/completions", {}, "prompt", "missing_required_parameter"),
+    ("/v1/completions", {"prompt": 5}, "prompt", None),
+    ("/v1/completions", {"prompt": [True]}, "prompt", None),
+    ("/v1/completions", {"prompt": "x", "temperature": "hot"}, "temperature", None),
+    ("/v1/completions", {"prompt": "x", "max_tokens": "5"}, "max_tokens", None),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream", None),
+    ("/v1/completions", {"prompt": "x", "stop": 3}, "stop", None),
+    ("/v1/completions", {"prompt": "x", "max_tokens": -1}, "max_tokens", None),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens", None),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 10**9}, "max_tokens", None),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 10**30}, "max_tokens", None),
+    ("/v1/completions", {"prompt": "x", "temperature": -1}, "temperature", None),
+    ("/v1/completions", {"prompt": "x", "top_p": 0}, "top_p", None),
+    ("/v1/completions", {"prompt": "x", "top_k": 0}, None, None),
+    ("/v1/completions", {"prompt": "x", "seed": -1}, None, None),
+    ("/v1/completions", {"prompt": "x", "stop": [""]}, None, None),
+    ("/v1/completions", {"prompt": ""}, None, None),
+    ("/v1/completions", {"prompt": []}, "prompt", None),
+    ("/v1/completions", {"prompt": [10**8]}, None, None),
+    ("/v1/completions", {"prompt": TOO_LONG}, "prompt", "context_length_exceeded"),
+    ("/v1/completions", {"prompt": "x", "model": "gpt-4o"}, "model", "model_not_found"),
+    ("/v1/completions", {"prompt": "x", "bogus": 1}, "bogus", "unknown_parameter"),
+    ("/v1/completions", {"prompt": "x", "n": 2}, "n", "unsupported_parameter"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 1}, "logprobs", "unsupported_parameter"),
+    ("/v1/completions", {"prompt": "x", "echo": True}, "echo", "unsupported_parameter"),
+    ("/v1/completions", {"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty", None),
+    ("/v1/chat/completions", {"messages": []}, "messages", None),
+    ("/v1/chat/completions", {"messages": "hi"}, "messages", None),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, None, None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, None, None),
+    ("/v1/chat/completions", {"messages": USER, "max_completion_tokens": -5}, None, None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": TOO_LONG}]}, None, None),
+    ("/v1/chat/completions", {"messages": USER, "model": "nope"}, "model", "model_not_found"),
+    ("/v1/chat/completions", {"messages": USER, "logprobs": True}, "logprobs", None),
+    ("/v1/chat/completions", {"messages": USER, "n": 3}, "n", "unsupported_parameter"),
+    (
+        "/v1/chat/completions",
+        {"messages": USER, "response_format": {"type": "json_object"}},
+        "response_format",
+        "unsupported_parameter",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
+        "tools",
+        "unsupported_parameter",
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        "messages.0.content.0",
+        "unsupported_parameter",
+    ),
+    ("/generate", {}, None, None),
+    ("/generate", {"text": "x", "input_ids": [1]}, None, None),
+    ("/generate", {"input_ids": []}, "input_ids", None),
+    ("/generate", {"text": "x", "sampling_params": {"bogus": 1}}, "sampling_params", None),
+    ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}, None, None),
+    ("/generate", {"text": "x", "stream": 1}, "stream", None),
+    ("/generate", {"text": TOO_LONG}, None, None),
+]
+
+
+def _ids(case) -> str:
+    route, body = case[0], case[1]
+    shown = body.decode() if isinstance(body, bytes) else str(body)
+    return f"{route}:{shown[:40]}"
+
+
+def _assert_error(resp: httpx.Response, status: int) -> dict:
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["message"] and isinstance(err["message"], str)
+    return err
+
+
+@pytest.mark.parametrize("case", BAD, ids=[_ids(c) for c in BAD])
+def test_bad_input_is_400(http, case):
+    route, body, param, code = case
+    if isinstance(body, bytes):
+        resp = http.post(route, content=body, headers={"Content-Type": "application/json"})
+    else:
+        resp = http.post(route, json=body)
+    err = _assert_error(resp, 400)
+    assert err["type"] == "invalid_request_error"
+    if param is not None:
+        assert err["param"] == param
+    if code is not None:
+        assert err["code"] == code
+
+
+def test_server_keeps_serving_after_errors(http, client):
+    for _ in range(3):
+        _assert_error(http.post("/v1/completions", content=b"{"), 400)
+    assert http.get("/health").status_code == 200
+    resp = client.completions.create(model=MODEL, prompt="Hello", max_tokens=2, temperature=0)
+    assert resp.usage.completion_tokens == 2
+
+
+def test_openai_client_raises_bad_request(client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=USER, max_tokens=2)
+    assert e.value.code == "model_not_found" and e.value.param == "model"
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="x", max_tokens=-3)
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong", API_KEY, f"Basic {API_KEY}"])
+def test_api_key_required(server, header):
+    headers = {"Authorization": header} if header else {}
+    with httpx.Client(base_url=server, timeout=30) as raw:
+        for method, path in [
+            ("GET", "/v1/models"),
+            ("POST", "/v1/completions"),
+            ("POST", "/v1/chat/completions"),
+            ("POST", "/generate"),
+            ("GET", "/get_server_info"),
+            ("POST", "/flush_cache"),
+        ]:
+            err = _assert_error(raw.request(method, path, headers=headers, json={}), 401)
+            assert err["code"] == "invalid_api_key"
+        assert raw.get("/health").status_code == 200
+
+
+def test_openai_client_wrong_key(server):
+    import openai
+
+    bad = openai.OpenAI(base_url=f"{server}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_unknown_route_and_method(http):
+    assert _assert_error(http.get("/v1/nothing"), 404)["type"] == "not_found_error"
+    _assert_error(http.get("/v1/completions"), 405)
