@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixlm.runtime.detokenizer import IncrementalDetokenizer
+from radixlm.runtime.detokenizer import IncrementalDetokenizer, RequestDetokenizer
 
 TEXTS = [
     "Hello, world! Plain ASCII text.",
@@ -50,3 +50,34 @@ def test_random_token_streams_concatenate_to_decode(tokenizer):
         step = rng.randrange(1, 4)
         deltas = [detok.add(ids[i : i + step]) for i in range(0, len(ids), step)]
         assert "".join(deltas) + detok.flush() == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _stream(tokenizer, text: str, stop: list[str], matched: str | None):
+    """Feed `text` token by token; the last token ends the request with `matched`."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detok = RequestDetokenizer(tokenizer, stop)
+    deltas = [detok.add([i], False, None) for i in ids[:-1]]
+    deltas.append(detok.add(ids[-1:], True, matched))
+    return deltas, detok.text
+
+
+def test_stop_string_is_cut_and_never_streamed(tokenizer):
+    deltas, text = _stream(tokenizer, "Hello world. END", ["END"], "END")
+    assert text == "Hello world. "
+    assert "".join(deltas) == text
+    assert not any("E" in d for d in deltas)
+
+
+def test_possible_stop_prefix_is_held_until_decided(tokenizer):
+    # "wor" could start the stop string "world!" until "ld?" shows it does not.
+    ids = tokenizer.encode("Hello wor", add_special_tokens=False)
+    detok = RequestDetokenizer(tokenizer, ["world!"])
+    sent = "".join(detok.add([i], False, None) for i in ids)
+    assert sent == "Hello"
+    rest = detok.add(tokenizer.encode("ld?", add_special_tokens=False), True, None)
+    assert sent + rest == "Hello world?" == detok.text
+
+
+def test_length_finish_flushes_held_text(tokenizer):
+    deltas, text = _stream(tokenizer, "counting to fi", ["five"], None)
+    assert "".join(deltas) == text == "counting to fi"
