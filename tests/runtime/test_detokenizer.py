@@ -73,7 +73,7 @@ def test_possible_stop_prefix_is_held_until_decided(tokenizer):
     ids = tokenizer.encode("Hello wor", add_special_tokens=False)
     detok = RequestDetokenizer(tokenizer, ["world!"])
     sent = "".join(detok.add([i], False, None) for i in ids)
-    assert sent == "Hello"
+    assert sent == "Hello "
     rest = detok.add(tokenizer.encode("ld?", add_special_tokens=False), True, None)
     assert sent + rest == "Hello world?" == detok.text
 
