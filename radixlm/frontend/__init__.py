@@ -1,1 +1,1 @@
-"""HTTP server: OpenAI-compatible and native routes. Built in a later issue."""
+"""HTTP server: OpenAI-compatible and native routes (`create_app` in app.py)."""

@@ -107,6 +107,21 @@ def _is_type_tag(item: str) -> bool:
     return "[" in item or item in {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
+def _union_forms(errors: list[dict[str, Any]], param: str | None) -> tuple[list[str], Any] | None:
+    """(accepted forms, value) when the errors are a union field's members all failing."""
+    forms, value = [], None
+    for err in errors:
+        loc = err.get("loc", ())
+        tags = [i for i, item in enumerate(loc) if isinstance(item, str) and _is_type_tag(item)]
+        if not tags or _param_of(loc[: tags[0]]) != param:
+            continue
+        if loc[tags[0]] not in forms:
+            forms.append(loc[tags[0]])
+        if tags[0] == len(loc) - 1 and value is None:
+            value = err.get("input")
+    return (forms, value) if len(forms) > 1 else None
+
+
 def _from_validation_errors(errors: list[dict[str, Any]]) -> APIError:
     """One 400 error describing the first problem pydantic found."""
     if not errors:
@@ -132,6 +147,13 @@ def _from_validation_errors(errors: list[dict[str, Any]]) -> APIError:
             f"Missing required parameter: '{param}'.",
             param=param,
             code="missing_required_parameter",
+        )
+    union = _union_forms(errors, param)
+    if union:
+        return invalid_request(
+            f"Invalid type for '{param}': {_short(union[1])} is none of {', '.join(union[0])}.",
+            param=param,
+            code="invalid_type",
         )
     return invalid_request(
         f"Invalid value for '{param}': {err.get('msg')} (got {_short(err.get('input'))}).",

@@ -59,17 +59,24 @@ class NativeServing:
         params = self._params(req.sampling_params, len(prompts))
         rids = self._rids(req.rid, len(prompts))
         for ids, p in zip(prompts, params):
-            self.tm.validate(ids, p)
+            try:
+                self.tm.validate(ids, p)
+            except InvalidRequestError as e:
+                param = "text" if req.text is not None else "input_ids"
+                if "max_new_tokens" in str(e):
+                    param = "sampling_params"
+                raise invalid_request(str(e), param=param) from None
         runs = zip(prompts, params, rids)
         merged = merge([self.tm.generate(ids, p, rid=rid) for ids, p, rid in runs])
         try:
             if req.stream:
                 first = await first_chunk(request, merged)
-                return SSEResponse(_stream_body(first, merged, rids, single))
+                lens = [len(p) for p in prompts]
+                return SSEResponse(_stream_body(first, merged, rids, lens, single))
             results = await until_disconnect(request, collect(merged, len(prompts)))
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
-        out = [_result(r, rid) for r, rid in zip(results, rids)]
+        out = [_result(r, rid, len(p)) for r, rid, p in zip(results, rids, prompts)]
         return Response(_encoder.encode(out[0] if single else out), media_type="application/json")
 
     def _prompts(self, req: GenerateRequest) -> tuple[bool, list[list[int]]]:
@@ -122,7 +129,8 @@ def _finish_reason(r: dict[str, Any]) -> dict[str, Any] | None:
     return None if reason is None else {"type": reason}
 
 
-def _result(r: dict[str, Any], rid: str) -> dict[str, Any]:
+def _result(r: dict[str, Any], rid: str, prompt_len: int) -> dict[str, Any]:
+    """The SGLang result object; cached_tokens is known once the request finishes."""
     usage = r["usage"] or {}
     return {
         "text": r["text"],
@@ -130,7 +138,7 @@ def _result(r: dict[str, Any], rid: str) -> dict[str, Any]:
         "meta_info": {
             "id": rid,
             "finish_reason": _finish_reason(r),
-            "prompt_tokens": usage.get("prompt_tokens"),
+            "prompt_tokens": usage.get("prompt_tokens", prompt_len),
             "completion_tokens": usage.get("completion_tokens", len(r["output_ids"])),
             "cached_tokens": usage.get("cached_tokens"),
         },
@@ -141,6 +149,7 @@ async def _stream_body(
     first: tuple[int, dict] | None,
     merged: AsyncIterator[tuple[int, dict]],
     rids: list[str],
+    prompt_lens: list[int],
     single: bool,
 ) -> AsyncIterator[bytes]:
     """Cumulative result objects per chunk, then [DONE]; errors become an error event."""
@@ -161,7 +170,7 @@ async def _stream_body(
                     matched_stop=chunk.get("matched_stop"),
                     usage=chunk.get("usage"),
                 )
-            body = _result(r, rids[index])
+            body = _result(r, rids[index], prompt_lens[index])
             if not single:
                 body["index"] = index
             yield sse(body)

@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
+from radixlm.errors import InvalidRequestError
 from radixlm.frontend.errors import from_exception, invalid_request
 from radixlm.frontend.formats import ChatFormat, CompletionFormat, OutputFormat, Usage
 from radixlm.frontend.protocol import (
@@ -82,7 +83,7 @@ class OpenAIServing:
             self._params(req, req.max_tokens, len(p), DEFAULT_COMPLETION_MAX_TOKENS, "prompt")
             for p in prompts
         ]
-        return await self._serve(request, self._job(fmt, prompts, params, req))
+        return await self._serve(request, self._job(fmt, prompts, params, req, "prompt"))
 
     async def chat(self, request: Request) -> Response:
         """POST /v1/chat/completions. Raises APIError / pydantic ValidationError (HTTP 400)."""
@@ -92,7 +93,8 @@ class OpenAIServing:
         requested = req.max_completion_tokens or req.max_tokens
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.tm.model_name)
         params = self._params(req, requested, len(ids), DEFAULT_CHAT_MAX_TOKENS, "messages")
-        return await self._serve(request, self._job(fmt, [ids], [params], req))
+        job = self._job(fmt, [ids], [params], req, "messages")
+        return await self._serve(request, job)
 
     # ---- request -> prompts and sampling ----------------------------------------------
 
@@ -173,11 +175,21 @@ class OpenAIServing:
             values["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
         if req.stop_token_ids is not None:
             values["stop_token_ids"] = list(req.stop_token_ids)
-        return SamplingParams.from_any(values)
+        try:
+            return SamplingParams.from_any(values)
+        except InvalidRequestError as e:
+            param = _param_named_in(str(e))
+            raise invalid_request(str(e), param=param, code="invalid_value") from None
 
-    def _job(self, fmt: OutputFormat, prompts, params, req: _SamplingFields) -> _Job:
+    def _job(
+        self, fmt: OutputFormat, prompts, params, req: _SamplingFields, prompt_param: str
+    ) -> _Job:
         for ids, p in zip(prompts, params):
-            self.tm.validate(ids, p)  # InvalidRequestError -> 400 before anything runs
+            try:
+                self.tm.validate(ids, p)  # nothing runs unless every prompt is valid
+            except InvalidRequestError as e:
+                param = "max_tokens" if "max_new_tokens" in str(e) else prompt_param
+                raise invalid_request(str(e), param=param) from None
         opts = req.stream_options
         job = _Job(fmt, prompts, params, bool(req.stream), bool(opts and opts.include_usage))
         job.rids = [f"{fmt.id}-{i}" for i in range(len(prompts))]
@@ -235,6 +247,14 @@ async def _stream_body(
     finally:
         await merged.aclose()
     yield DONE
+
+
+def _param_named_in(message: str) -> str | None:
+    """The OpenAI field a SamplingParams error message starts with ("top_k must be ...")."""
+    name = message.split(" ", 1)[0]
+    if name == "max_new_tokens":
+        return "max_tokens"
+    return name if name in SamplingParams.__struct_fields__ else None
 
 
 def _template_message(index: int, m: ChatMessage) -> dict[str, str]:

@@ -8,63 +8,64 @@ import pytest
 
 from .conftest import API_KEY, MODEL
 
+CMPL, CHAT = "/v1/completions", "/v1/chat/completions"
 USER = [{"role": "user", "content": "Hi"}]
 TOO_LONG = "hello " * 9000  # about 9,000 tokens; the context is 8,192
 
 # (route, body, expected param or None, expected code or None)
 BAD = [
-    ("/v1/completions", b"{bad", None, "invalid_json"),
-    ("/v1/completions", b"", None, "invalid_json"),
-    ("/v1/completions", b"[1, 2]", None, "invalid_json"),
-    ("/v1/completions", {}, "prompt", "missing_required_parameter"),
-    ("/v1/completions", {"prompt": 5}, "prompt", None),
-    ("/v1/completions", {"prompt": [True]}, "prompt", None),
-    ("/v1/completions", {"prompt": "x", "temperature": "hot"}, "temperature", None),
-    ("/v1/completions", {"prompt": "x", "max_tokens": "5"}, "max_tokens", None),
-    ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream", None),
-    ("/v1/completions", {"prompt": "x", "stop": 3}, "stop", None),
-    ("/v1/completions", {"prompt": "x", "max_tokens": -1}, "max_tokens", None),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens", None),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 10**9}, "max_tokens", None),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 10**30}, "max_tokens", None),
-    ("/v1/completions", {"prompt": "x", "temperature": -1}, "temperature", None),
-    ("/v1/completions", {"prompt": "x", "top_p": 0}, "top_p", None),
-    ("/v1/completions", {"prompt": "x", "top_k": 0}, None, None),
-    ("/v1/completions", {"prompt": "x", "seed": -1}, None, None),
-    ("/v1/completions", {"prompt": "x", "stop": [""]}, None, None),
-    ("/v1/completions", {"prompt": ""}, None, None),
-    ("/v1/completions", {"prompt": []}, "prompt", None),
-    ("/v1/completions", {"prompt": [10**8]}, None, None),
-    ("/v1/completions", {"prompt": TOO_LONG}, "prompt", "context_length_exceeded"),
-    ("/v1/completions", {"prompt": "x", "model": "gpt-4o"}, "model", "model_not_found"),
-    ("/v1/completions", {"prompt": "x", "bogus": 1}, "bogus", "unknown_parameter"),
-    ("/v1/completions", {"prompt": "x", "n": 2}, "n", "unsupported_parameter"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 1}, "logprobs", "unsupported_parameter"),
-    ("/v1/completions", {"prompt": "x", "echo": True}, "echo", "unsupported_parameter"),
-    ("/v1/completions", {"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty", None),
-    ("/v1/chat/completions", {"messages": []}, "messages", None),
-    ("/v1/chat/completions", {"messages": "hi"}, "messages", None),
-    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, None, None),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, None, None),
-    ("/v1/chat/completions", {"messages": USER, "max_completion_tokens": -5}, None, None),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": TOO_LONG}]}, None, None),
-    ("/v1/chat/completions", {"messages": USER, "model": "nope"}, "model", "model_not_found"),
-    ("/v1/chat/completions", {"messages": USER, "logprobs": True}, "logprobs", None),
-    ("/v1/chat/completions", {"messages": USER, "n": 3}, "n", "unsupported_parameter"),
+    (CMPL, b"{bad", None, "invalid_json"),
+    (CMPL, b"", None, "invalid_json"),
+    (CMPL, b"[1, 2]", None, "invalid_json"),
+    (CMPL, {}, "prompt", "missing_required_parameter"),
+    (CMPL, {"prompt": 5}, "prompt", None),
+    (CMPL, {"prompt": [True]}, "prompt", None),
+    (CMPL, {"prompt": "x", "temperature": "hot"}, "temperature", None),
+    (CMPL, {"prompt": "x", "max_tokens": "5"}, "max_tokens", None),
+    (CMPL, {"prompt": "x", "stream": "yes"}, "stream", None),
+    (CMPL, {"prompt": "x", "stop": 3}, "stop", "invalid_type"),
+    (CMPL, {"prompt": "x", "max_tokens": -1}, "max_tokens", None),
+    (CMPL, {"prompt": "x", "max_tokens": 0}, "max_tokens", None),
+    (CMPL, {"prompt": "x", "max_tokens": 10**9}, "max_tokens", None),
+    (CMPL, {"prompt": "x", "max_tokens": 10**30}, "max_tokens", None),
+    (CMPL, {"prompt": "x", "temperature": -1}, "temperature", None),
+    (CMPL, {"prompt": "x", "top_p": 0}, "top_p", None),
+    (CMPL, {"prompt": "x", "top_k": 0}, "top_k", "invalid_value"),
+    (CMPL, {"prompt": "x", "seed": -1}, "seed", None),
+    (CMPL, {"prompt": "x", "stop": [""]}, "stop", None),
+    (CMPL, {"prompt": ""}, "prompt", None),
+    (CMPL, {"prompt": []}, "prompt", None),
+    (CMPL, {"prompt": [10**8]}, "prompt", None),
+    (CMPL, {"prompt": TOO_LONG}, "prompt", "context_length_exceeded"),
+    (CMPL, {"prompt": "x", "model": "gpt-4o"}, "model", "model_not_found"),
+    (CMPL, {"prompt": "x", "bogus": 1}, "bogus", "unknown_parameter"),
+    (CMPL, {"prompt": "x", "n": 2}, "n", "unsupported_parameter"),
+    (CMPL, {"prompt": "x", "logprobs": 1}, "logprobs", "unsupported_parameter"),
+    (CMPL, {"prompt": "x", "echo": True}, "echo", "unsupported_parameter"),
+    (CMPL, {"prompt": "x", "frequency_penalty": 0.5}, "frequency_penalty", None),
+    (CHAT, {"messages": []}, "messages", None),
+    (CHAT, {"messages": "hi"}, "messages", None),
+    (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role", None),
+    (CHAT, {"messages": [{"role": "user", "content": 5}]}, None, None),
+    (CHAT, {"messages": USER, "max_completion_tokens": -5}, "max_completion_tokens", None),
+    (CHAT, {"messages": [{"role": "user", "content": TOO_LONG}]}, "messages", None),
+    (CHAT, {"messages": USER, "model": "nope"}, "model", "model_not_found"),
+    (CHAT, {"messages": USER, "logprobs": True}, "logprobs", None),
+    (CHAT, {"messages": USER, "n": 3}, "n", "unsupported_parameter"),
     (
-        "/v1/chat/completions",
+        CHAT,
         {"messages": USER, "response_format": {"type": "json_object"}},
         "response_format",
         "unsupported_parameter",
     ),
     (
-        "/v1/chat/completions",
+        CHAT,
         {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
         "tools",
         "unsupported_parameter",
     ),
     (
-        "/v1/chat/completions",
+        CHAT,
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
         "messages.0.content.0",
         "unsupported_parameter",
@@ -75,7 +76,7 @@ BAD = [
     ("/generate", {"text": "x", "sampling_params": {"bogus": 1}}, "sampling_params", None),
     ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}, None, None),
     ("/generate", {"text": "x", "stream": 1}, "stream", None),
-    ("/generate", {"text": TOO_LONG}, None, None),
+    ("/generate", {"text": TOO_LONG}, "text", None),
 ]
 
 
@@ -110,7 +111,7 @@ def test_bad_input_is_400(http, case):
 
 def test_server_keeps_serving_after_errors(http, client):
     for _ in range(3):
-        _assert_error(http.post("/v1/completions", content=b"{"), 400)
+        _assert_error(http.post(CMPL, content=b"{"), 400)
     assert http.get("/health").status_code == 200
     resp = client.completions.create(model=MODEL, prompt="Hello", max_tokens=2, temperature=0)
     assert resp.usage.completion_tokens == 2
