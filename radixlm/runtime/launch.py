@@ -1,8 +1,10 @@
 """`radixlm serve`: start the scheduler and detokenizer processes, then the HTTP server.
 
-Start-up: the scheduler process loads the model (converting a GGUF once) and reports
-ready; then the detokenizer starts; then uvicorn serves the FastAPI app, and the URL is
-printed once it accepts connections, so `/health` answers only when the model is loaded.
+Start-up: a GGUF model is converted once (here, before any child reads it); then the
+scheduler process (loads the model) and the detokenizer process start together while this
+process loads the tokenizer; when both report ready, uvicorn serves the FastAPI app and
+the URL is printed once it accepts connections, so `/health` answers only when the model
+is loaded.
 
 Shutdown: SIGINT or SIGTERM stop uvicorn gracefully, then both children are terminated
 (killed after a grace period); children also die with this process (PR_SET_PDEATHSIG).
@@ -20,9 +22,12 @@ import sys
 from typing import Any
 
 from radixlm.config import ServerArgs
+from radixlm.errors import RadixLMError
 from radixlm.runtime.detokenizer_process import run_detokenizer_process
 from radixlm.runtime.ipc import IpcPaths
+from radixlm.runtime.loader import load_tokenizer
 from radixlm.runtime.messages import ProcessFailed, ProcessReady, decode
+from radixlm.runtime.model_registry import local_hf_dir
 from radixlm.runtime.scheduler_process import run_scheduler_process
 
 logger = logging.getLogger(__name__)
@@ -116,15 +121,19 @@ def launch_server(args: ServerArgs) -> int:
     ctx = mp.get_context("spawn")
     children: list[_Child] = []
     try:
+        local_hf_dir(args.model)  # convert a GGUF once, here, before the children read it
         scheduler = _Child(ctx, "scheduler", run_scheduler_process, args, ipc)
-        children.append(scheduler)
-        facts = scheduler.wait_ready(signals)
         detokenizer = _Child(ctx, "detokenizer", run_detokenizer_process, args, ipc)
-        children.append(detokenizer)
+        children += [scheduler, detokenizer]
+        tokenizer = load_tokenizer(args)  # while the children load
+        facts = scheduler.wait_ready(signals)
         detokenizer.wait_ready(signals)
-        return _serve(args, ipc, facts, children, signals)
+        return _serve(args, ipc, facts, tokenizer, children, signals)
     except ChildFailed as e:
         logger.error("server start-up failed:\n%s", e)
+        return 1
+    except RadixLMError as e:
+        logger.error("server start-up failed: %s", e)
         return 1
     except KeyboardInterrupt:
         logger.info("interrupted during start-up")
@@ -135,13 +144,13 @@ def launch_server(args: ServerArgs) -> int:
         ipc.remove()
 
 
-def _serve(args, ipc, facts, children: list[_Child], signals: _Signals) -> int:
+def _serve(args, ipc, facts, tokenizer, children: list[_Child], signals: _Signals) -> int:
     import uvicorn
 
     from radixlm.frontend.app import create_app
     from radixlm.runtime.tokenizer_manager import TokenizerManager
 
-    tm = TokenizerManager(args, ipc, facts)
+    tm = TokenizerManager(args, ipc, facts, tokenizer)
     app = create_app(tm, args)
     config = uvicorn.Config(
         app,

@@ -57,14 +57,15 @@ class TokenizerManager:
         args: server settings. ipc: endpoints of this server instance.
         facts: model limits reported by the scheduler process at start-up
             (vocab_size, context_length, max_total_tokens).
+        tokenizer: the model's tokenizer if already loaded (else loaded here).
 
     Attributes: tokenizer (Hugging Face), model_name (served name), context_len,
     vocab_size, max_total_tokens (KV pool size in tokens).
     """
 
-    def __init__(self, args: ServerArgs, ipc: IpcPaths, facts: dict[str, int]):
+    def __init__(self, args: ServerArgs, ipc: IpcPaths, facts: dict[str, int], tokenizer=None):
         self.args = args
-        self.tokenizer = load_tokenizer(args)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(args)
         self.model_name = args.served_model_name or args.model
         self.vocab_size = facts["vocab_size"]
         self.context_len = facts["context_length"]
