@@ -1,0 +1,43 @@
+"""The wire schema: every message survives msgpack round trips as its own type."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from radixlm.runtime import messages as m
+from radixlm.runtime.sampling import SamplingParams
+
+SAMPLES = [
+    m.GenerateReq(
+        rid="a",
+        input_ids=[1, 2, 3],
+        params=SamplingParams(max_new_tokens=5, temperature=0.0, stop=["\n\n"], seed=7),
+        extra_key="salt",
+    ),
+    m.AbortReq("a"),
+    m.FlushCacheReq("f"),
+    m.GetInfoReq("i"),
+    m.ControlResp("i", True, info={"memory": {"free": 3}}),
+    m.ReqError("a", "queue full", 503),
+    m.BatchTokenOut(
+        ["a", "b"], [[5], []], [None, "stop"], [None, "END"], [3, 4], [1, 2], [0, 4], [[], ["END"]]
+    ),
+    m.BatchStrOut(["a"], ["hi"], [[5]], ["length"], [2], [3], [1], [0]),
+    m.ProcessReady("scheduler", {"vocab_size": 10}),
+    m.ProcessFailed("scheduler", "Traceback ..."),
+]
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda s: type(s).__name__)
+def test_round_trip_keeps_type_and_fields(msg):
+    back = m.decode(m.encode(msg))
+    assert type(back) is type(msg)
+    assert back == msg
+
+
+def test_garbage_is_a_decode_error_not_pickle():
+    with pytest.raises(msgspec.DecodeError):
+        m.decode(b"\x80\x04\x95not-msgpack")
+    with pytest.raises(msgspec.ValidationError):
+        m.decode(msgspec.msgpack.encode({"type": "no-such-tag"}))
