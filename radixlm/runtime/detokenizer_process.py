@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
 import zmq
 
 from radixlm.config import ServerArgs
@@ -50,16 +51,9 @@ class DetokenizerLoop:
             texts.append(state.add(batch.new_token_ids[i], finished, batch.matched_stops[i]))
             if finished:
                 del self.states[rid]
-        return BatchStrOut(
-            rids=batch.rids,
-            texts=texts,
-            new_token_ids=batch.new_token_ids,
-            finish_reasons=batch.finish_reasons,
-            matched_stops=batch.matched_stops,
-            prompt_tokens=batch.prompt_tokens,
-            completion_tokens=batch.completion_tokens,
-            cached_tokens=batch.cached_tokens,
-        )
+        fields = msgspec.structs.asdict(batch)
+        del fields["stops"]
+        return BatchStrOut(**fields, texts=texts)
 
 
 def run_detokenizer_process(args: ServerArgs, ipc: IpcPaths, status_conn) -> None:

@@ -68,12 +68,11 @@ class ReqError(msgspec.Struct, tag="req_error"):
     status: int
 
 
-class BatchTokenOut(msgspec.Struct, tag="token_out"):
-    """What one scheduler step produced: new token ids of every request it touched.
+class _BatchOut(msgspec.Struct):
+    """Per-step results of several requests (parallel lists, index i = request i).
 
     finish_reasons[i] is None while request i runs, else "stop", "length" or "abort";
     matched_stops[i] is the EOS / stop token id or stop string that ended it.
-    stops[i] are the request's stop strings (the detokenizer cuts the text before them).
     """
 
     rids: list[str]
@@ -83,21 +82,20 @@ class BatchTokenOut(msgspec.Struct, tag="token_out"):
     prompt_tokens: list[int]
     completion_tokens: list[int]
     cached_tokens: list[int]
+
+
+class BatchTokenOut(_BatchOut, tag="token_out"):
+    """What one scheduler step produced. stops[i] are request i's stop strings (the
+    detokenizer cuts the text before them and holds back their possible starts)."""
+
     stops: list[list[str]]
 
 
-class BatchStrOut(msgspec.Struct, tag="str_out"):
-    """BatchTokenOut with text: texts[i] is the new text of request i (never a broken
+class BatchStrOut(_BatchOut, tag="str_out"):
+    """A BatchTokenOut with text: texts[i] is the new text of request i (never a broken
     UTF-8 character, never text already sent, never a possible start of a stop string)."""
 
-    rids: list[str]
     texts: list[str]
-    new_token_ids: list[list[int]]
-    finish_reasons: list[str | None]
-    matched_stops: list[int | str | None]
-    prompt_tokens: list[int]
-    completion_tokens: list[int]
-    cached_tokens: list[int]
 
 
 class ProcessReady(msgspec.Struct, tag="ready"):
