@@ -17,6 +17,8 @@ keys); Dao et al. 2023, "Flash-Decoding for long-context inference".
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -155,13 +157,18 @@ def _decode_merge_kernel(
     )
 
 
+@functools.cache
+def _multi_processors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def num_kv_splits(batch_size: int, num_kv_heads: int, device: torch.device) -> int:
     """Splits per request: enough (batch * kv_heads * splits) programs to fill the GPU twice,
     a power of two in [1, 16] (one compiled variant each); 4 under the interpreter (so the
     tests cross split boundaries)."""
     if device.type != "cuda":
         return 4
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _multi_processors(device.index if device.index is not None else 0)
     want = -(-2 * sms // max(batch_size * num_kv_heads, 1))
     return min(16, next_pow2(want))
 
