@@ -3,7 +3,9 @@ and the ForwardBatch of one extend, decode or tree-verify step over it."""
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -149,3 +151,32 @@ def dense_reference(case: Case) -> torch.Tensor:
         out[start : start + n] = torch.einsum("hns,shd->nhd", scores.softmax(-1), vals)
         start += n
     return out
+
+
+def save_tiny_llama(path: Path, hf_dir: Path, head_dim: int) -> Path:
+    """A 2-layer random-initialised Llama (6 query / 2 KV heads of `head_dim`, tied head)
+    saved with the bundled model's tokenizer as a Hugging Face directory at `path`."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=6 * head_dim,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=2,
+        bos_token_id=1,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():  # larger weights than the default init make logits less flat
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+    model.save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(hf_dir / name, path / name)
+    return path

@@ -23,3 +23,16 @@ def device() -> str:
     if not torch.cuda.is_available():
         pytest.skip("TRITON_INTERPRET=0 compiles Triton kernels, which needs CUDA")
     return "cuda"
+
+
+@pytest.fixture(scope="session")
+def hf_dir():
+    """The bundled model's directory (its tokenizer files serve the tiny random models);
+    skips when the model is not installed (e.g. a bare GPU machine)."""
+    from radixlm.errors import ModelNotFoundError
+    from radixlm.runtime.model_registry import local_hf_dir
+
+    try:
+        return local_hf_dir("smollm2-135m")
+    except ModelNotFoundError as e:
+        pytest.skip(f"bundled model not installed: {e}")
