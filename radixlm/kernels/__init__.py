@@ -56,10 +56,11 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def resolve_attention_backend(name: str, device: str) -> str:
+def resolve_attention_backend(name: str, device: str, dtype: str | None = None) -> str:
     """Map the `--attention-backend` setting to a registered backend name for `device`.
 
-    'auto' is flashinfer on CUDA when installed, else triton on CUDA, torch_native on CPU.
+    'auto' is flashinfer on CUDA when installed (and `dtype`, the model's, is not float32:
+    FlashInfer's kernels are half precision), else triton on CUDA, torch_native on CPU.
     Raises ValueError when a GPU-only backend is asked for on CPU (triton is allowed on CPU
     under `TRITON_INTERPRET=1`) or flashinfer is asked for but not installed.
     """
@@ -67,7 +68,8 @@ def resolve_attention_backend(name: str, device: str) -> str:
     if name == "auto":
         if not on_cuda:
             return "torch_native"
-        return "flashinfer" if flashinfer_available() else "triton"
+        half = dtype != "float32"
+        return "flashinfer" if half and flashinfer_available() else "triton"
     if name == "triton" and not on_cuda and not triton_interpreting():
         raise ValueError("attention backend 'triton' needs CUDA (or TRITON_INTERPRET=1 on CPU)")
     if name == "flashinfer":

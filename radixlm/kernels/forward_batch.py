@@ -63,12 +63,13 @@ class ForwardBatch:
         return torch.cumsum(self.extend_seq_lens, 0) - 1
 
     def to(self, device: str | torch.device) -> ForwardBatch:
-        """A copy with every tensor on `device` (non-blocking from pinned memory)."""
+        """A copy with every tensor on `device` (host-to-device copies are non-blocking)."""
+        non_blocking = torch.device(device).type == "cuda"
         moved = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, torch.Tensor):
-                value = value.to(device, non_blocking=True)
+                value = value.to(device, non_blocking=non_blocking)
             moved[f.name] = value
         return ForwardBatch(**moved)
 

@@ -89,7 +89,9 @@ class ModelRunner:
         self.device_req_to_token = (
             host_table if self.device == "cpu" else torch.zeros_like(host_table, device=self.device)
         )
-        self.attention_backend = resolve_attention_backend(args.attention_backend, self.device)
+        self.attention_backend = resolve_attention_backend(
+            args.attention_backend, self.device, args.dtype
+        )
         self.backend = create_attention_backend(
             self.attention_backend,
             self.kv_pool,

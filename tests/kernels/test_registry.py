@@ -19,7 +19,8 @@ def test_auto_resolution(monkeypatch):
     monkeypatch.setattr(kernels, "flashinfer_available", lambda: False)
     assert resolve_attention_backend("auto", "cuda") == "triton"
     monkeypatch.setattr(kernels, "flashinfer_available", lambda: True)
-    assert resolve_attention_backend("auto", "cuda") == "flashinfer"
+    assert resolve_attention_backend("auto", "cuda", "bfloat16") == "flashinfer"
+    assert resolve_attention_backend("auto", "cuda", "float32") == "triton"
     assert resolve_attention_backend("flashinfer", "cuda:0") == "flashinfer"
 
 
