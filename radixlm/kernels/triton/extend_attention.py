@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from radixlm.kernels.triton.common import dot_precision, interpreting, next_pow2
+from radixlm.kernels.triton.tiles import load_kv_tile, online_softmax_step
 
 
 @triton.jit
@@ -87,13 +88,10 @@ def _extend_kernel(
     for n0 in range(0, kv_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < kv_end
-        slots = tl.load(Req_to_token + row * stride_r2t + offs_n, mask=mask_n, other=0)
-        slots = slots.to(tl.int64)
-        k = tl.load(
-            K_Buf + slots[None, :] * stride_ks + kvh * stride_kh + offs_d[:, None],
-            mask=mask_n[None, :] & mask_d[:, None],
-            other=0.0,
-        )  # [BLOCK_D, BLOCK_N]
+        k, v = load_kv_tile(
+            K_Buf, V_Buf, Req_to_token, row, stride_r2t, kvh, stride_ks, stride_kh,
+            stride_vs, stride_vh, offs_n, mask_n, offs_d, mask_d,
+        )  # fmt: skip
         qk = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * sm_scale
         if USE_CUSTOM_MASK:
             visible = (
@@ -107,18 +105,7 @@ def _extend_kernel(
         else:
             visible = (offs_n[None, :] <= prefix + offs_m[:, None]) & mask_n[None, :]
         qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
-        p = tl.exp(qk - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            V_Buf + slots[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
-            mask=mask_n[:, None] & mask_d[None, :],
-            other=0.0,
-        )  # [BLOCK_N, BLOCK_D]
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, PRECISION)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(
