@@ -22,7 +22,9 @@ Method
      visible (query, key) pairs.
    Time = median of ``--iters`` (20) CUDA-event-timed calls after 3 warm-ups, per-step
    metadata (`init_forward_metadata`) excluded and reported separately.
-4. Whole decode step of the bundled model (SmolLM2-135M-Instruct, bf16; a random model of
+4. RMSNorm and SwiGLU (SmolLM2 widths 576 / 1536, bf16) at 1, 64, 256 and 8192 tokens:
+   the Triton kernels against the model's torch code, to decide whether they pay.
+5. Whole decode step of the bundled model (SmolLM2-135M-Instruct, bf16; a random model of
    the same shape when the bundled one is not installed): ``ModelRunner.forward`` on a
    scheduler-style CPU batch, including the host-to-device copy of the table rows, CUDA
    graph replay when enabled, and the logits copy back to the CPU. Backends: torch_native
@@ -205,6 +207,37 @@ def attention_rows(args, device: str, timer: Timer, copy_gbs: float, backends: l
     return rows
 
 
+def elementwise_rows(device: str, timer: Timer, copy_gbs: float) -> list[dict[str, Any]]:
+    """Triton RMSNorm and SwiGLU against the model's torch code (SmolLM2 widths, bf16): do
+    they pay? Bytes = inputs read + output written."""
+    import torch.nn.functional as F
+
+    from radixlm.kernels.triton import rms_norm, silu_and_mul
+    from radixlm.runtime.models.llama import RMSNorm
+
+    dtype = torch.bfloat16
+    hidden, ffn = SMOLLM2_SHAPE["hidden_size"], SMOLLM2_SHAPE["intermediate_size"]
+    norm = RMSNorm(hidden, 1e-5).to(device, dtype)
+    rows = []
+    for tokens in (1, 64, 256, 8192):
+        x = torch.randn(tokens, hidden, dtype=dtype, device=device)
+        gate, up = (torch.randn(tokens, ffn, dtype=dtype, device=device) for _ in range(2))
+        cases = {
+            ("rms_norm", "torch"): (lambda x=x: norm(x), 2 * x.numel()),
+            ("rms_norm", "triton"): (lambda x=x: rms_norm(x, norm.weight, 1e-5), 2 * x.numel()),
+            ("swiglu", "torch"): (lambda g=gate, u=up: F.silu(g) * u, 3 * gate.numel()),
+            ("swiglu", "triton"): (lambda g=gate, u=up: silu_and_mul(g, u), 3 * gate.numel()),
+        }
+        for (op, impl), (fn, elems) in cases.items():
+            ms = timer(fn)
+            gbs = elems * 2 / ms / 1e6
+            row = {"op": op, "impl": impl, "tokens": tokens, "ms": round(ms, 4)}
+            row.update({"GB/s": round(gbs, 1), "of_copy_bw": round(gbs / copy_gbs, 3)})
+            rows.append(row)
+            print(_fmt_row(row), flush=True)
+    return rows
+
+
 def model_dir(args, tmp: Path) -> tuple[Path, str]:
     """The bundled model's HF directory, or a random model of the same shape (`tmp`)."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -220,8 +253,6 @@ def model_dir(args, tmp: Path) -> tuple[Path, str]:
     if args.smoke_cpu:
         shape.update(num_hidden_layers=2, max_position_embeddings=1024)
     config = LlamaConfig(**shape, architectures=["LlamaForCausalLM"])
-    with torch.device("meta"):
-        LlamaForCausalLM(config)  # validates the config cheaply
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(tmp)
     return tmp, "random weights, SmolLM2-135M shape"
@@ -345,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         if flashinfer_available():
             backends.append("flashinfer")
     results["attention"] = attention_rows(args, device, timer, copy_gbs, backends)
+    if device == "cuda":
+        results["elementwise"] = elementwise_rows(device, timer, copy_gbs)
     if not args.skip_model:
         variants = [("torch_native", False)]
         if device == "cuda":
@@ -357,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                 args, device, timer, copy_gbs, variants, hf_dir
             )
     print("\n## Attention (one layer)\n" + _table(results["attention"]))
+    print("\n## RMSNorm / SwiGLU\n" + _table(results.get("elementwise", [])))
     print("\n## Decode step (whole model)\n" + _table(results.get("decode_step", [])))
     if not args.smoke_cpu:
         args.output.parent.mkdir(parents=True, exist_ok=True)
