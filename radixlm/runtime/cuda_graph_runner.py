@@ -55,6 +55,7 @@ class CudaGraphRunner:
         self.req_pool_indices, self.prefix_lens = zeros(), zeros()
         self.seq_lens = torch.ones(n, dtype=torch.int64, device=device)
         self.extend_lens = torch.ones(n, dtype=torch.int64, device=device)
+        self._pool = None  # the graphs' shared memory pool
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         backend.init_cuda_graph_state(self.max_bs, req_to_token.shape[1])
@@ -74,24 +75,30 @@ class CudaGraphRunner:
         )
 
     def _capture(self) -> None:
-        pool = None
-        stream = torch.cuda.Stream()
         # Largest first, so smaller graphs reuse the memory pool the largest one reserved.
         for bs in reversed(self.batch_sizes):
             fb = self._static_batch(bs)
             self.backend.init_forward_metadata_cuda_graph(fb)
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # compile kernels, create library handles
-                    self.model(fb, self.backend)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                self.outputs[bs] = self.model(fb, self.backend)
-            pool = graph.pool()
-            self.graphs[bs] = graph
-        torch.cuda.synchronize()
+            self.graphs[bs], self.outputs[bs] = self._record(
+                lambda f=fb: self.model(f, self.backend)
+            )
         logger.info("captured decode CUDA graphs for batch sizes %s", self.batch_sizes)
+
+    def _record(self, step):
+        """Warm `step` up twice on a side stream (compiles kernels, creates library handles),
+        then capture it; returns (graph, its static output)."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, stream=stream):
+            out = step()
+        self._pool = graph.pool()
+        torch.cuda.synchronize()
+        return graph, out
 
     def can_run(self, fb: ForwardBatch) -> bool:
         """Whether `fb` is a decode step small enough for a captured graph."""
