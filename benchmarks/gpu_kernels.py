@@ -108,17 +108,23 @@ class Timer:
         return statistics.median(times)
 
 
-def run_tests() -> dict[str, Any]:
+def run_tests(timeout_s: float) -> dict[str, Any]:
     """The kernel tests with compiled Triton kernels (and the gpu-marked tests)."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    try:
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s
+        )
+        code, text = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        code, text = -1, f"{e.stdout or ''}\ntimed out after {timeout_s:.0f} s"
+    lines = text.strip().splitlines()
     print("\n".join(lines[-25:]))
     return {
         "command": "TRITON_INTERPRET=0 " + " ".join(cmd[1:]),
-        "returncode": proc.returncode,
+        "returncode": code,
         "summary": lines[-1] if lines else "",
         "seconds": round(time.perf_counter() - t0, 1),
     }
@@ -156,12 +162,12 @@ def paged_batch(
     )
 
 
-def attention_rows(args, device: str, timer: Timer, copy_gbs: float, backends: list[str]):
-    """Decode and extend attention of one layer for every backend, batch and context."""
+def attention_rows(args, device: str, timer: Timer, copy_gbs: float, backends, rows, save):
+    """Decode and extend attention of one layer for every backend, batch and context;
+    appends to `rows`, calling `save()` after each."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     elem = torch.empty((), dtype=dtype).element_size()
     row_bytes = KV_HEADS * HEAD_DIM * elem * 2 + 4  # K + V + one table entry per key
-    rows = []
     for bsz in args.batches:
         for ctx in args.contexts:
             num_slots = (bsz * -(-ctx // args.page_size) + 1) * args.page_size
@@ -201,10 +207,10 @@ def attention_rows(args, device: str, timer: Timer, copy_gbs: float, backends: l
                         }
                     )
                     print(_fmt_row(rows[-1]), flush=True)
+                    save()
                     del backend
             del pool, table
             _free(device)
-    return rows
 
 
 def elementwise_rows(device: str, timer: Timer, copy_gbs: float) -> list[dict[str, Any]]:
@@ -258,8 +264,9 @@ def model_dir(args, tmp: Path) -> tuple[Path, str]:
     return tmp, "random weights, SmolLM2-135M shape"
 
 
-def decode_step_rows(args, device: str, timer: Timer, copy_gbs: float, variants, hf_dir):
-    """Whole-model decode steps through ModelRunner for every backend variant."""
+def decode_step_rows(args, device, timer, copy_gbs, variants, hf_dir, rows, save):
+    """Whole-model decode steps through ModelRunner for every backend variant; appends to
+    `rows`, calling `save()` after each."""
     from transformers import AutoConfig
 
     from radixlm.config import ServerArgs
@@ -267,7 +274,6 @@ def decode_step_rows(args, device: str, timer: Timer, copy_gbs: float, variants,
 
     config = AutoConfig.from_pretrained(hf_dir)
     max_bs, max_ctx = max(args.batches), max(args.contexts)
-    rows = []
     for name, graphs in variants:
         server_args = ServerArgs(
             model=str(hf_dir),
@@ -305,9 +311,9 @@ def decode_step_rows(args, device: str, timer: Timer, copy_gbs: float, variants,
                     }
                 )
                 print(_fmt_row(rows[-1]), flush=True)
+                save()
         del runner, table
         _free(device)
-    return rows
 
 
 def _free(device: str) -> None:
@@ -337,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="B 1 64, L 512 4096, 5 iters")
     parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--tests-only", action="store_true", help="run the tests, no timing")
+    parser.add_argument("--tests-timeout", type=float, default=420, help="seconds")
     parser.add_argument("--skip-model", action="store_true", help="no whole-model decode steps")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     parser.add_argument(
@@ -357,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke_cpu:
         args.batches, args.contexts, args.iters = [1, 4], [64, 128], 2
         args.extend_tokens, args.skip_tests = 16, True
+        torch.set_num_threads(1)  # more threads crawl on a shared small CPU
     timer = Timer(device, args.iters)
     results: dict[str, Any] = {
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
@@ -364,8 +373,17 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: str(v) for k, v in vars(args).items()},
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+
+    def save() -> None:  # after every section, so a run cut short keeps what it measured
+        if not args.smoke_cpu:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_text(json.dumps(results, indent=1) + "\n")
+
     if not args.skip_tests:
-        results["tests"] = run_tests()
+        results["tests"] = run_tests(args.tests_timeout)
+        save()
+    if args.tests_only:
+        return 0 if results["tests"]["returncode"] == 0 else 1
     copy_gbs = copy_bandwidth(device, timer, (1 << 30) if device == "cuda" else (1 << 26))
     results["copy_GB/s"] = round(copy_gbs, 1)
     print(f"copy bandwidth (read + write): {copy_gbs:.0f} GB/s", flush=True)
@@ -375,9 +393,11 @@ def main(argv: list[str] | None = None) -> int:
         backends.append("triton")
         if flashinfer_available():
             backends.append("flashinfer")
-    results["attention"] = attention_rows(args, device, timer, copy_gbs, backends)
+    results["attention"] = []
+    attention_rows(args, device, timer, copy_gbs, backends, results["attention"], save)
     if device == "cuda":
         results["elementwise"] = elementwise_rows(device, timer, copy_gbs)
+        save()
     if not args.skip_model:
         variants = [("torch_native", False)]
         if device == "cuda":
@@ -386,15 +406,14 @@ def main(argv: list[str] | None = None) -> int:
                 variants.append(("flashinfer", True))
         with tempfile.TemporaryDirectory() as tmp:
             hf_dir, results["model"] = model_dir(args, Path(tmp))
-            results["decode_step"] = decode_step_rows(
-                args, device, timer, copy_gbs, variants, hf_dir
+            results["decode_step"] = []
+            decode_step_rows(
+                args, device, timer, copy_gbs, variants, hf_dir, results["decode_step"], save
             )
     print("\n## Attention (one layer)\n" + _table(results["attention"]))
     print("\n## RMSNorm / SwiGLU\n" + _table(results.get("elementwise", [])))
     print("\n## Decode step (whole model)\n" + _table(results.get("decode_step", [])))
     if not args.smoke_cpu:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(results, indent=1) + "\n")
         print(f"\nsaved {args.output}")
     tests_ok = results.get("tests", {}).get("returncode", 0) == 0
     return 0 if tests_ok else 1

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
+from radixlm.kernels import triton_interpreting as interpreting
 
-def interpreting() -> bool:
-    """True when Triton runs kernels on CPU tensors (`TRITON_INTERPRET=1`)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+__all__ = ["dot_precision", "interpreting", "next_pow2"]
 
 
 def next_pow2(n: int) -> int:
