@@ -79,8 +79,9 @@ class FlashInferBackend(AttentionBackend):
         self.num_kv_heads, self.head_dim = k0.shape[1], k0.shape[2]
         self.q_dtype = dtype or k0.dtype
         self.kv_dtype = k0.dtype
-        # Tensor-core decode handles any group size and pays off for large groups.
-        self._tensor_cores = num_heads // self.num_kv_heads > 4
+        # Tensor-core decode (prefill kernels) takes any group size and pays off for large
+        # groups; the CUDA-core decode kernels are kept for the small power-of-two groups.
+        self._tensor_cores = num_heads // self.num_kv_heads not in (1, 2, 4)
         self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=k0.device)
         self._fi = flashinfer
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
