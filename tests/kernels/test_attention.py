@@ -95,3 +95,28 @@ def test_verify_with_causal_chain_mask_equals_extend():
     want, _ = _run("torch_native", extend)
     got, _ = _run("torch_native", verify)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_triton_gpu_tile_sizes(mode, device):
+    """The GPU launch configuration (64-wide tiles, 16 splits, most of them empty)."""
+    from radixlm.kernels.triton import decode_attention, extend_attention
+
+    fmode, prefix_lens, extend_lens = MODES[mode]
+    case = make_case(fmode, prefix_lens, extend_lens, page_size=16, group=3, device=device)
+    ref, pool = _run("torch_native", case)  # also stores the new K/V into `pool`
+    fb, k_buf, v_buf = case.fb, pool.k_buffer[0], pool.v_buffer[0]
+    if fmode is ForwardMode.DECODE:
+        out = decode_attention(
+            case.q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.seq_lens,
+            case.scaling, num_splits=16, block_n=64,
+        )  # fmt: skip
+    else:
+        lens = fb.extend_seq_lens
+        qo_indptr = torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)])
+        out = extend_attention(
+            case.q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.seq_lens,
+            fb.extend_prefix_lens, qo_indptr, int(lens.max()), case.scaling,
+            fb.custom_mask, fb.mask_indptr, block_m=64, block_n=64,
+        )  # fmt: skip
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)

@@ -4,6 +4,9 @@ so what is checked is everything around the graph."""
 
 from __future__ import annotations
 
+import sys
+
+import pytest
 import torch
 from transformers import LlamaConfig
 
@@ -11,6 +14,7 @@ from radixlm.kernels import ForwardBatch, ForwardMode, create_attention_backend
 from radixlm.runtime.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from radixlm.runtime.memory import KVPool
 from radixlm.runtime.models.llama import LlamaForCausalLM
+from tests.kernels import fake_flashinfer
 
 
 class _Replay:
@@ -52,7 +56,14 @@ def _decode_batch(table: torch.Tensor, lens: list[int], rows: list[int]) -> Forw
     )
 
 
-def test_padded_replay_equals_eager_decode(device):
+@pytest.mark.parametrize("backend_name", ["triton", "flashinfer"])
+def test_padded_replay_equals_eager_decode(backend_name, device, monkeypatch):
+    """Also the FlashInfer path (per-size graph wrappers, planned before each replay), with
+    the torch stand-in for flashinfer on CPU."""
+    if backend_name == "flashinfer":
+        if device != "cpu":
+            pytest.skip("the stand-in runs on CPU; test_gpu.py covers real FlashInfer")
+        monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer.module())
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=128, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
@@ -65,7 +76,9 @@ def test_padded_replay_equals_eager_decode(device):
     table = torch.zeros(6, 32, dtype=torch.int32)
     table[:, :30] = torch.randperm(199)[:180].view(6, 30).to(torch.int32) + 1
     table = table.to(device)
-    backend = create_attention_backend("triton", pool, 16**-0.5)
+    backend = create_attention_backend(
+        backend_name, pool, 16**-0.5, num_heads=3, page_size=1, dtype=torch.float32
+    )
     runner = _EagerGraphRunner(model, backend, table, max_bs=4)
     assert sorted(runner.graphs) == [1, 2, 4]
     for lens, rows in (([20, 3, 8, 6], [3, 1, 5, 0]), ([5, 9, 17], [4, 0, 2])):
