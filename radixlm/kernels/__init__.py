@@ -2,22 +2,49 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Callable
 
 from radixlm.kernels.base import AttentionBackend
 from radixlm.kernels.forward_batch import ForwardBatch, ForwardMode
 
-#: name -> factory(kv_pool, scaling) -> AttentionBackend; GPU backends register lazily.
+#: name -> factory(kv_pool, scaling, **model_info) -> AttentionBackend. Each factory imports
+#: its module on call, so GPU-only dependencies (triton, flashinfer) load only when chosen.
 ATTENTION_BACKENDS: dict[str, Callable[..., AttentionBackend]] = {}
 
 
-def _torch_native(kv_pool, scaling: float) -> AttentionBackend:
+def _torch_native(kv_pool, scaling: float, **_) -> AttentionBackend:
     from radixlm.kernels.torch_native import TorchNativeBackend
 
     return TorchNativeBackend(kv_pool, scaling)
 
 
+def _triton(kv_pool, scaling: float, **_) -> AttentionBackend:
+    from radixlm.kernels.triton.backend import TritonBackend
+
+    return TritonBackend(kv_pool, scaling)
+
+
+def _flashinfer(kv_pool, scaling: float, **model_info) -> AttentionBackend:
+    from radixlm.kernels.flashinfer import FlashInferBackend
+
+    return FlashInferBackend(kv_pool, scaling, **model_info)
+
+
 ATTENTION_BACKENDS["torch_native"] = _torch_native
+ATTENTION_BACKENDS["triton"] = _triton
+ATTENTION_BACKENDS["flashinfer"] = _flashinfer
+
+
+def flashinfer_available() -> bool:
+    """Whether the optional `flashinfer` package (extra `radixlm[gpu]`) is installed."""
+    return importlib.util.find_spec("flashinfer") is not None
+
+
+def triton_interpreting() -> bool:
+    """Whether Triton kernels run on CPU tensors (`TRITON_INTERPRET=1`, tests only)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def resolve_device(name: str) -> str:
@@ -29,28 +56,43 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def resolve_attention_backend(name: str, device: str) -> str:
+def resolve_attention_backend(name: str, device: str, dtype: str | None = None) -> str:
     """Map the `--attention-backend` setting to a registered backend name for `device`.
 
-    'auto' is torch_native on CPU. Raises ValueError when a GPU-only backend is asked for
-    on CPU.
+    'auto' is flashinfer on CUDA when installed (and `dtype`, the model's, is not float32:
+    FlashInfer's kernels are half precision), else triton on CUDA, torch_native on CPU.
+    Raises ValueError when a GPU-only backend is asked for on CPU (triton is allowed on CPU
+    under `TRITON_INTERPRET=1`) or flashinfer is asked for but not installed.
     """
+    on_cuda = str(device).startswith("cuda")
     if name == "auto":
-        return "torch_native"
-    if name != "torch_native" and device == "cpu":
-        raise ValueError(f"attention backend {name!r} needs CUDA; use torch_native on CPU")
+        if not on_cuda:
+            return "torch_native"
+        half = dtype != "float32"
+        return "flashinfer" if half and flashinfer_available() else "triton"
+    if name == "triton" and not on_cuda and not triton_interpreting():
+        raise ValueError("attention backend 'triton' needs CUDA (or TRITON_INTERPRET=1 on CPU)")
+    if name == "flashinfer":
+        if not on_cuda:
+            raise ValueError("attention backend 'flashinfer' needs CUDA; use torch_native on CPU")
+        if not flashinfer_available():
+            raise ValueError("attention backend 'flashinfer' needs `pip install radixlm[gpu]`")
     return name
 
 
-def create_attention_backend(name: str, kv_pool, scaling: float) -> AttentionBackend:
-    """Build the backend registered as `name`. Raises ValueError for an unknown name."""
+def create_attention_backend(name: str, kv_pool, scaling: float, **model_info) -> AttentionBackend:
+    """Build the backend registered as `name`. Raises ValueError for an unknown name.
+
+    `model_info` (num_heads, page_size, dtype) is passed on to factories that plan ahead
+    (flashinfer); the others ignore it.
+    """
     try:
         factory = ATTENTION_BACKENDS[name]
     except KeyError:
         raise ValueError(
             f"unknown attention backend {name!r}; choose from {sorted(ATTENTION_BACKENDS)}"
         ) from None
-    return factory(kv_pool, scaling)
+    return factory(kv_pool, scaling, **model_info)
 
 
 __all__ = [
@@ -58,6 +100,7 @@ __all__ = [
     "ForwardBatch",
     "ForwardMode",
     "create_attention_backend",
+    "flashinfer_available",
     "resolve_attention_backend",
     "resolve_device",
 ]

@@ -3,6 +3,12 @@
 The model calls `backend.forward(q, k, v, layer_id, forward_batch)` and never branches on
 the backend; the backend stores the new K/V into the KV pool and attends over the
 request's whole sequence read through the request-to-token table.
+
+Per step the caller (ModelRunner) calls `init_forward_metadata(fb)` once before the layers
+run; every layer then reuses that metadata. Under CUDA graphs the runner instead calls
+`init_cuda_graph_state(max_bs, max_context_len)` once, and
+`init_forward_metadata_cuda_graph(fb)` before capturing and before every replay, outside
+the graph, with the graph's static batch.
 """
 
 from __future__ import annotations
@@ -23,12 +29,23 @@ class AttentionBackend(abc.ABC):
         scaling: softmax scale, normally head_dim ** -0.5.
     """
 
+    #: Whether decode steps may be captured in CUDA graphs (metadata without host syncs).
+    supports_cuda_graph: bool = False
+
     def __init__(self, kv_pool, scaling: float):
         self.kv_pool = kv_pool
         self.scaling = scaling
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:  # noqa: B027
         """Prepare per-step metadata once, before the layers run (default: nothing)."""
+
+    def init_cuda_graph_state(self, max_bs: int, max_context_len: int) -> None:  # noqa: B027
+        """Allocate static metadata buffers for decode graphs of up to `max_bs` requests of
+        up to `max_context_len` tokens (default: nothing)."""
+
+    def init_forward_metadata_cuda_graph(self, fb: ForwardBatch) -> None:
+        """Metadata for a captured decode batch; runs outside the graph (default: eager)."""
+        self.init_forward_metadata(fb)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, fb: ForwardBatch
@@ -40,10 +57,16 @@ class AttentionBackend(abc.ABC):
         Returns:
             [T, num_heads, head_dim] attention output in q's dtype.
         """
-        self.kv_pool.set_kv(layer_id, fb.out_cache_loc, k, v)
+        self.set_kv(layer_id, fb.out_cache_loc, k, v)
         if fb.mode is ForwardMode.DECODE:
             return self.forward_decode(q, layer_id, fb)
+        if fb.mode is ForwardMode.TARGET_VERIFY:
+            return self.forward_verify(q, layer_id, fb)
         return self.forward_extend(q, layer_id, fb)
+
+    def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the new tokens' K/V into the pool (default: the pool's own `set_kv`)."""
+        self.kv_pool.set_kv(layer_id, loc, k, v)
 
     @abc.abstractmethod
     def forward_extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
@@ -52,3 +75,7 @@ class AttentionBackend(abc.ABC):
     @abc.abstractmethod
     def forward_decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         """Attention of one new token per request over its whole sequence."""
+
+    @abc.abstractmethod
+    def forward_verify(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        """Attention of draft tokens over prefix + drafts under `fb.custom_mask` (a tree)."""

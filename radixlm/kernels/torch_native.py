@@ -12,9 +12,10 @@ from radixlm.kernels.forward_batch import ForwardBatch
 class TorchNativeBackend(AttentionBackend):
     """Reference backend (any device torch supports; the default on CPU).
 
-    Extend loops over requests (one SDPA call each, causal mask offset by the prefix);
-    decode gathers every request's K/V into a padded [B, L] block and runs one masked SDPA.
-    Grouped-query attention uses SDPA's `enable_gqa`.
+    Extend and verify loop over requests (one SDPA call each: causal mask offset by the
+    prefix, or the request's block of the custom tree mask); decode gathers every request's
+    K/V into a padded [B, L] block and runs one masked SDPA. Grouped-query attention uses
+    SDPA's `enable_gqa`. The Triton and FlashInfer backends must match this one.
     """
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -23,7 +24,8 @@ class TorchNativeBackend(AttentionBackend):
         self._pre_lens = fb.extend_prefix_lens.tolist()
         rows = fb.req_pool_indices
         max_len = max(self._seq_lens)
-        valid = torch.arange(max_len)[None, :] < fb.seq_lens[:, None]  # [B, L]
+        positions = torch.arange(max_len, device=fb.seq_lens.device)
+        valid = positions[None, :] < fb.seq_lens[:, None]  # [B, L]
         # Positions past a request's length read the zeroed padding slot 0, never stale
         # (possibly non-finite) slots: masked scores are exactly 0, but 0 * NaN is not.
         slots = fb.req_to_token[rows, :max_len].to(torch.int64)
@@ -31,6 +33,18 @@ class TorchNativeBackend(AttentionBackend):
         self._decode_mask = valid[:, None, None, :]
 
     def forward_extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        return self._per_request(q, layer_id, lambda i, n, s, p: _causal_mask(n, s, p, q.device))
+
+    def forward_verify(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        offsets = fb.mask_indptr.tolist()
+
+        def tree_mask(i: int, n: int, s: int, p: int) -> torch.Tensor:
+            return fb.custom_mask[offsets[i] : offsets[i + 1]].view(n, s)
+
+        return self._per_request(q, layer_id, tree_mask)
+
+    def _per_request(self, q: torch.Tensor, layer_id: int, mask_of) -> torch.Tensor:
+        """One SDPA per request; `mask_of(i, n, s, p)` -> bool [n, s] or None (causal)."""
         k_buf = self.kv_pool.k_buffer[layer_id]
         v_buf = self.kv_pool.v_buffer[layer_id]
         out = torch.empty_like(q)
@@ -40,15 +54,16 @@ class TorchNativeBackend(AttentionBackend):
             qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
             ki = k_buf.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
             vi = v_buf.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
-            if p == 0:
-                o = F.scaled_dot_product_attention(
-                    qi, ki, vi, is_causal=True, scale=self.scaling, enable_gqa=True
-                )
-            else:
-                mask = torch.arange(s)[None, :] <= (p + torch.arange(n))[:, None]
-                o = F.scaled_dot_product_attention(
-                    qi, ki, vi, attn_mask=mask, scale=self.scaling, enable_gqa=True
-                )
+            mask = mask_of(i, n, s, p)
+            o = F.scaled_dot_product_attention(
+                qi,
+                ki,
+                vi,
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=self.scaling,
+                enable_gqa=True,
+            )
             out[start : start + n] = o[0].transpose(0, 1)
             start += n
         return out
@@ -64,3 +79,11 @@ class TorchNativeBackend(AttentionBackend):
             q.unsqueeze(2), k, v, attn_mask=self._decode_mask, scale=self.scaling, enable_gqa=True
         )  # [B, H, 1, D]
         return o.squeeze(2)
+
+
+def _causal_mask(n: int, s: int, p: int, device) -> torch.Tensor | None:
+    """bool [n, s]: new token j (position p + j) sees keys 0..p + j; None when p == 0."""
+    if p == 0:
+        return None
+    keys = torch.arange(s, device=device)
+    return keys[None, :] <= (p + torch.arange(n, device=device))[:, None]

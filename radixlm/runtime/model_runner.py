@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -54,7 +55,7 @@ class ModelRunner:
             self.max_total_tokens = args.max_total_tokens // args.page_size * args.page_size
             self.kv_budget_bytes = self.max_total_tokens * self.kv_bytes_per_token
         else:
-            budget = int(available_memory_bytes() * args.mem_fraction) - self.weights_bytes
+            budget = int(self._available_bytes() * args.mem_fraction) - self.weights_bytes
             self.kv_budget_bytes = max(budget, 0)
             self.max_total_tokens = kv_capacity_tokens(
                 self.kv_budget_bytes, self.kv_bytes_per_token, args.page_size
@@ -81,14 +82,34 @@ class ModelRunner:
             padding_slots=args.page_size,
         )
         self.allocator = PagedAllocator(self.max_total_tokens, args.page_size)
-        self.req_to_token_pool = ReqToTokenPool(
-            args.max_running_requests, self.context_len + 1, self.device
+        # The scheduler reads and writes the table on the host; on CUDA each step copies its
+        # requests' rows into a device mirror that the kernels (and CUDA graphs) read.
+        self.req_to_token_pool = ReqToTokenPool(args.max_running_requests, self.context_len + 1)
+        host_table = self.req_to_token_pool.req_to_token
+        self.device_req_to_token = (
+            host_table if self.device == "cpu" else torch.zeros_like(host_table, device=self.device)
+        )
+        self.attention_backend = resolve_attention_backend(
+            args.attention_backend, self.device, args.dtype
         )
         self.backend = create_attention_backend(
-            resolve_attention_backend(args.attention_backend, self.device),
+            self.attention_backend,
             self.kv_pool,
             attn.head_dim**-0.5,
+            num_heads=attn.num_heads,
+            page_size=args.page_size,
+            dtype=self.dtype,
         )
+        self.graph_runner = None
+        if self._use_cuda_graph():
+            from radixlm.runtime.cuda_graph_runner import CudaGraphRunner
+
+            self.graph_runner = CudaGraphRunner(
+                self.model,
+                self.backend,
+                self.device_req_to_token,
+                min(args.cuda_graph_max_bs, args.max_running_requests),
+            )
         logger.info(
             "weights %.1f MB, KV %d bytes/token, capacity %d tokens (%.1f full-context users)",
             self.weights_bytes / 1e6,
@@ -97,6 +118,41 @@ class ModelRunner:
             self.max_total_tokens / self.context_len,
         )
 
+    def _available_bytes(self) -> int:
+        """Free memory on the model's device (host MemAvailable on CPU)."""
+        if self.device == "cpu":
+            return available_memory_bytes()
+        return torch.cuda.mem_get_info(torch.device(self.device))[0] + self.weights_bytes
+
+    def _use_cuda_graph(self) -> bool:
+        """Decode graphs: on by default on CUDA for backends whose metadata allows them."""
+        return (
+            str(self.device).startswith("cuda")
+            and not self.args.disable_cuda_graph
+            and self.backend.supports_cuda_graph
+        )
+
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
-        """Run one step; returns float32 logits [B, vocab] of each request's last token."""
-        return self.model(fb, self.backend)
+        """Run one step; returns float32 logits [B, vocab] of each request's last token.
+
+        `fb` may hold CPU index tensors (the scheduler builds them there); they are moved to
+        the model's device. Logits come back on the CPU, where the sampler runs.
+        """
+        if self.device != "cpu":
+            fb = self._to_device(fb)
+        if self.graph_runner is not None and self.graph_runner.can_run(fb):
+            logits = self.graph_runner.replay(fb)
+        else:
+            self.backend.init_forward_metadata(fb)
+            logits = self.model(fb, self.backend)
+        return logits.cpu()
+
+    def _to_device(self, fb: ForwardBatch) -> ForwardBatch:
+        """Copy the batch's table rows (first max(seq_lens) columns) into the device mirror
+        and move the index tensors to the device."""
+        max_len = int(fb.seq_lens.max())
+        rows = fb.req_pool_indices
+        self.device_req_to_token[rows.to(self.device), :max_len] = fb.req_to_token[
+            rows, :max_len
+        ].to(self.device)
+        return dataclasses.replace(fb, req_to_token=self.device_req_to_token).to(self.device)

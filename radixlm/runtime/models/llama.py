@@ -163,8 +163,12 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
-        """Run one step. Returns logits float32 [B, vocab] for each request's last new token."""
-        backend.init_forward_metadata(fb)
+        """Run one step. Returns float32 logits of each request's last new token [B, vocab]
+        (EXTEND, DECODE) or of every new token [T, vocab] (TARGET_VERIFY).
+
+        The caller has run `backend.init_forward_metadata(fb)` for this step (outside any
+        CUDA graph that captures this call).
+        """
         x = self.model.embed_tokens(fb.input_ids)
         rope = self.model.rotary_emb(fb.positions, x.dtype)
         for layer in self.model.layers:

@@ -1,0 +1,70 @@
+"""The Triton attention backend: paged extend/decode/verify kernels and a Triton KV store."""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.kernels.base import AttentionBackend
+from radixlm.kernels.forward_batch import ForwardBatch, ForwardMode
+from radixlm.kernels.triton.decode_attention import decode_attention, num_kv_splits
+from radixlm.kernels.triton.extend_attention import extend_attention
+from radixlm.kernels.triton.store_kv import store_kv
+
+
+class TritonBackend(AttentionBackend):
+    """Attention through the Triton kernels of `radixlm.kernels.triton`.
+
+    Metadata per step: extend/verify need the query offsets (qo_indptr, one device prefix
+    sum) and the longest extend (one host read, sizing the grid); decode needs only the
+    split count, a function of the batch size, so decode metadata never syncs with the host
+    and decode steps can be captured in CUDA graphs. Runs on CUDA, or on CPU tensors under
+    `TRITON_INTERPRET=1` (the tests).
+    """
+
+    supports_cuda_graph = True
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        if fb.mode is ForwardMode.DECODE:
+            kv_heads = self.kv_pool.k_buffer[0].shape[1]
+            self._num_splits = num_kv_splits(fb.batch_size, kv_heads, fb.seq_lens.device)
+            return
+        lens = fb.extend_seq_lens
+        self._qo_indptr = torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)])
+        self._max_extend_len = int(lens.max())
+
+    def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        store_kv(self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id], loc, k, v)
+
+    def forward_decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        return decode_attention(
+            q.contiguous(),
+            self.kv_pool.k_buffer[layer_id],
+            self.kv_pool.v_buffer[layer_id],
+            fb.req_to_token,
+            fb.req_pool_indices,
+            fb.seq_lens,
+            self.scaling,
+            self._num_splits,
+        )
+
+    def forward_extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        return self._extend(q, layer_id, fb, None, None)
+
+    def forward_verify(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        return self._extend(q, layer_id, fb, fb.custom_mask, fb.mask_indptr)
+
+    def _extend(self, q, layer_id, fb, custom_mask, mask_indptr) -> torch.Tensor:
+        return extend_attention(
+            q.contiguous(),
+            self.kv_pool.k_buffer[layer_id],
+            self.kv_pool.v_buffer[layer_id],
+            fb.req_to_token,
+            fb.req_pool_indices,
+            fb.seq_lens,
+            fb.extend_prefix_lens,
+            self._qo_indptr,
+            self._max_extend_len,
+            self.scaling,
+            custom_mask,
+            mask_indptr,
+        )

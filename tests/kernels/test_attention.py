@@ -1,0 +1,122 @@
+"""Triton paged attention (decode, extend, tree verify, KV store) against torch_native,
+and torch_native's tree verification against a dense reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.kernels import ForwardMode, create_attention_backend
+from tests.kernels.cases import dense_reference, make_case
+
+# Ragged batches covering prefix lengths 0, 1 and 17 and one page-crossing longer prefix.
+EXTEND = ([0, 1, 17, 33], [7, 19, 1, 3])
+DECODE = ([0, 1, 17, 40, 64], [1, 1, 1, 1, 1])
+VERIFY = ([0, 1, 17], [4, 6, 5])
+MODES = {"extend": (ForwardMode.EXTEND, *EXTEND), "decode": (ForwardMode.DECODE, *DECODE)}
+MODES["verify"] = (ForwardMode.TARGET_VERIFY, *VERIFY)
+
+
+def _run(name: str, case, pool=None):
+    pool = pool or case.clone_pool()
+    backend = create_attention_backend(name, pool, case.scaling)
+    backend.init_forward_metadata(case.fb)
+    return backend.forward(case.q, case.k, case.v, 0, case.fb), pool
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("group", [1, 3])
+def test_triton_matches_torch_native(mode, page_size, group, device):
+    fmode, prefix_lens, extend_lens = MODES[mode]
+    case = make_case(
+        fmode, prefix_lens, extend_lens, page_size=page_size, group=group, device=device
+    )
+    ref, ref_pool = _run("torch_native", case)
+    out, pool = _run("triton", case)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    loc = case.fb.out_cache_loc
+    for got, want in (
+        (pool.k_buffer[0], ref_pool.k_buffer[0]),
+        (pool.v_buffer[0], ref_pool.v_buffer[0]),
+    ):
+        torch.testing.assert_close(got[loc], want[loc], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["extend", "decode"])
+def test_triton_odd_head_dim_and_fp16_pool(mode, device):
+    """head_dim 24 (padded to a 32-wide tile) and an fp16 KV pool under fp32 queries."""
+    fmode, prefix_lens, extend_lens = MODES[mode]
+    case = make_case(
+        fmode, prefix_lens, extend_lens, page_size=4, group=2, head_dim=24,
+        dtype=torch.float32, device=device,
+    )  # fmt: skip
+    case.pool.k_buffer = [b.half() for b in case.pool.k_buffer]
+    case.pool.v_buffer = [b.half() for b in case.pool.v_buffer]
+    case.pool.dtype = torch.float16
+    ref, _ = _run("torch_native", case)
+    out, _ = _run("triton", case)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_triton_decode_long_context_splits(device):
+    """Splits longer than one key tile, one request much longer than the others."""
+    case = make_case(ForwardMode.DECODE, [300, 5, 129], [1, 1, 1], page_size=16, group=3)
+    case = (
+        case
+        if device == "cpu"
+        else make_case(
+            ForwardMode.DECODE, [300, 5, 129], [1, 1, 1], page_size=16, group=3, device=device
+        )
+    )
+    ref, _ = _run("torch_native", case)
+    out, _ = _run("triton", case)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_torch_native_matches_dense_reference(mode):
+    fmode, prefix_lens, extend_lens = MODES[mode]
+    case = make_case(fmode, prefix_lens, extend_lens, page_size=16, group=3)
+    out, _ = _run("torch_native", case)
+    torch.testing.assert_close(out.double(), dense_reference(case), atol=1e-5, rtol=1e-5)
+
+
+def test_verify_with_causal_chain_mask_equals_extend():
+    """A chain of drafts under a lower-triangular custom mask is plain causal extend."""
+    prefix_lens, n = [0, 1, 17], [4, 6, 5]
+    extend = make_case(ForwardMode.EXTEND, prefix_lens, n, page_size=16, group=3, seed=3)
+    verify = make_case(ForwardMode.TARGET_VERIFY, prefix_lens, n, page_size=16, group=3, seed=3)
+    masks = [
+        (torch.arange(p + m)[None, :] <= (p + torch.arange(m))[:, None]).flatten()
+        for p, m in zip(prefix_lens, n)
+    ]
+    verify.fb.custom_mask = torch.cat(masks)
+    want, _ = _run("torch_native", extend)
+    got, _ = _run("torch_native", verify)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_triton_gpu_tile_sizes(mode, device):
+    """The GPU launch configuration (64-wide tiles, 16 splits, most of them empty)."""
+    from radixlm.kernels.triton import decode_attention, extend_attention
+
+    fmode, prefix_lens, extend_lens = MODES[mode]
+    case = make_case(fmode, prefix_lens, extend_lens, page_size=16, group=3, device=device)
+    ref, pool = _run("torch_native", case)  # also stores the new K/V into `pool`
+    fb, k_buf, v_buf = case.fb, pool.k_buffer[0], pool.v_buffer[0]
+    if fmode is ForwardMode.DECODE:
+        out = decode_attention(
+            case.q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.seq_lens,
+            case.scaling, num_splits=16, block_n=64,
+        )  # fmt: skip
+    else:
+        lens = fb.extend_seq_lens
+        qo_indptr = torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)])
+        out = extend_attention(
+            case.q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.seq_lens,
+            fb.extend_prefix_lens, qo_indptr, int(lens.max()), case.scaling,
+            fb.custom_mask, fb.mask_indptr, block_m=64, block_n=64,
+        )  # fmt: skip
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
