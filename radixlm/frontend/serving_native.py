@@ -25,19 +25,9 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from radixlm.errors import InvalidRequestError
+from radixlm.frontend import streaming
 from radixlm.frontend.errors import from_exception, invalid_request
 from radixlm.frontend.protocol import GenerateRequest, check_supported
-from radixlm.frontend.streaming import (
-    CLIENT_CLOSED,
-    DONE,
-    ClientGone,
-    SSEResponse,
-    collect,
-    first_chunk,
-    merge,
-    sse,
-    until_disconnect,
-)
 from radixlm.runtime.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -67,15 +57,16 @@ class NativeServing:
                     param = "sampling_params"
                 raise invalid_request(str(e), param=param) from None
         runs = zip(prompts, params, rids)
-        merged = merge([self.tm.generate(ids, p, rid=rid) for ids, p, rid in runs])
+        merged = streaming.merge([self.tm.generate(ids, p, rid=rid) for ids, p, rid in runs])
         try:
             if req.stream:
-                first = await first_chunk(request, merged)
+                first = await streaming.first_chunk(request, merged)
                 lens = [len(p) for p in prompts]
-                return SSEResponse(_stream_body(first, merged, rids, lens, single))
-            results = await until_disconnect(request, collect(merged, len(prompts)))
-        except ClientGone:
-            return Response(status_code=CLIENT_CLOSED)
+                return streaming.SSEResponse(_stream_body(first, merged, rids, lens, single))
+            done = streaming.collect(merged, len(prompts))
+            results = await streaming.until_disconnect(request, done)
+        except streaming.ClientGone:
+            return Response(status_code=streaming.CLIENT_CLOSED)
         out = [_result(r, rid, len(p)) for r, rid, p in zip(results, rids, prompts)]
         return Response(_encoder.encode(out[0] if single else out), media_type="application/json")
 
@@ -173,13 +164,13 @@ async def _stream_body(
             body = _result(r, rids[index], prompt_lens[index])
             if not single:
                 body["index"] = index
-            yield sse(body)
+            yield streaming.sse(body)
             item = await anext(merged, None)
     except Exception as e:  # noqa: BLE001 - the status line is already sent
         err = from_exception(e)
         if err.status >= 500:
             logger.error("generate stream failed: %r", e, exc_info=e)
-        yield sse(err.body())
+        yield streaming.sse(err.body())
     finally:
         await merged.aclose()
-    yield DONE
+    yield streaming.DONE

@@ -160,7 +160,7 @@ class OpenAIServing:
                 f"This model's maximum context length is {ctx} tokens. However, you requested "
                 f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} "
                 "for the completion). Please reduce the prompt or max_tokens.",
-                param="max_tokens",
+                param=_tokens_param(req),
                 code="context_length_exceeded",
             )
         if requested is None:
@@ -188,7 +188,7 @@ class OpenAIServing:
             try:
                 self.tm.validate(ids, p)  # nothing runs unless every prompt is valid
             except InvalidRequestError as e:
-                param = "max_tokens" if "max_new_tokens" in str(e) else prompt_param
+                param = _tokens_param(req) if "max_new_tokens" in str(e) else prompt_param
                 raise invalid_request(str(e), param=param) from None
         opts = req.stream_options
         job = _Job(fmt, prompts, params, bool(req.stream), bool(opts and opts.include_usage))
@@ -247,6 +247,11 @@ async def _stream_body(
     finally:
         await merged.aclose()
     yield DONE
+
+
+def _tokens_param(req: _SamplingFields) -> str:
+    """The field that set max_new_tokens (chat prefers max_completion_tokens)."""
+    return "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
 
 
 def _param_named_in(message: str) -> str | None:

@@ -74,7 +74,10 @@ def start_server(*extra_args: str, timeout: float = START_TIMEOUT_S) -> tuple[Se
 
 
 def stop_server(proc: subprocess.Popen) -> int:
-    """SIGTERM, then wait (SIGKILL after STOP_TIMEOUT_S). Returns the exit status."""
+    """SIGTERM, then wait (SIGKILL after STOP_TIMEOUT_S). Returns the exit status.
+
+    The server log is deleted after a clean exit unless RADIXLM_KEEP_SERVER_LOG is set.
+    """
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -83,7 +86,7 @@ def stop_server(proc: subprocess.Popen) -> int:
             proc.kill()
             proc.wait()
     log = getattr(proc, "stderr_path", None)
-    if log is not None and proc.returncode == 0:
+    if log is not None and proc.returncode == 0 and not os.environ.get("RADIXLM_KEEP_SERVER_LOG"):
         log.unlink(missing_ok=True)
     return proc.returncode
 

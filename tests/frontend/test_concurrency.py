@@ -113,7 +113,10 @@ def test_flush_cache_refused_while_running(http):
     wait_idle(http)
     body = {"prompt": "Tell me about the sea.", **LONG}
     with http.stream("POST", "/v1/completions", json=body) as r:
-        next(r.iter_lines())
+        it = r.iter_lines()
+        first = next(it)
+        info = http.get("/get_server_info").json()
+        assert info["num_running"] == 1, (first, info)
         refused = http.post("/flush_cache")
         assert refused.status_code == 409
         assert "running" in refused.json()["error"]["message"]

@@ -51,6 +51,7 @@ BAD = [
     (CHAT, {"messages": [{"role": "user", "content": TOO_LONG}]}, "messages", None),
     (CHAT, {"messages": USER, "model": "nope"}, "model", "model_not_found"),
     (CHAT, {"messages": USER, "logprobs": True}, "logprobs", None),
+    (CHAT, {"messages": USER, "max_completion_tokens": 9000}, "max_completion_tokens", None),
     (CHAT, {"messages": USER, "n": 3}, "n", "unsupported_parameter"),
     (
         CHAT,
