@@ -23,7 +23,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from radixlm.errors import InvalidRequestError
-from radixlm.frontend.errors import from_exception, invalid_request
+from radixlm.frontend.errors import APIError, from_exception, invalid_request
 from radixlm.frontend.formats import ChatFormat, CompletionFormat, OutputFormat, Usage
 from radixlm.frontend.protocol import (
     ChatCompletionRequest,
@@ -216,6 +216,7 @@ class OpenAIServing:
             return Response(status_code=CLIENT_CLOSED)
         usage = Usage()
         for r in results:
+            _check_not_aborted(r["finish_reason"])
             usage.add(r["usage"])
         return Response(job.fmt.encode_full(results, usage), media_type="application/json")
 
@@ -232,6 +233,7 @@ async def _stream_body(
         item = first
         while item is not None:
             index, chunk = item
+            _check_not_aborted(chunk["finish_reason"])
             for payload in job.fmt.deltas(index, chunk, job.include_usage):
                 yield sse(payload)
             if chunk["finish_reason"] is not None:
@@ -247,6 +249,16 @@ async def _stream_body(
     finally:
         await merged.aclose()
     yield DONE
+
+
+def _check_not_aborted(finish_reason: str | None) -> None:
+    """A request the server aborted (a failed step, shutdown) is an error in OpenAI's API,
+    which has no "abort" finish_reason. Client aborts never get here: their stream is
+    closed before the scheduler answers."""
+    if finish_reason == "abort":
+        raise APIError(
+            500, "the server aborted this request; see the server log", type="server_error"
+        )
 
 
 def _tokens_param(req: _SamplingFields) -> str:
