@@ -89,7 +89,7 @@ class ResponseFormat(_Strict):
     json_schema: dict[str, Any] | None = None
 
 
-class _SamplingFields(_Strict):
+class SamplingFields(_Strict):
     """Fields shared by completions and chat completions (OpenAI names and ranges)."""
 
     model: str | None = None
@@ -113,7 +113,7 @@ class _SamplingFields(_Strict):
     repetition_penalty: float | None = Field(None, gt=0)
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     """POST /v1/completions. prompt: a string, strings, token ids, or lists of token ids."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -147,7 +147,7 @@ class ChatMessage(_Strict):
     audio: dict[str, Any] | None = None
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)

@@ -29,7 +29,7 @@ from radixlm.frontend.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
-    _SamplingFields,
+    SamplingFields,
     check_supported,
 )
 from radixlm.frontend.streaming import (
@@ -98,7 +98,7 @@ class OpenAIServing:
 
     # ---- request -> prompts and sampling ----------------------------------------------
 
-    def _check_common(self, req: _SamplingFields) -> None:
+    def _check_common(self, req: SamplingFields) -> None:
         if req.model is not None and req.model != self.tm.model_name:
             raise invalid_request(
                 f"The model '{req.model}' does not exist; this server serves "
@@ -140,7 +140,7 @@ class OpenAIServing:
 
     def _params(
         self,
-        req: _SamplingFields,
+        req: SamplingFields,
         requested: int | None,
         prompt_len: int,
         default: int,
@@ -182,7 +182,7 @@ class OpenAIServing:
             raise invalid_request(str(e), param=param, code="invalid_value") from None
 
     def _job(
-        self, fmt: OutputFormat, prompts, params, req: _SamplingFields, prompt_param: str
+        self, fmt: OutputFormat, prompts, params, req: SamplingFields, prompt_param: str
     ) -> _Job:
         for ids, p in zip(prompts, params):
             try:
@@ -261,7 +261,7 @@ def _check_not_aborted(finish_reason: str | None) -> None:
         )
 
 
-def _tokens_param(req: _SamplingFields) -> str:
+def _tokens_param(req: SamplingFields) -> str:
     """The field that set max_new_tokens (chat prefers max_completion_tokens)."""
     return "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
 

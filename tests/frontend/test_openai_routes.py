@@ -160,3 +160,41 @@ def test_noop_fields_accepted(client):
         extra_body={"top_k": 1},
     )
     assert resp.usage.completion_tokens == 2
+
+
+def test_content_parts_and_developer_role(client):
+    """Text content parts join like a string; `developer` is the system turn."""
+
+    def run(system_role: str, content) -> str:
+        return (
+            client.chat.completions.create(
+                model=MODEL,
+                messages=[
+                    {"role": system_role, "content": "Answer in one word."},
+                    {"role": "user", "content": content},
+                ],
+                max_tokens=3,
+                temperature=0,
+            )
+            .choices[0]
+            .message.content
+        )
+
+    text = "What color is the sky?"
+    assert run("developer", [{"type": "text", "text": text}]) == run("system", text)
+
+
+def test_stream_several_prompts(client):
+    stream = client.completions.create(
+        model=MODEL, prompt=["Red,", "One,"], max_tokens=3, temperature=0, stream=True
+    )
+    texts, reasons = ["", ""], [None, None]
+    for chunk in stream:
+        choice = chunk.choices[0]
+        texts[choice.index] += choice.text
+        reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    assert reasons == ["length", "length"]
+    batch = client.completions.create(
+        model=MODEL, prompt=["Red,", "One,"], max_tokens=3, temperature=0
+    )
+    assert texts == [c.text for c in batch.choices]
