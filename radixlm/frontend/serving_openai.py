@@ -107,6 +107,10 @@ class OpenAIServing:
                 code="model_not_found",
             )
         check_supported(req)
+        if req.stream_options is not None and not req.stream:
+            raise invalid_request(
+                "'stream_options' is only allowed when 'stream' is true", param="stream_options"
+            )
 
     def _completion_prompts(self, prompt: str | list) -> list[list[int]]:
         if isinstance(prompt, str):

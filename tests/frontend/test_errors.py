@@ -39,6 +39,7 @@ BAD = [
     (CMPL, {"prompt": TOO_LONG}, "prompt", "context_length_exceeded"),
     (CMPL, {"prompt": "x", "model": "gpt-4o"}, "model", "model_not_found"),
     (CMPL, {"prompt": "x", "bogus": 1}, "bogus", "unknown_parameter"),
+    (CMPL, {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", None),
     (CMPL, {"prompt": "x", "n": 2}, "n", "unsupported_parameter"),
     (CMPL, {"prompt": "x", "logprobs": 1}, "logprobs", "unsupported_parameter"),
     (CMPL, {"prompt": "x", "echo": True}, "echo", "unsupported_parameter"),
