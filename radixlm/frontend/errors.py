@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from radixlm.errors import InvalidRequestError, QueueFullError, RadixLMError, ServerError
 
@@ -186,6 +187,10 @@ def install_error_handlers(app: FastAPI) -> None:
         type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return json_error(APIError(exc.status_code, str(exc.detail), type=type_))
 
+    async def handle_gone(request: Request, exc: ClientDisconnect) -> Response:
+        return Response(status_code=499)  # the client left while sending its body
+
     for cls in (APIError, RadixLMError, ValidationError, RequestValidationError, Exception):
         app.add_exception_handler(cls, handle)
+    app.add_exception_handler(ClientDisconnect, handle_gone)
     app.add_exception_handler(StarletteHTTPException, handle_http)
