@@ -95,8 +95,8 @@ class NativeServing:
             if isinstance(value, list):
                 if len(value) != n:
                     raise InvalidRequestError(f"{len(value)} sampling_params for {n} prompts")
-                return [SamplingParams.from_any(v) for v in value]
-            return [SamplingParams.from_any(value)] * n
+                return [SamplingParams.from_any(_sglang_compat(v)) for v in value]
+            return [SamplingParams.from_any(_sglang_compat(value))] * n
         except InvalidRequestError as e:
             raise invalid_request(str(e), param="sampling_params") from None
 
@@ -109,6 +109,13 @@ class NativeServing:
         if len(rids) != n or len(set(rids)) != n or not all(rids):
             raise invalid_request(f"'rid' must give {n} distinct non-empty ids", param="rid")
         return rids
+
+
+def _sglang_compat(params: dict[str, Any] | None) -> dict[str, Any] | None:
+    """SGLang also takes a single stop string."""
+    if params is not None and isinstance(params.get("stop"), str):
+        return {**params, "stop": [params["stop"]]}
+    return params
 
 
 def _finish_reason(r: dict[str, Any]) -> dict[str, Any] | None:

@@ -36,7 +36,7 @@ def test_generate_input_ids_batch_and_rid(http, engine_ref, tokenizer):
 def test_generate_stop_reports_match(http, engine_ref):
     full = engine_ref["completion"]["text"]
     stop = full.split()[3]
-    params = {**GREEDY, "stop": [stop]}
+    params = {**GREEDY, "stop": stop}  # a single string, as SGLang accepts
     meta = http.post("/generate", json={"text": COMPLETION_PROMPT, "sampling_params": params})
     info = meta.json()
     assert info["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
