@@ -156,4 +156,5 @@ def test_openai_client_wrong_key(server):
 
 def test_unknown_route_and_method(http):
     assert _assert_error(http.get("/v1/nothing"), 404)["type"] == "not_found_error"
+    assert _assert_error(http.get("/v1/models/gpt-4o"), 404)["code"] == "model_not_found"
     _assert_error(http.get("/v1/completions"), 405)
