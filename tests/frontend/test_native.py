@@ -67,3 +67,19 @@ def test_server_and_model_info(http):
     model = http.get("/get_model_info").json()
     assert model["served_model_name"] == MODEL and model["is_generation"] is True
     assert http.get("/health").status_code == 200
+
+
+def test_generate_batch_stream_has_indexes(http):
+    body = {"text": ["Red,", "One,"], "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
+    batch = http.post("/generate", json=body).json()
+    with http.stream("POST", "/generate", json={**body, "stream": True}) as r:
+        chunks = [json.loads(p) for p in sse_payloads(r.iter_lines())[:-1]]
+    last = {c["index"]: c for c in chunks}
+    assert sorted(last) == [0, 1]
+    assert [last[i]["text"] for i in (0, 1)] == [b["text"] for b in batch]
+
+
+def test_generate_rid_must_be_distinct(http):
+    body = {"text": ["a", "b"], "rid": ["same", "same"]}
+    resp = http.post("/generate", json=body)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "rid"
