@@ -24,3 +24,18 @@ class InvalidRequestError(RadixLMError, ValueError):
 
 class EngineClosedError(RadixLMError, RuntimeError):
     """The engine was shut down; create a new one."""
+
+
+class RequestTooLargeError(InvalidRequestError):
+    """Prompt + max_new_tokens can never fit the KV pool (or the context); HTTP 400.
+
+    Raised at admission (`Scheduler.add_request`, `Engine.generate`) instead of retrying
+    a request that no amount of eviction or retraction could make room for.
+    """
+
+
+class QueueFullError(RadixLMError, RuntimeError):
+    """The waiting queue already holds `max_queued_requests` requests; HTTP 503.
+
+    Raised by `Scheduler.add_request` at once (the request is not queued); retry later.
+    """

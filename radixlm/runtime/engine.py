@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from radixlm.config import ServerArgs
-from radixlm.errors import EngineClosedError, InvalidRequestError
+from radixlm.errors import EngineClosedError, InvalidRequestError, RequestTooLargeError
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
 from radixlm.runtime.memory import PagedAllocator
 from radixlm.runtime.model_registry import local_hf_dir
@@ -108,6 +108,7 @@ class Engine:
         sampling_params: SamplingParams | dict | list | None = None,
         input_ids: list[int] | list[list[int]] | None = None,
         stream: bool = False,
+        cache_salt: str | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate completions.
 
@@ -118,6 +119,8 @@ class Engine:
                 top_p, top_k, min_p, seed, stop_token_ids, ignore_eos).
             input_ids: token ids instead of `prompt` (one list or a batch).
             stream: return an iterator of chunks instead of final results.
+            cache_salt: prefix-cache namespace: prompts share cached prefixes only with
+                requests of the same salt (None: the default namespace).
 
         Returns:
             For a single prompt a dict, for a batch a list of dicts, each with ``text``,
@@ -128,8 +131,11 @@ class Engine:
             ``finish_reason`` and ``usage``.
 
         Raises:
-            InvalidRequestError: empty prompt, prompt beyond the context or the KV pool,
-                bad sampling values. Nothing is queued when any prompt of a batch is bad.
+            InvalidRequestError: empty prompt, bad sampling values; its subclass
+                RequestTooLargeError: prompt beyond the context or prompt +
+                max_new_tokens beyond the KV pool. Nothing is queued when any prompt of a
+                batch is bad.
+            QueueFullError: the scheduler's waiting queue is full (nothing is queued).
         """
         self._check_open()
         if (prompt is None) == (input_ids is None):
@@ -141,8 +147,8 @@ class Engine:
         for ids, p in zip(token_lists, params):
             self._validate(ids, p)
         if stream:  # submitted on first iteration: an unused stream never runs
-            return self._stream(token_lists, params)
-        rids = self._submit_all(token_lists, params)
+            return self._stream(token_lists, params, cache_salt)
+        rids = self._submit_all(token_lists, params, cache_salt)
         try:
             self._run_until_done(rids)
         except BaseException:  # an interrupted or failed call leaves nothing running
@@ -166,6 +172,7 @@ class Engine:
             "memory": self.scheduler.memory_accounting(),
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
+            "scheduler": self.scheduler.stats(),
         }
 
     def shutdown(self) -> None:
@@ -232,22 +239,29 @@ class Engine:
             raise InvalidRequestError(f"token ids must be in [0, {vocab})")
         ctx = self.runner.context_len
         if len(ids) >= ctx:
-            raise InvalidRequestError(f"prompt has {len(ids)} tokens; the context length is {ctx}")
+            raise RequestTooLargeError(f"prompt has {len(ids)} tokens; the context length is {ctx}")
         need = min(len(ids) + p.max_new_tokens, ctx)
         ps = self.args.page_size
         if PagedAllocator.pages_needed(ps, 0, need) * ps > self.runner.max_total_tokens:
-            raise InvalidRequestError(
+            raise RequestTooLargeError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) "
                 f"cannot fit the KV cache of {self.runner.max_total_tokens} tokens"
             )
 
-    def _submit_all(self, token_lists: list[list[int]], params: list[SamplingParams]) -> list[str]:
-        rids = []
-        for index, (ids, p) in enumerate(zip(token_lists, params)):
-            rid = f"req-{next(self._rid_counter)}"
-            self._tracked[rid] = _Tracked(index, self.tokenizer)
-            self.scheduler.add_request(Req(rid=rid, input_ids=ids, params=p))
-            rids.append(rid)
+    def _submit_all(
+        self, token_lists: list[list[int]], params: list[SamplingParams], cache_salt=None
+    ) -> list[str]:
+        rids: list[str] = []
+        try:
+            for index, (ids, p) in enumerate(zip(token_lists, params)):
+                rid = f"req-{next(self._rid_counter)}"
+                req = Req(rid=rid, input_ids=ids, params=p, extra_key=cache_salt)
+                self.scheduler.add_request(req)  # may raise QueueFullError
+                self._tracked[rid] = _Tracked(index, self.tokenizer)
+                rids.append(rid)
+        except BaseException:  # all or nothing: withdraw what this call queued
+            self._abort(rids)
+            raise
         return rids
 
     def _step(self) -> None:
@@ -272,9 +286,9 @@ class Engine:
         while any(self._tracked[r].final is None for r in rids):
             self._step()
 
-    def _stream(self, token_lists, params) -> Iterator[dict[str, Any]]:
+    def _stream(self, token_lists, params, cache_salt=None) -> Iterator[dict[str, Any]]:
         self._check_open()
-        pending = self._submit_all(token_lists, params)
+        pending = self._submit_all(token_lists, params, cache_salt)
         try:
             while pending:
                 self._check_open()
