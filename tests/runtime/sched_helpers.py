@@ -16,16 +16,22 @@ def make_req(ids: list[int], max_new: int = 16, extra_key=None, **params) -> Req
     return Req(rid=f"t{next(_rids)}", input_ids=list(ids), params=p, extra_key=extra_key)
 
 
-def run_all(sched, max_steps: int = 100_000) -> dict[str, list[ReqOutput]]:
-    """Step until idle; outputs per rid in order."""
-    outs: dict[str, list[ReqOutput]] = {}
+def step(sched, outs: dict[str, list[ReqOutput]]) -> list[ReqOutput]:
+    """One scheduler step; its outputs are also appended to `outs` per rid."""
+    got = sched.step()
+    for o in got:
+        outs.setdefault(o.rid, []).append(o)
+    return got
+
+
+def run_all(sched, outs: dict | None = None, max_steps: int = 100_000) -> dict:
+    """Step until idle (then once more to flush abort events); outputs per rid in order."""
+    outs = {} if outs is None else outs
     for _ in range(max_steps):
-        if not (sched.waiting or sched.running or sched.chunked):
-            for o in sched.step():  # flush pending abort events
-                outs.setdefault(o.rid, []).append(o)
+        idle = not (sched.waiting or sched.running or sched.chunked)
+        step(sched, outs)
+        if idle:
             return outs
-        for o in sched.step():
-            outs.setdefault(o.rid, []).append(o)
     raise AssertionError("scheduler did not go idle")
 
 
