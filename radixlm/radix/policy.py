@@ -116,10 +116,10 @@ class DFSWeightPolicy(SchedulePolicy):
     """Depth-first over the radix tree, heaviest subtree first.
 
     Each waiting item hangs at the deepest node its prompt matches; a node's weight is
-    the number of items in its subtree. The walk emits a node's own items (arrival
-    order), then visits its children by decreasing weight (ties: first arrival), so
-    items sharing the longest cached prefixes are admitted together. Namespaces
-    (extra_key roots) are visited by decreasing weight as well.
+    the number of items in its subtree. The walk visits a node's children by decreasing
+    weight (ties: first arrival), then emits the node's own items (arrival order), so
+    items sharing cached prefixes are admitted together and items that match nothing
+    come last. Namespaces (extra_key roots) are visited by decreasing weight as well.
     """
 
     name = "dfs-weight"
@@ -136,14 +136,24 @@ class DFSWeightPolicy(SchedulePolicy):
                 weight[node] = weight.get(node, 0) + 1
                 first.setdefault(node, i)
                 node = node.parent
-        roots = [n for n in weight if n.parent is None]
+
+        def heaviest_last(nodes):
+            return sorted(nodes, key=lambda n: (weight[n], -first[n]))
+
+        # Post-order (SGLang's get_dfs_priority): a node's subtrees, heaviest first, then
+        # the items that match only down to the node itself.
         out: list[T] = []
-        stack = sorted(roots, key=lambda n: (weight[n], -first[n]))
+        stack: list[tuple[Any, bool]] = [
+            (n, False) for n in heaviest_last(n for n in weight if n.parent is None)
+        ]
         while stack:
-            node = stack.pop()
-            out.extend(at.get(node, ()))
+            node, expanded = stack.pop()
+            if expanded:
+                out.extend(at.get(node, ()))
+                continue
+            stack.append((node, True))
             kids = [c for c in node.children.values() if c in weight]
-            stack.extend(sorted(kids, key=lambda n: (weight[n], -first[n])))
+            stack.extend((c, False) for c in heaviest_last(kids))
         return out
 
 

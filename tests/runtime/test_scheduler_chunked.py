@@ -104,3 +104,20 @@ def test_long_prompt_does_not_freeze_streams(engine, prompts, reference):
         sched.abort(r.rid)
     run_all(sched)
     check_pool(sched, idle=True)
+
+
+def test_cache_salt_namespaces(engine, prompts, reference):
+    ids = prompts[7]
+    sched = _fresh(engine, 16)
+    hit = (len(ids) - 1) // PS * PS
+    cached = []
+    for salt in ("alice", "bob", "alice", None):
+        req = make_req(ids, NEW, extra_key=salt)
+        sched.add_request(req)
+        outs = run_all(sched)[req.rid]
+        assert tokens(outs) == reference[7][:NEW]
+        cached.append(outs[-1].cached_tokens)
+    assert cached == [0, 0, hit, 0]  # shared only within one namespace
+    check_pool(sched, idle=True)
+    out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1}, cache_salt="bob")
+    assert out["usage"]["cached_tokens"] == hit
