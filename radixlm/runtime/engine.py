@@ -21,9 +21,8 @@ from typing import Any
 import torch
 
 from radixlm.config import ServerArgs
-from radixlm.errors import EngineClosedError, InvalidRequestError, RequestTooLargeError
+from radixlm.errors import EngineClosedError, InvalidRequestError
 from radixlm.runtime.detokenizer import IncrementalDetokenizer
-from radixlm.runtime.memory import PagedAllocator
 from radixlm.runtime.model_registry import local_hf_dir
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.request import Req, ReqOutput
@@ -237,16 +236,7 @@ class Engine:
         vocab = self.config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise InvalidRequestError(f"token ids must be in [0, {vocab})")
-        ctx = self.runner.context_len
-        if len(ids) >= ctx:
-            raise RequestTooLargeError(f"prompt has {len(ids)} tokens; the context length is {ctx}")
-        need = min(len(ids) + p.max_new_tokens, ctx)
-        ps = self.args.page_size
-        if PagedAllocator.pages_needed(ps, 0, need) * ps > self.runner.max_total_tokens:
-            raise RequestTooLargeError(
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) "
-                f"cannot fit the KV cache of {self.runner.max_total_tokens} tokens"
-            )
+        self.scheduler.check_fits(len(ids), p.max_new_tokens)  # RequestTooLargeError
 
     def _submit_all(
         self, token_lists: list[list[int]], params: list[SamplingParams], cache_salt=None

@@ -34,18 +34,17 @@ from radixlm.config import ServerArgs
 from radixlm.errors import QueueFullError, RequestTooLargeError
 from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.radix import make_prefix_cache
-from radixlm.radix.policy import InBatchPrefixGuard, make_policy
+from radixlm.radix.policy import make_policy
+from radixlm.runtime.admission import Added, Plan, PrefillAdder
 from radixlm.runtime.memory import PagedAllocator
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.request import Req, ReqOutput
 from radixlm.runtime.retraction import NewTokenRatio, retraction_order
 from radixlm.runtime.sampling import Sampler
-from radixlm.runtime.scheduler_stats import SchedulerCounters
+from radixlm.runtime.scheduler_stats import SchedulerCounters, format_stats
+from radixlm.runtime.stop import StopChecker
 
 logger = logging.getLogger(__name__)
-
-#: Requests planned for one extend step: (request, new tokens computed from req.kv_len).
-Plan = list[tuple[Req, int]]
 
 
 class Scheduler:
@@ -72,9 +71,9 @@ class Scheduler:
         )
         self.ratio = NewTokenRatio(args.schedule_conservativeness)
         self.counters = SchedulerCounters()
-        self.eos_token_ids = set(eos_token_ids)
+        self.stop = StopChecker(eos_token_ids, runner.context_len, tokenizer)
+        self.eos_token_ids, self.tokenizer = self.stop.eos_token_ids, tokenizer
         self.sampler = Sampler()
-        self.tokenizer = tokenizer
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the request mid-chunk (holds a row, not running)
@@ -94,7 +93,11 @@ class Scheduler:
                 the context (HTTP 400).
             QueueFullError: the waiting queue already holds max_queued_requests (HTTP 503).
         """
-        self._check_fits(req)
+        try:
+            self.check_fits(len(req.input_ids), req.params.max_new_tokens)
+        except RequestTooLargeError:
+            self.counters.rejected += 1
+            raise
         if len(self.waiting) >= self.args.max_queued_requests:
             self.counters.rejected += 1
             raise QueueFullError(
@@ -107,16 +110,18 @@ class Scheduler:
             req.generator = torch.Generator().manual_seed(seed)
         self.waiting.append(req)
 
-    def _check_fits(self, req: Req) -> None:
-        n, ctx, total = len(req.input_ids), self.runner.context_len, self.allocator.total
-        if n >= ctx:
-            self.counters.rejected += 1
-            raise RequestTooLargeError(f"prompt has {n} tokens; the context length is {ctx}")
-        need = self._pages(0, min(n + req.params.max_new_tokens, ctx)) * self.page_size
-        if need > total:
-            self.counters.rejected += 1
+    def check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
+        """Raise RequestTooLargeError unless the prompt fits the context and prompt +
+        max_new_tokens (capped by the context) fits the whole KV pool."""
+        ctx, total = self.runner.context_len, self.allocator.total
+        if prompt_len >= ctx:
             raise RequestTooLargeError(
-                f"prompt ({n} tokens) + max_new_tokens ({req.params.max_new_tokens}) "
+                f"prompt has {prompt_len} tokens; the context length is {ctx}"
+            )
+        need = self._pages(0, min(prompt_len + max_new_tokens, ctx)) * self.page_size
+        if need > total:
+            raise RequestTooLargeError(
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) "
                 f"cannot fit the KV cache of {total} tokens"
             )
 
@@ -159,57 +164,36 @@ class Scheduler:
 
     def _plan_extend(self) -> Plan:
         """Continue the chunked request, then admit waiting requests in policy order."""
-        ps = self.page_size
-        rem = self.step_prefill_tokens or self.args.max_prefill_tokens
         budget = self.allocator.available() - self._reserved_tokens()
         if self.args.enable_mixed_chunk:
-            budget -= sum(self._pages(r.kv_len, 1) for r in self.running) * ps
-        guard = InBatchPrefixGuard(ps)
-        plan: Plan = []
-        if self.chunked is not None:
-            req, left = self.chunked, len(self.chunked.all_ids) - self.chunked.kv_len
-            plan.append((req, min(left, rem)))
-            guard.add(req.all_ids, req.extra_key)
-            if left > rem:
-                return plan
-            rem -= left
-            self.chunked = None
-        if not self.waiting or rem <= 0 or self.req_pool.available() == 0:
-            return plan
+            budget -= sum(self._pages(r.kv_len, 1) for r in self.running) * self.page_size
+        adder = PrefillAdder(
+            self.tree,
+            self.page_size,
+            self.step_prefill_tokens or self.args.max_prefill_tokens,
+            budget,
+            chunking=self.step_prefill_tokens is not None,
+        )
+        if self.chunked is not None and not adder.add_chunked(self.chunked):
+            return adder.plan
+        self.chunked = None
+        if not self.waiting or self.req_pool.available() == 0:
+            return adder.plan
         for req in self.policy.order(self.waiting):
-            if self.req_pool.available() == 0 or rem <= 0:
+            if self.req_pool.available() == 0:
                 break
-            ids = req.all_ids
-            # Match at most len-1 tokens: the last one must run to produce logits.
-            match = self.tree.match_prefix(ids[:-1], req.extra_key)
-            prefix_len = len(match.kv_indices)
-            extend = len(ids) - prefix_len
-            if guard.conflicts(ids, prefix_len, req.extra_key):
-                continue  # a request in this batch computes the shared prefix first
-            n = extend
-            if extend > rem:
-                if self.step_prefill_tokens is not None:
-                    n = rem  # first chunk now, the rest in later steps
-                elif plan:
-                    break  # unchunked: a single longer prompt runs alone
-            self.tree.lock(match.last_node)
-            need = self._pages(prefix_len, extend + self._estimate(req)) * ps
-            if need > budget + self.tree.evictable_size():
-                self.tree.unlock(match.last_node)
+            added, match = adder.try_add(req, self._estimate(req))
+            if added is Added.STOP:
                 break
-            budget -= need
-            self.waiting.remove(req)
-            self._start(req, match, prefix_len)
-            plan.append((req, n))
-            guard.add(ids, req.extra_key)
-            rem -= n
-            if n < extend:
-                self.chunked = req
-                break
-        return plan
+            if added is Added.YES:
+                self.waiting.remove(req)
+                self._start(req, match)
+        self.chunked = adder.chunked
+        return adder.plan
 
-    def _start(self, req: Req, match, prefix_len: int) -> None:
+    def _start(self, req: Req, match) -> None:
         """Give an admitted request its row and its (locked) cached prefix."""
+        prefix_len = len(match.kv_indices)
         req.prefix_len = req.kv_len = prefix_len
         req.last_node = match.last_node
         req.row = self.req_pool.alloc()
@@ -410,7 +394,7 @@ class Scheduler:
                 outputs.append(self._finish(req, "length"))
                 continue
             req.output_ids.append(tok)
-            reason = self._check_finish(req, tok)
+            reason = self.stop.check(req, tok)
             if reason is None:
                 still_running.append(req)
                 outputs.append(self._output(req, [tok]))
@@ -419,28 +403,8 @@ class Scheduler:
         self.running = still_running
         return outputs
 
-    def _check_finish(self, req: Req, tok: int) -> str | None:
-        p = req.params
-        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
-            req.matched_stop = tok
-            return "stop"
-        if p.stop and self._matched_stop_str(req) is not None:
-            return "stop"
-        if len(req.output_ids) >= p.max_new_tokens or req.kv_len + 1 >= self.runner.context_len:
-            return "length"
-        return None
-
     def _matched_stop_str(self, req: Req) -> str | None:
-        """The first stop string ending in the output's decoded tail, recorded in
-        `req.matched_stop`. Every token holds at least one byte, so the last
-        len(utf-8 bytes of stop)+1 tokens cover any occurrence the newest token completed."""
-        window = max(len(s.encode("utf-8")) for s in req.params.stop) + 1
-        tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=True)
-        for s in req.params.stop:
-            if s in tail:
-                req.matched_stop = s
-                return s
-        return None
+        return self.stop.matched_stop_str(req)
 
     def _finish(self, req: Req, reason: str, new_ids=(), release: bool = True) -> ReqOutput:
         req.finish_reason = reason
@@ -496,12 +460,7 @@ class Scheduler:
         }
 
     def _log_line(self) -> str:
-        s = self.stats()
-        return (
-            f"running {s['num_running']}, waiting {s['num_waiting']}, "
-            f"token usage {s['token_usage']:.2f}, cache hit rate {s['cache_hit_rate']:.3f}, "
-            f"retracted {s['num_retracted_total']}"
-        )
+        return format_stats(self.stats())
 
     def _log_extend(self, plan: Plan) -> None:
         if logger.isEnabledFor(logging.DEBUG):

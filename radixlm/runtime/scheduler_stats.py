@@ -42,3 +42,12 @@ class SchedulerCounters:
             "num_extend_steps": self.extend_steps,
             "num_decode_steps": self.decode_steps,
         }
+
+
+def format_stats(s: dict) -> str:
+    """One log line from `Scheduler.stats()`."""
+    return (
+        f"running {s['num_running']}, waiting {s['num_waiting']}, "
+        f"token usage {s['token_usage']:.2f}, cache hit rate {s['cache_hit_rate']:.3f}, "
+        f"retracted {s['num_retracted_total']}"
+    )
