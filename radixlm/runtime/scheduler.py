@@ -164,13 +164,21 @@ class Scheduler:
 
     def _plan_extend(self) -> Plan:
         """Continue the chunked request, then admit waiting requests in policy order."""
+        if self.args.enable_mixed_chunk and self.running:
+            self._make_room_for_decode()  # the decodes ride along in this extend step
+        rem = self.step_prefill_tokens or self.args.max_prefill_tokens
+        c = self.chunked
+        if c is not None:
+            chunk = self._pages(c.kv_len, min(len(c.all_ids) - c.kv_len, rem)) * self.page_size
+            if chunk > self.allocator.available() + self.tree.evictable_size():
+                self._retract(c)  # decodes took its room; it resumes from the cache later
         budget = self.allocator.available() - self._reserved_tokens()
         if self.args.enable_mixed_chunk:
             budget -= sum(self._pages(r.kv_len, 1) for r in self.running) * self.page_size
         adder = PrefillAdder(
             self.tree,
             self.page_size,
-            self.step_prefill_tokens or self.args.max_prefill_tokens,
+            rem,
             budget,
             chunking=self.step_prefill_tokens is not None,
         )
