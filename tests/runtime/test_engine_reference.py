@@ -48,7 +48,6 @@ def test_cache_hit_equals_miss(page_size, prompts, reference):
         for i, (ids, o) in enumerate(zip(prompts, first)):
             shared = max(_lcp(ids[:-1], p) for j, p in enumerate(prompts) if j != i)
             assert o["usage"]["cached_tokens"] <= shared - shared % page_size
-        assert sum(o["usage"]["cached_tokens"] for o in first) > 0
         for ids, o in zip(prompts, second):
             cached = o["usage"]["cached_tokens"]
             # Everything but the last prompt token can hit, rounded down to a page.
