@@ -154,9 +154,10 @@ class Scheduler:
         prefer_decode = self._last_extend and self.running and not mixed
         plan = [] if prefer_decode else self._plan_extend()
         if plan:
-            outputs = self._run_extend(plan, list(self.running) if mixed else [])
+            outputs = self._run(plan, list(self.running) if mixed else [])
         elif self.running:
-            outputs = self._run_decode()
+            self._make_room_for_decode()
+            outputs = self._run([], list(self.running))
         else:
             outputs, self._pending = self._pending, []
         self._last_extend = bool(plan)
@@ -211,26 +212,21 @@ class Scheduler:
             self.counters.prompt_tokens += len(req.input_ids)
             self.counters.cached_tokens += prefix_len
 
-    def _run_extend(self, plan: Plan, decodes: list[Req]) -> list[ReqOutput]:
-        ids, positions, locs, ext_lens, pre_lens = [], [], [], [], []
+    def _run(self, plan: Plan, decodes: list[Req]) -> list[ReqOutput]:
+        """One forward: the planned prefill chunks (EXTEND; decodes ride along in mixed
+        steps) or, with an empty plan, one token for each of `decodes` (DECODE)."""
+        mode = ForwardMode.EXTEND if plan else ForwardMode.DECODE
         batch = [r for r, _ in plan] + decodes
+        ids, positions, locs, ext_lens, pre_lens = [], [], [], [], []
         try:
-            for req, n in plan:
+            for req, n in plan + [(r, 0) for r in decodes]:
                 start = req.kv_len
-                locs.append(self._alloc(req, start, n))
-                ids.extend(req.all_ids[start : start + n])
-                positions.extend(range(start, start + n))
-                ext_lens.append(n)
+                locs.append(self._alloc(req, start, max(n, 1)))
+                ids.extend(req.all_ids[start : start + n] if n else [req.output_ids[-1]])
+                positions.extend(range(start, start + max(n, 1)))
+                ext_lens.append(max(n, 1))
                 pre_lens.append(start)
-            for req in decodes:
-                locs.append(self._alloc(req, req.kv_len, 1))
-                ids.append(req.output_ids[-1])
-                positions.append(req.kv_len)
-                ext_lens.append(1)
-                pre_lens.append(req.kv_len)
-            fb = self._forward_batch(
-                ForwardMode.EXTEND, batch, ids, positions, locs, pre_lens, ext_lens
-            )
+            fb = self._forward_batch(mode, batch, ids, positions, locs, pre_lens, ext_lens)
             # Rows whose prompt is complete sample a token; a partial chunk samples
             # nothing (its RNG must not advance).
             done = [i for i, r in enumerate(batch) if r.kv_len == len(r.all_ids)]
@@ -241,35 +237,20 @@ class Scheduler:
             self._fail(batch)
             raise
         c = self.counters
-        c.extend_steps += 1
-        c.prefill_tokens += sum(n for _, n in plan)
         c.decode_tokens += len(decodes)
+        if plan:
+            c.extend_steps += 1
+            c.prefill_tokens += sum(n for _, n in plan)
+        else:
+            c.decode_steps += 1
+            self.ratio.on_decode_step()
+            if c.decode_steps % 100 == 0:
+                logger.info("decode: %s", self._log_line())
         outputs = self._process(sampled, next_ids)
-        prefilled = [r for r, _ in plan if r.finish_reason is None]
-        self._cache_prefilled(prefilled)
-        self._log_extend(plan)
+        if plan:
+            self._cache_prefilled([r for r, _ in plan if r.finish_reason is None])
+            self._log_extend(plan)
         return outputs
-
-    def _run_decode(self) -> list[ReqOutput]:
-        self._make_room_for_decode()
-        batch = list(self.running)
-        try:
-            locs = [self._alloc(req, req.kv_len, 1) for req in batch]
-            ids = [req.output_ids[-1] for req in batch]
-            positions = [req.kv_len for req in batch]
-            fb = self._forward_batch(
-                ForwardMode.DECODE, batch, ids, positions, locs, positions, [1] * len(batch)
-            )
-            next_ids = self._sample(self.runner.forward(fb), batch)
-        except Exception:
-            self._fail(batch)
-            raise
-        self.counters.decode_steps += 1
-        self.counters.decode_tokens += len(batch)
-        self.ratio.on_decode_step()
-        if self.counters.decode_steps % 100 == 0:
-            logger.info("decode: %s", self._log_line())
-        return self._process(batch, next_ids)
 
     def _sample(self, logits: torch.Tensor, reqs: list[Req]) -> list[int]:
         if not reqs:
