@@ -13,8 +13,10 @@ Method
 * Configurations, one fresh engine each (bundled SmolLM2-135M, float32, CPU, one thread,
   default chunked prefill 512 and ``--max-total-tokens`` from the workload):
   ``radix lpm`` (radix cache, longest-prefix-match policy), ``radix fcfs`` (radix cache,
-  first come first served), ``NoCache`` (``--disable-radix-cache``). An untimed warm-up
-  request on unrelated tokens runs first.
+  first come first served), ``NoCache`` (``--disable-radix-cache``), and ``tight lpm`` /
+  ``tight fcfs`` with a pool of 2*S + P*(Q+M) tokens (about two system prompts: the
+  cache must be used before eviction takes it). An untimed warm-up request on unrelated
+  tokens runs first.
 * Reported per configuration: wall time; throughput = (prompt + output tokens) / wall
   time; TTFT (time from t=0 to a request's first token) p50 and p99 over requests;
   cache hit rate = cached prompt tokens / prompt tokens; prefill tokens computed
@@ -45,6 +47,10 @@ CONFIGS = {
     "radix lpm": {"schedule_policy": "lpm"},
     "radix fcfs": {"schedule_policy": "fcfs"},
     "NoCache": {"disable_radix_cache": True},
+    # Tight pool (about two system prompts plus one group's questions): the cache must
+    # be used before eviction takes it, which is where the policy matters.
+    "tight lpm": {"schedule_policy": "lpm", "tight": True},
+    "tight fcfs": {"schedule_policy": "fcfs", "tight": True},
 }
 
 
@@ -80,12 +86,16 @@ def run_config(name: str, settings: dict, prompts, warmup, args, max_total: int)
     from radixlm.runtime.request import Req
     from radixlm.runtime.sampling import SamplingParams
 
+    kwargs = {k: v for k, v in settings.items() if k != "tight"}
+    if settings.get("tight"):
+        S, Q, M = args.system_tokens, args.question_tokens, args.max_new_tokens
+        max_total = 2 * S + args.prompts_per_group * (Q + M)
     engine = Engine(
         args.model,
         max_total_tokens=max_total,
         num_threads=args.threads,
         log_level="warning",
-        **settings,
+        **kwargs,
     )
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0, ignore_eos=True)
     engine.generate(input_ids=warmup, sampling_params={"max_new_tokens": 2})  # untimed
@@ -114,6 +124,7 @@ def run_config(name: str, settings: dict, prompts, warmup, args, max_total: int)
     rec = {
         "config": name,
         "settings": settings,
+        "max_total_tokens": max_total,
         "seconds": seconds,
         "tok_s": (prompt_tokens + output_tokens) / seconds,
         "output_tok_s": output_tokens / seconds,
@@ -191,15 +202,16 @@ def format_table(report: dict[str, Any]) -> str:
     s = report["settings"]
     lines = [
         f"shared_prefix: G={s['groups']} P={s['prompts_per_group']} S={s['system_tokens']} "
-        f"Q={s['question_tokens']} M={s['max_new_tokens']}, pool {s['max_total_tokens']} "
-        f"tokens, {s['threads']} thread(s); optimal hit rate {report['optimal_hit_rate']:.3f}",
-        f"{'config':12s} {'wall s':>7s} {'tok/s':>7s} {'TTFT p50':>9s} {'TTFT p99':>9s} "
-        f"{'hit rate':>8s} {'prefill':>8s}",
+        f"Q={s['question_tokens']} M={s['max_new_tokens']}, {s['threads']} thread(s); "
+        f"optimal hit rate {report['optimal_hit_rate']:.3f}",
+        f"{'config':12s} {'pool':>6s} {'wall s':>7s} {'tok/s':>7s} {'TTFT p50':>9s} "
+        f"{'TTFT p99':>9s} {'hit rate':>8s} {'prefill':>8s}",
     ]
     for r in report["results"]:
         lines.append(
-            f"{r['config']:12s} {r['seconds']:7.1f} {r['tok_s']:7.1f} {r['ttft_p50_s']:9.2f} "
-            f"{r['ttft_p99_s']:9.2f} {r['hit_rate']:8.3f} {r['prefill_tokens']:8d}"
+            f"{r['config']:12s} {r['max_total_tokens']:6d} {r['seconds']:7.1f} "
+            f"{r['tok_s']:7.1f} {r['ttft_p50_s']:9.2f} {r['ttft_p99_s']:9.2f} "
+            f"{r['hit_rate']:8.3f} {r['prefill_tokens']:8d}"
         )
     lines.append(f"greedy outputs identical across configs: {report['greedy_outputs_identical']}")
     return "\n".join(lines)
