@@ -128,3 +128,13 @@ def test_too_large_rejected_at_admission(engine, sched, prompts):
     assert not sched.waiting
     with pytest.raises(InvalidRequestError, match="cannot fit"):
         engine.generate(input_ids=prompts[0], sampling_params={"max_new_tokens": 1024})
+
+
+def test_engine_surfaces_queue_full_and_queues_nothing(engine, sched, prompts):
+    sched.args = dataclasses.replace(engine.args, max_queued_requests=2)
+    try:
+        with pytest.raises(QueueFullError):
+            engine.generate(input_ids=[prompts[0], prompts[1], prompts[2]])
+        assert not sched.waiting and not engine._tracked  # all or nothing
+    finally:
+        sched.args = engine.args
