@@ -26,8 +26,19 @@ class EngineClosedError(RadixLMError, RuntimeError):
     """The engine was shut down; create a new one."""
 
 
+class RequestTooLargeError(InvalidRequestError):
+    """Prompt + max_new_tokens can never fit the KV pool (or the context); HTTP 400.
+
+    Raised at admission (`Scheduler.add_request`, `Engine.generate`) instead of retrying
+    a request that no amount of eviction or retraction could make room for.
+    """
+
+
 class QueueFullError(RadixLMError, RuntimeError):
-    """The waiting queue holds `max_queued_requests` already; retry later (HTTP 503)."""
+    """The waiting queue already holds `max_queued_requests` requests; HTTP 503.
+
+    Raised by `Scheduler.add_request` at once (the request is not queued); retry later.
+    """
 
 
 class ServerError(RadixLMError, RuntimeError):

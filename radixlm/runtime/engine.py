@@ -81,6 +81,7 @@ class Engine:
         sampling_params: SamplingParams | dict | list | None = None,
         input_ids: list[int] | list[list[int]] | None = None,
         stream: bool = False,
+        cache_salt: str | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate completions.
 
@@ -91,6 +92,8 @@ class Engine:
                 top_p, top_k, min_p, seed, stop_token_ids, ignore_eos).
             input_ids: token ids instead of `prompt` (one list or a batch).
             stream: return an iterator of chunks instead of final results.
+            cache_salt: prefix-cache namespace: prompts share cached prefixes only with
+                requests of the same salt (None: the default namespace).
 
         Returns:
             For a single prompt a dict, for a batch a list of dicts, each with ``text``,
@@ -101,8 +104,11 @@ class Engine:
             ``finish_reason`` and ``usage``.
 
         Raises:
-            InvalidRequestError: empty prompt, prompt beyond the context or the KV pool,
-                bad sampling values. Nothing is queued when any prompt of a batch is bad.
+            InvalidRequestError: empty prompt, bad sampling values; its subclass
+                RequestTooLargeError: prompt beyond the context or prompt +
+                max_new_tokens beyond the KV pool. Nothing is queued when any prompt of a
+                batch is bad.
+            QueueFullError: the scheduler's waiting queue is full (nothing is queued).
         """
         self._check_open()
         if (prompt is None) == (input_ids is None):
@@ -114,8 +120,8 @@ class Engine:
         for ids, p in zip(token_lists, params):
             self._validate(ids, p)
         if stream:  # submitted on first iteration: an unused stream never runs
-            return self._stream(token_lists, params)
-        rids = self._submit_all(token_lists, params)
+            return self._stream(token_lists, params, cache_salt)
+        rids = self._submit_all(token_lists, params, cache_salt)
         try:
             self._run_until_done(rids)
         except BaseException:  # an interrupted or failed call leaves nothing running
@@ -203,13 +209,20 @@ class Engine:
             page_size=self.args.page_size,
         )
 
-    def _submit_all(self, token_lists: list[list[int]], params: list[SamplingParams]) -> list[str]:
-        rids = []
-        for index, (ids, p) in enumerate(zip(token_lists, params)):
-            rid = f"req-{next(self._rid_counter)}"
-            self._tracked[rid] = _Tracked(index, self.tokenizer, p.stop)
-            self.scheduler.add_request(Req(rid=rid, input_ids=ids, params=p))
-            rids.append(rid)
+    def _submit_all(
+        self, token_lists: list[list[int]], params: list[SamplingParams], cache_salt=None
+    ) -> list[str]:
+        rids: list[str] = []
+        try:
+            for index, (ids, p) in enumerate(zip(token_lists, params)):
+                rid = f"req-{next(self._rid_counter)}"
+                req = Req(rid=rid, input_ids=ids, params=p, extra_key=cache_salt)
+                self.scheduler.add_request(req)  # may raise QueueFullError
+                self._tracked[rid] = _Tracked(index, self.tokenizer, p.stop)
+                rids.append(rid)
+        except BaseException:  # all or nothing: withdraw what this call queued
+            self._abort(rids)
+            raise
         return rids
 
     def _step(self) -> None:
@@ -234,9 +247,9 @@ class Engine:
         while any(self._tracked[r].final is None for r in rids):
             self._step()
 
-    def _stream(self, token_lists, params) -> Iterator[dict[str, Any]]:
+    def _stream(self, token_lists, params, cache_salt=None) -> Iterator[dict[str, Any]]:
         self._check_open()
-        pending = self._submit_all(token_lists, params)
+        pending = self._submit_all(token_lists, params, cache_salt)
         try:
             while pending:
                 self._check_open()

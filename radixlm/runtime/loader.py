@@ -15,7 +15,7 @@ import torch
 
 from radixlm.config import ServerArgs
 from radixlm.errors import InvalidRequestError
-from radixlm.runtime.memory import PagedAllocator
+from radixlm.runtime.memory import check_fits
 from radixlm.runtime.model_registry import local_hf_dir
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.sampling import SamplingParams
@@ -96,24 +96,22 @@ def check_request(
 ) -> None:
     """Reject a request that can never run.
 
-    Raises InvalidRequestError: empty prompt, a token id outside [0, vocab_size), a
-    prompt of context_len tokens or more, or prompt + max_new_tokens (capped by the
-    context) needing more KV slots than the whole pool holds.
+    Raises InvalidRequestError for an empty prompt or a token id outside [0, vocab_size);
+    RequestTooLargeError (an InvalidRequestError) for a prompt of context_len tokens or
+    more, or prompt + max_new_tokens (capped by the context) needing more KV slots than
+    the whole pool holds.
     """
     if not ids:
         raise InvalidRequestError("empty prompt")
     if min(ids) < 0 or max(ids) >= vocab_size:
         raise InvalidRequestError(f"token ids must be in [0, {vocab_size})")
-    if len(ids) >= context_len:
-        raise InvalidRequestError(
-            f"prompt has {len(ids)} tokens; the context length is {context_len}"
-        )
-    need = min(len(ids) + params.max_new_tokens, context_len)
-    if PagedAllocator.pages_needed(page_size, 0, need) * page_size > max_total_tokens:
-        raise InvalidRequestError(
-            f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
-            f"cannot fit the KV cache of {max_total_tokens} tokens"
-        )
+    check_fits(
+        len(ids),
+        params.max_new_tokens,
+        context_len=context_len,
+        total_tokens=max_total_tokens,
+        page_size=page_size,
+    )
 
 
 def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> dict[str, Any]:
@@ -142,8 +140,9 @@ def flush_cache(scheduler: Scheduler) -> tuple[bool, str]:
 
     Refused (False, reason) while requests run or wait: their matched prefixes are locked.
     """
-    busy = len(scheduler.running) + len(scheduler.waiting)
-    if busy:
+    if scheduler.has_work():
+        info = scheduler.stats()
+        busy = info["num_running"] + info["num_waiting"] + info["num_chunked"]
         return False, f"cannot flush the cache while {busy} requests are running or waiting"
     tree = scheduler.tree
     tree.evict(tree.evictable_size())

@@ -16,6 +16,8 @@ import os
 
 import torch
 
+from radixlm.errors import RequestTooLargeError
+
 logger = logging.getLogger(__name__)
 
 
@@ -152,6 +154,23 @@ class PagedAllocator:
     def pages_needed(page_size: int, start: int, n: int) -> int:
         """New pages to extend a request from `start` to `start + n` tokens."""
         return -(-(start + n) // page_size) - (-(-start // page_size))
+
+
+def check_fits(
+    prompt_len: int, max_new_tokens: int, *, context_len: int, total_tokens: int, page_size: int
+) -> None:
+    """Raise RequestTooLargeError unless the prompt is shorter than the context and prompt +
+    max_new_tokens (capped by the context), rounded up to pages, fits the whole KV pool."""
+    if prompt_len >= context_len:
+        raise RequestTooLargeError(
+            f"prompt has {prompt_len} tokens; the context length is {context_len}"
+        )
+    need = PagedAllocator.pages_needed(page_size, 0, min(prompt_len + max_new_tokens, context_len))
+    if need * page_size > total_tokens:
+        raise RequestTooLargeError(
+            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) "
+            f"cannot fit the KV cache of {total_tokens} tokens"
+        )
 
 
 def available_memory_bytes() -> int:

@@ -16,7 +16,9 @@ class Req:
 
     KV bookkeeping: positions [0, prefix_len) are shared slots of the prefix cache (locked
     via `last_node`); positions [prefix_len, kv_len) are slots this request owns in its
-    `row` of the request-to-token table.
+    `row` of the request-to-token table. While kv_len < len(all_ids) - 1 the request is
+    still prefilling (mid-chunk, or resumed after a retraction); `extra_key` is its
+    cache namespace (e.g. a cache salt): prefixes are shared only within one namespace.
     """
 
     rid: str
@@ -32,6 +34,7 @@ class Req:
     finish_reason: str | None = None
     matched_stop: int | str | None = None
     generator: torch.Generator | None = None
+    retractions: int = 0  # times retracted; >0 means output_ids are re-prefilled on resume
 
     @property
     def all_ids(self) -> list[int]:

@@ -1,30 +1,48 @@
-"""Continuous-batching scheduler: waiting queue, running batch, extend and decode steps.
+"""Continuous-batching scheduler: cache-aware admission, chunked prefill, retraction, abort.
 
 Each `step()` runs one iteration (Orca-style iteration-level batching, Yu et al. 2022):
-an EXTEND batch when waiting requests can be admitted, otherwise a DECODE batch of all
-running requests. Prompts are matched against the prefix cache on admission, so only the
-uncached suffix is prefilled; finished sequences are inserted back into the cache.
 
-Admission reserves KV for the full remaining `max_new_tokens` of every running request,
-so a decode step never runs out of slots; the prefix cache is evicted (LRU, unlocked
-leaves) when free slots run short.
+* EXTEND: the request mid-chunk continues, then waiting requests are admitted in the
+  order of the schedule policy (`radix/policy.py`) under three budgets -- KV slots
+  (free + evictable, minus a reservation for running decodes), prefill tokens per step
+  (``min(--chunked-prefill-size, --max-prefill-tokens)``) and request rows. A prompt
+  longer than the remaining token budget is split: its first chunk runs now, the rest
+  in later steps (at most one request is mid-chunk). After the step every prefilled
+  prompt (or chunk) is inserted into the radix cache, so the next chunk and later
+  requests hit it. Requests sharing a not-yet-cached prefix with one being prefilled
+  wait one round (`InBatchPrefixGuard`), so the prefix is computed once.
+* DECODE: one token for every running request. After an extend step a decode step runs
+  before the next extend (unless ``--enable-mixed-chunk`` puts the decodes inside the
+  extend batch), so a long prompt delays other streams by one chunk, not by the prompt.
+* When a decode step lacks KV slots, requests are retracted (`runtime/retraction.py`):
+  their computed KV is inserted into the cache, they go back to the front of the queue,
+  and on resume they prefill prompt + generated tokens (mostly cache hits) and report
+  only new tokens.
+
+KV ownership follows `radix/base.py`: a request holds its row and the slots past its
+cached prefix; `memory_accounting()` checks free + evictable + protected + held == total.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections import deque
 
 import torch
 
 from radixlm.config import ServerArgs
+from radixlm.errors import QueueFullError, RequestTooLargeError
 from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.radix import make_prefix_cache
-from radixlm.runtime.memory import PagedAllocator
+from radixlm.radix.policy import make_policy
+from radixlm.runtime.admission import Added, Plan, PrefillAdder
+from radixlm.runtime.memory import PagedAllocator, check_fits
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.request import Req, ReqOutput
+from radixlm.runtime.retraction import NewTokenRatio, retraction_order
 from radixlm.runtime.sampling import Sampler
+from radixlm.runtime.scheduler_stats import SchedulerCounters, format_stats
+from radixlm.runtime.stop import StopChecker
 
 logger = logging.getLogger(__name__)
 
@@ -48,18 +66,43 @@ class Scheduler:
         self.req_pool = runner.req_to_token_pool
         self.table = self.req_pool.req_to_token
         self.tree = make_prefix_cache(args.disable_radix_cache, args.page_size, self.allocator.free)
-        self.eos_token_ids = set(eos_token_ids)
+        self.policy = make_policy(
+            args.schedule_policy, self.tree, args.schedule_fallback_queue_len, args.random_seed
+        )
+        self.ratio = NewTokenRatio(args.schedule_conservativeness)
+        self.counters = SchedulerCounters()
+        self.stop = StopChecker(eos_token_ids, runner.context_len, tokenizer)
+        self.eos_token_ids, self.tokenizer = self.stop.eos_token_ids, tokenizer
         self.sampler = Sampler()
-        self.tokenizer = tokenizer
-        self.waiting: deque[Req] = deque()
+        self.waiting: list[Req] = []
         self.running: list[Req] = []
+        self.chunked: Req | None = None  # the request mid-chunk (holds a row, not running)
         self._pending: list[ReqOutput] = []
         self._seed_rng = random.Random(args.random_seed)
+        self._last_extend = False
+        size = args.chunked_prefill_size
+        self.step_prefill_tokens = min(size, args.max_prefill_tokens) if size > 0 else None
 
     # ---- queue management -------------------------------------------------------------
 
     def add_request(self, req: Req) -> None:
-        """Queue a validated request."""
+        """Queue a validated request.
+
+        Raises:
+            RequestTooLargeError: prompt + max_new_tokens can never fit the KV pool or
+                the context (HTTP 400).
+            QueueFullError: the waiting queue already holds max_queued_requests (HTTP 503).
+        """
+        try:
+            self.check_fits(len(req.input_ids), req.params.max_new_tokens)
+        except RequestTooLargeError:
+            self.counters.rejected += 1
+            raise
+        if len(self.waiting) >= self.args.max_queued_requests:
+            self.counters.rejected += 1
+            raise QueueFullError(
+                f"waiting queue is full ({self.args.max_queued_requests} requests); retry later"
+            )
         if not req.params.is_greedy:
             seed = req.params.seed
             if seed is None:  # reproducible per engine: drawn in arrival order
@@ -67,13 +110,30 @@ class Scheduler:
             req.generator = torch.Generator().manual_seed(seed)
         self.waiting.append(req)
 
+    def check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
+        """Raise RequestTooLargeError unless the prompt fits the context and prompt +
+        max_new_tokens (capped by the context) fits the whole KV pool."""
+        check_fits(
+            prompt_len,
+            max_new_tokens,
+            context_len=self.runner.context_len,
+            total_tokens=self.allocator.total,
+            page_size=self.page_size,
+        )
+
     def abort(self, rid: str) -> bool:
-        """Stop request `rid` wherever it is; its slots are freed at once. Returns found."""
+        """Stop request `rid` wherever it is (waiting, mid-chunk, decoding); its row and
+        slots are freed and its cache path unlocked at once. Returns whether it was found;
+        the abort event comes out of the next `step()`."""
         for req in self.waiting:
             if req.rid == rid:
                 self.waiting.remove(req)
                 self._finish(req, "abort", release=False)
                 return True
+        if self.chunked is not None and self.chunked.rid == rid:
+            req, self.chunked = self.chunked, None
+            self._finish(req, "abort")
+            return True
         for req in self.running:
             if req.rid == rid:
                 self.running.remove(req)
@@ -83,34 +143,125 @@ class Scheduler:
 
     # ---- one iteration ----------------------------------------------------------------
 
+    def has_work(self) -> bool:
+        """Whether `step()` would run a forward or return outputs (requests running,
+        waiting or mid-chunk, or abort events not yet returned)."""
+        return bool(self.running or self.waiting or self.chunked is not None or self._pending)
+
     def step(self) -> list[ReqOutput]:
-        """Run one extend or decode step; return the outputs of every request it touched."""
-        batch = self._admit()
-        extend = bool(batch)
-        if extend:
-            fb = self._build_extend(batch)
+        """Run one extend or decode step; return the outputs of every request it touched
+        (plus abort events since the last step). Returns [] at once when idle."""
+        mixed = self.args.enable_mixed_chunk
+        prefer_decode = self._last_extend and self.running and not mixed
+        plan = [] if prefer_decode else self._plan_extend()
+        if plan:
+            outputs = self._run(plan, list(self.running) if mixed else [])
         elif self.running:
-            batch = list(self.running)
-            fb = self._build_decode(batch)
+            self._make_room_for_decode()
+            outputs = self._run([], list(self.running))
         else:
-            out, self._pending = self._pending, []
-            return out
+            outputs, self._pending = self._pending, []
+        self._last_extend = bool(plan)
+        return outputs
+
+    def _plan_extend(self) -> Plan:
+        """Continue the chunked request, then admit waiting requests in policy order."""
+        if self.args.enable_mixed_chunk and self.running:
+            self._make_room_for_decode()  # the decodes ride along in this extend step
+        rem = self.step_prefill_tokens or self.args.max_prefill_tokens
+        c = self.chunked
+        if c is not None:
+            chunk = self._pages(c.kv_len, min(len(c.all_ids) - c.kv_len, rem)) * self.page_size
+            if chunk > self.allocator.available() + self.tree.evictable_size():
+                self._retract(c)  # decodes took its room; it resumes from the cache later
+        budget = self.allocator.available() - self._reserved_tokens()
+        if self.args.enable_mixed_chunk:
+            budget -= sum(self._pages(r.kv_len, 1) for r in self.running) * self.page_size
+        adder = PrefillAdder(
+            self.tree,
+            self.page_size,
+            rem,
+            budget,
+            chunking=self.step_prefill_tokens is not None,
+        )
+        if self.chunked is not None and not adder.add_chunked(self.chunked):
+            return adder.plan
+        self.chunked = None
+        if not self.waiting or self.req_pool.available() == 0:
+            return adder.plan
+        for req in self.policy.order(self.waiting):
+            if self.req_pool.available() == 0:
+                break
+            added, match = adder.try_add(req, self._estimate(req))
+            if added is Added.STOP:
+                break
+            if added is Added.YES:
+                self.waiting.remove(req)
+                self._start(req, match)
+        self.chunked = adder.chunked
+        return adder.plan
+
+    def _start(self, req: Req, match) -> None:
+        """Give an admitted request its row and its (locked) cached prefix."""
+        prefix_len = len(match.kv_indices)
+        req.prefix_len = req.kv_len = prefix_len
+        req.last_node = match.last_node
+        req.row = self.req_pool.alloc()
+        self.table[req.row, :prefix_len] = match.kv_indices.to(torch.int32)
+        if req.retractions == 0:  # usage and hit rate describe the original prompt
+            req.cached_tokens = prefix_len
+            self.counters.prompt_tokens += len(req.input_ids)
+            self.counters.cached_tokens += prefix_len
+
+    def _run(self, plan: Plan, decodes: list[Req]) -> list[ReqOutput]:
+        """One forward: the planned prefill chunks (EXTEND; decodes ride along in mixed
+        steps) or, with an empty plan, one token for each of `decodes` (DECODE)."""
+        mode = ForwardMode.EXTEND if plan else ForwardMode.DECODE
+        batch = [r for r, _ in plan] + decodes
+        ids, positions, locs, ext_lens, pre_lens = [], [], [], [], []
         try:
-            logits = self.runner.forward(fb)
-            next_ids = self.sampler.sample(
-                logits, [r.params for r in batch], [r.generator for r in batch]
-            ).tolist()
+            for req, n in plan + [(r, 0) for r in decodes]:
+                start = req.kv_len
+                locs.append(self._alloc(req, start, max(n, 1)))
+                ids.extend(req.all_ids[start : start + n] if n else [req.output_ids[-1]])
+                positions.extend(range(start, start + max(n, 1)))
+                ext_lens.append(max(n, 1))
+                pre_lens.append(start)
+            fb = self._forward_batch(mode, batch, ids, positions, locs, pre_lens, ext_lens)
+            # Rows whose prompt is complete sample a token; a partial chunk samples
+            # nothing (its RNG must not advance).
+            done = [i for i, r in enumerate(batch) if r.kv_len == len(r.all_ids)]
+            logits = self.runner.forward(fb)[done]
+            sampled = [batch[i] for i in done]
+            next_ids = self._sample(logits, sampled)
         except Exception:
             self._fail(batch)
             raise
-        outputs = self._process(batch, next_ids)
-        if extend:
-            self._cache_prefilled([r for r in batch if r.finish_reason is None])
+        c = self.counters
+        c.decode_tokens += len(decodes)
+        if plan:
+            c.extend_steps += 1
+            c.prefill_tokens += sum(n for _, n in plan)
+        else:
+            c.decode_steps += 1
+            self.ratio.on_decode_step()
+            if c.decode_steps % 100 == 0:
+                logger.info("decode: %s", self._log_line())
+        outputs = self._process(sampled, next_ids)
+        if plan:
+            self._cache_prefilled([r for r, _ in plan if r.finish_reason is None])
+            self._log_extend(plan)
         return outputs
 
+    def _sample(self, logits: torch.Tensor, reqs: list[Req]) -> list[int]:
+        if not reqs:
+            return []
+        params, gens = [r.params for r in reqs], [r.generator for r in reqs]
+        return self.sampler.sample(logits, params, gens).tolist()
+
     def _cache_prefilled(self, reqs: list[Req]) -> None:
-        """Insert freshly prefilled prompts into the cache while they keep decoding, so
-        requests admitted in later steps hit their shared prefix (as SGLang does)."""
+        """Insert freshly prefilled prompts (or chunks) into the cache while they keep
+        running, so the next chunk and later admissions hit them (as SGLang does)."""
         for req in reqs:
             kv = self.table[req.row, : req.kv_len].to(torch.int64)
             update = self.tree.cache_unfinished(
@@ -126,71 +277,87 @@ class Scheduler:
         for req in batch:
             if req in self.running:
                 self.running.remove(req)
+            if req is self.chunked:
+                self.chunked = None
             kv = self.table[req.row, : req.kv_len].to(torch.int64)
             self.tree.release(kv, req.prefix_len, req.last_node)
             self.req_pool.free(req.row)
             req.row = -1
             req.finish_reason = "abort"
+            self.counters.aborted += 1
             self._pending.append(self._output(req, []))
 
-    def _admit(self) -> list[Req]:
-        """Pop waiting requests (FCFS) that fit the KV, row and prefill-token budgets."""
-        admitted: list[Req] = []
-        budget = self.allocator.available() - self._reserved_tokens(self.running)
-        prefill_tokens = 0
-        while self.waiting and self.req_pool.available() > len(admitted):
-            req = self.waiting[0]
-            ids = req.all_ids
-            # Match at most len-1 tokens: the last one must run to produce logits.
-            match = self.tree.match_prefix(ids[:-1], req.extra_key)
-            prefix_len = len(match.kv_indices)
-            extend = len(ids) - prefix_len
-            if admitted and prefill_tokens + extend > self.args.max_prefill_tokens:
-                break
-            self.tree.lock(match.last_node)
-            need = self._pages(prefix_len, extend + self._future_tokens(req)) * self.page_size
-            if need > budget + self.tree.evictable_size():
-                self.tree.unlock(match.last_node)
-                if not admitted and not self.running:
-                    # Nothing runs and nothing else can be freed: it can never fit.
-                    logger.error("request %s needs %d KV slots > capacity", req.rid, need)
-                    self.waiting.popleft()
-                    self._finish(req, "abort", release=False)
-                    continue
-                break
-            self.waiting.popleft()
-            budget -= need
-            prefill_tokens += extend
-            req.prefix_len = req.kv_len = prefix_len
-            req.cached_tokens = prefix_len
-            req.last_node = match.last_node
-            req.row = self.req_pool.alloc()
-            self.table[req.row, :prefix_len] = match.kv_indices.to(torch.int32)
-            admitted.append(req)
-        return admitted
+    # ---- memory pressure ----------------------------------------------------------------
 
-    def _build_extend(self, batch: list[Req]) -> ForwardBatch:
-        ids, positions, locs, ext_lens, pre_lens = [], [], [], [], []
-        for req in batch:
-            all_ids = req.all_ids
-            start, n = req.kv_len, len(all_ids) - req.kv_len
-            slots = self._alloc(req, start, n)
-            ids.extend(all_ids[start:])
-            positions.extend(range(start, start + n))
-            locs.append(slots)
-            ext_lens.append(n)
-            pre_lens.append(start)
-        return self._forward_batch(
-            ForwardMode.EXTEND, batch, ids, positions, locs, pre_lens, ext_lens
-        )
+    def _make_room_for_decode(self) -> None:
+        """Retract requests until every running request can get one more slot."""
 
-    def _build_decode(self, batch: list[Req]) -> ForwardBatch:
-        locs = [self._alloc(req, req.kv_len, 1) for req in batch]
-        ids = [req.output_ids[-1] for req in batch]
-        positions = [req.kv_len for req in batch]
-        return self._forward_batch(
-            ForwardMode.DECODE, batch, ids, positions, locs, positions, [1] * len(batch)
+        def short() -> int:
+            need = sum(self._pages(r.kv_len, 1) for r in self.running) * self.page_size
+            return need - self.allocator.available() - self.tree.evictable_size()
+
+        if short() <= 0:
+            return
+        for req in retraction_order(self.running + ([self.chunked] if self.chunked else [])):
+            if short() <= 0 or (req is not self.chunked and len(self.running) == 1):
+                continue
+            self._retract(req)
+        self.ratio.on_retract(self.running)
+        logger.info("retracted; new_token_ratio %.3f, %s", self.ratio.value, self._log_line())
+
+    def _retract(self, req: Req) -> None:
+        """Cache the request's computed KV, free its row, requeue it at the front."""
+        if req is self.chunked:
+            self.chunked = None
+        else:
+            self.running.remove(req)
+        self._release(req)
+        req.prefix_len = req.kv_len = 0
+        req.last_node = None
+        req.retractions += 1
+        self.waiting.insert(0, req)
+        self.counters.retracted += 1
+
+    def _pages(self, start: int, n: int) -> int:
+        return PagedAllocator.pages_needed(self.page_size, start, n)
+
+    def _estimate(self, req: Req) -> int:
+        """KV slots admission reserves for the request's future decode steps."""
+        return int(self.ratio.value * self._future_tokens(req) + 0.999)
+
+    def _reserved_tokens(self) -> int:
+        """Slots the running requests (and the rest of the chunked prompt) will still take."""
+        pages = sum(self._pages(r.kv_len, self._estimate(r)) for r in self.running)
+        if self.chunked is not None:
+            c = self.chunked
+            left = len(c.all_ids) - c.kv_len
+            pages += self._pages(c.kv_len, left + self._estimate(c))
+        return pages * self.page_size
+
+    def _future_tokens(self, req: Req) -> int:
+        """Upper bound on KV slots the request's decode steps still write."""
+        return min(req.remaining_new_tokens(), max(self.runner.context_len - len(req.all_ids), 0))
+
+    def _alloc(self, req: Req, start: int, n: int) -> torch.Tensor:
+        """Allocate slots for positions start..start+n-1 of `req`, evicting cache if needed."""
+        short = self._pages(start, n) * self.page_size - self.allocator.available()
+        if short > 0:
+            self.tree.evict(short)
+        last_slot = int(self.table[req.row, start - 1]) if start else 0
+        slots = self.allocator.alloc_positions(last_slot, start, n)
+        self.table[req.row, start : start + n] = slots.to(torch.int32)
+        return slots
+
+    def _release(self, req: Req) -> None:
+        """Insert the request's computed sequence into the cache and free what it owned."""
+        kv = self.table[req.row, : req.kv_len].to(torch.int64)
+        self.tree.cache_finished(
+            req.all_ids[: req.kv_len], kv, req.prefix_len, req.last_node, req.extra_key
         )
+        self.req_pool.free(req.row)
+        req.row = -1
+
+    # ---- batches and outputs ------------------------------------------------------------
 
     def _forward_batch(self, mode, batch, ids, positions, locs, pre_lens, ext_lens) -> ForwardBatch:
         pre = torch.tensor(pre_lens, dtype=torch.int64)
@@ -217,7 +384,7 @@ class Scheduler:
                 outputs.append(self._finish(req, "length"))
                 continue
             req.output_ids.append(tok)
-            reason = self._check_finish(req, tok)
+            reason = self.stop.check(req, tok)
             if reason is None:
                 still_running.append(req)
                 outputs.append(self._output(req, [tok]))
@@ -226,60 +393,8 @@ class Scheduler:
         self.running = still_running
         return outputs
 
-    def _check_finish(self, req: Req, tok: int) -> str | None:
-        p = req.params
-        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
-            req.matched_stop = tok
-            return "stop"
-        if p.stop and self._matched_stop_str(req) is not None:
-            return "stop"
-        if len(req.output_ids) >= p.max_new_tokens or req.kv_len + 1 >= self.runner.context_len:
-            return "length"
-        return None
-
     def _matched_stop_str(self, req: Req) -> str | None:
-        """The first stop string ending in the output's decoded tail, recorded in
-        `req.matched_stop`. Every token holds at least one byte, so the last
-        len(utf-8 bytes of stop)+1 tokens cover any occurrence the newest token completed."""
-        window = max(len(s.encode("utf-8")) for s in req.params.stop) + 1
-        tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=True)
-        for s in req.params.stop:
-            if s in tail:
-                req.matched_stop = s
-                return s
-        return None
-
-    # ---- memory -----------------------------------------------------------------------
-
-    def _pages(self, start: int, n: int) -> int:
-        return PagedAllocator.pages_needed(self.page_size, start, n)
-
-    def _reserved_tokens(self, reqs: list[Req]) -> int:
-        """Slots still to be allocated by running requests' future decode steps."""
-        return sum(self._pages(r.kv_len, self._future_tokens(r)) for r in reqs) * self.page_size
-
-    def _future_tokens(self, req: Req) -> int:
-        """Upper bound on KV slots the request's decode steps still write."""
-        return min(req.remaining_new_tokens(), max(self.runner.context_len - len(req.all_ids), 0))
-
-    def _alloc(self, req: Req, start: int, n: int) -> torch.Tensor:
-        """Allocate slots for positions start..start+n-1 of `req`, evicting cache if needed."""
-        short = self._pages(start, n) * self.page_size - self.allocator.available()
-        if short > 0:
-            self.tree.evict(short)
-        last_slot = int(self.table[req.row, start - 1]) if start else 0
-        slots = self.allocator.alloc_positions(last_slot, start, n)
-        self.table[req.row, start : start + n] = slots.to(torch.int32)
-        return slots
-
-    def _release(self, req: Req) -> None:
-        """Insert the request's computed sequence into the cache and free what it owned."""
-        kv = self.table[req.row, : req.kv_len].to(torch.int64)
-        self.tree.cache_finished(
-            req.all_ids[: req.kv_len], kv, req.prefix_len, req.last_node, req.extra_key
-        )
-        self.req_pool.free(req.row)
-        req.row = -1
+        return self.stop.matched_stop_str(req)
 
     def _finish(self, req: Req, reason: str, new_ids=(), release: bool = True) -> ReqOutput:
         req.finish_reason = reason
@@ -287,6 +402,7 @@ class Scheduler:
             self._release(req)
         out = self._output(req, list(new_ids))
         if reason == "abort":
+            self.counters.aborted += 1
             self._pending.append(out)
         return out
 
@@ -301,11 +417,14 @@ class Scheduler:
             req.cached_tokens,
         )
 
+    # ---- introspection ------------------------------------------------------------------
+
     def memory_accounting(self) -> dict[str, int]:
         """Token counts: free + evictable + protected + held == total (checked in tests)."""
+        holders = self.running + ([self.chunked] if self.chunked is not None else [])
         held = sum(
             (self._pages(0, r.kv_len) - r.prefix_len // self.page_size) * self.page_size
-            for r in self.running
+            for r in holders
         )
         return {
             "free": self.allocator.available(),
@@ -314,3 +433,26 @@ class Scheduler:
             "held": held,
             "total": self.allocator.total,
         }
+
+    def stats(self) -> dict[str, int | float | str]:
+        """Counters for `/get_server_info` and logs (`SchedulerCounters.as_dict`), the
+        pool accounting and token_usage = (total - free - evictable) / total."""
+        mem = self.memory_accounting()
+        return {
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting),
+            "num_chunked": int(self.chunked is not None),
+            "schedule_policy": self.policy.name,
+            "new_token_ratio": round(self.ratio.value, 4),
+            "token_usage": (mem["total"] - mem["free"] - mem["evictable"]) / mem["total"],
+            **self.counters.as_dict(),
+            **mem,
+        }
+
+    def _log_line(self) -> str:
+        return format_stats(self.stats())
+
+    def _log_extend(self, plan: Plan) -> None:
+        if logger.isEnabledFor(logging.DEBUG):
+            tokens = sum(n for _, n in plan)
+            logger.debug("extend: %d reqs, %d tokens; %s", len(plan), tokens, self._log_line())

@@ -60,7 +60,7 @@ class SchedulerLoop:
     def run_once(self) -> None:
         """Handle waiting messages, then run one step (or wait for work while idle)."""
         sched = self.scheduler
-        idle = not (sched.running or sched.waiting or self._after_failure)
+        idle = not (sched.has_work() or self._after_failure)
         if idle and not self.recv.poll(_IDLE_POLL_MS):
             return
         self._after_failure = False

@@ -43,12 +43,23 @@ def test_cache_hit_equals_miss(page_size, prompts, reference):
         second = engine.generate(input_ids=prompts, sampling_params=greedy())
         assert [o["output_ids"] for o in first] == reference
         assert [o["output_ids"] for o in second] == reference
-        assert all(o["usage"]["cached_tokens"] == 0 for o in first)
+        # First pass: hits only on prefixes shared with other prompts of the batch (the
+        # chat prompts share a template; chunked prefill admits over several steps).
+        for i, (ids, o) in enumerate(zip(prompts, first)):
+            shared = max(_lcp(ids[:-1], p) for j, p in enumerate(prompts) if j != i)
+            assert o["usage"]["cached_tokens"] <= shared - shared % page_size
         for ids, o in zip(prompts, second):
             cached = o["usage"]["cached_tokens"]
             # Everything but the last prompt token can hit, rounded down to a page.
             assert cached == (len(ids) - 1) // page_size * page_size
         _check_accounting(engine)
+
+
+def _lcp(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def test_small_pool_forces_eviction(prompts, reference):

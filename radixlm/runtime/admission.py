@@ -1,0 +1,101 @@
+"""One admission round: the budgets an extend step is planned under.
+
+After SGLang's ``PrefillAdder`` (python/sglang/srt/managers/schedule_policy.py). A round
+starts with two budgets -- prefill tokens this step may compute and KV slots that are
+free after reserving room for running decodes -- and admits requests one by one until
+either runs out. A prompt longer than the remaining token budget is split when chunking
+is on (its first chunk runs now); otherwise it may run only alone. Requests sharing a
+not-yet-cached prefix with one already planned are skipped this round
+(`InBatchPrefixGuard`).
+"""
+
+from __future__ import annotations
+
+import enum
+
+from radixlm.radix import MatchResult, PrefixCache
+from radixlm.radix.policy import InBatchPrefixGuard
+from radixlm.runtime.memory import PagedAllocator
+from radixlm.runtime.request import Req
+
+#: Requests planned for one extend step: (request, new tokens computed from req.kv_len).
+Plan = list[tuple[Req, int]]
+
+
+class Added(enum.Enum):
+    """Outcome of `PrefillAdder.try_add`."""
+
+    YES = enum.auto()  # planned; its cache path is locked
+    SKIP = enum.auto()  # not this round (shares an uncached prefix); try the next one
+    STOP = enum.auto()  # a budget ran out; end the round
+
+
+class PrefillAdder:
+    """Plans one extend step.
+
+    Args:
+        tree: the prefix cache (requests are matched and their path locked on admission).
+        page_size: tokens per KV page.
+        rem_tokens: prefill tokens the step may compute.
+        kv_budget: KV slots (tokens) free for this step's admissions, reservations for
+            running requests already subtracted; evictable cache is added per check.
+        chunking: split a prompt longer than the remaining token budget.
+    """
+
+    def __init__(
+        self, tree: PrefixCache, page_size: int, rem_tokens: int, kv_budget: int, chunking: bool
+    ):
+        self.tree = tree
+        self.page_size = page_size
+        self.rem_tokens = rem_tokens
+        self.kv_budget = kv_budget
+        self.chunking = chunking
+        self.guard = InBatchPrefixGuard(page_size)
+        self.plan: Plan = []
+        self.chunked: Req | None = None  # the request left mid-chunk after this step
+
+    def add_chunked(self, req: Req) -> bool:
+        """Plan the next chunk of the request mid-chunk (its KV was reserved at its
+        admission). Returns True when it completes its prompt in this step."""
+        left = len(req.all_ids) - req.kv_len
+        n = min(left, self.rem_tokens)
+        self.plan.append((req, n))
+        self.guard.add(req.all_ids, req.extra_key)
+        self.rem_tokens -= n
+        if n < left:
+            self.chunked = req
+        return n == left
+
+    def try_add(self, req: Req, future_tokens: int) -> tuple[Added, MatchResult | None]:
+        """Try to plan a waiting request that will decode about `future_tokens` tokens.
+
+        On YES returns the (locked) match: the caller gives the request its row.
+        """
+        if self.rem_tokens <= 0 or self.chunked is not None:
+            return Added.STOP, None
+        ids = req.all_ids
+        # Match at most len-1 tokens: the last one must run to produce logits.
+        match = self.tree.match_prefix(ids[:-1], req.extra_key)
+        prefix_len = len(match.kv_indices)
+        extend = len(ids) - prefix_len
+        if self.guard.conflicts(ids, prefix_len, req.extra_key):
+            return Added.SKIP, None  # a planned request computes the shared prefix first
+        n = extend
+        if extend > self.rem_tokens:
+            if self.chunking:
+                n = self.rem_tokens  # first chunk now, the rest in later steps
+            elif self.plan:
+                return Added.STOP, None  # unchunked: a single longer prompt runs alone
+        self.tree.lock(match.last_node)
+        ps = self.page_size
+        need = PagedAllocator.pages_needed(ps, prefix_len, extend + future_tokens) * ps
+        if need > self.kv_budget + self.tree.evictable_size():
+            self.tree.unlock(match.last_node)
+            return Added.STOP, None
+        self.kv_budget -= need
+        self.plan.append((req, n))
+        self.guard.add(ids, req.extra_key)
+        self.rem_tokens -= n
+        if n < extend:
+            self.chunked = req
+        return Added.YES, match

@@ -1,0 +1,45 @@
+"""Stop conditions of a request: EOS / stop token ids, stop strings, length, context."""
+
+from __future__ import annotations
+
+from radixlm.runtime.request import Req
+
+
+class StopChecker:
+    """Decides after each new token whether a request is done.
+
+    Args:
+        eos_token_ids: token ids that end generation unless `ignore_eos`.
+        context_len: tokens per request at most (prompt + output).
+        tokenizer: decodes output tails for stop strings (requests with `stop` need it).
+    """
+
+    def __init__(self, eos_token_ids, context_len: int, tokenizer=None):
+        self.eos_token_ids = set(eos_token_ids)
+        self.context_len = context_len
+        self.tokenizer = tokenizer
+
+    def check(self, req: Req, tok: int) -> str | None:
+        """Finish reason ("stop" | "length") after `tok` was appended, else None; sets
+        `req.matched_stop` for a stop token or string."""
+        p = req.params
+        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
+            req.matched_stop = tok
+            return "stop"
+        if p.stop and self.matched_stop_str(req) is not None:
+            return "stop"
+        if len(req.output_ids) >= p.max_new_tokens or req.kv_len + 1 >= self.context_len:
+            return "length"
+        return None
+
+    def matched_stop_str(self, req: Req) -> str | None:
+        """The first stop string ending in the output's decoded tail, recorded in
+        `req.matched_stop`. Every token holds at least one byte, so the last
+        len(utf-8 bytes of stop)+1 tokens cover any occurrence the newest token completed."""
+        window = max(len(s.encode("utf-8")) for s in req.params.stop) + 1
+        tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=True)
+        for s in req.params.stop:
+            if s in tail:
+                req.matched_stop = s
+                return s
+        return None
