@@ -3,7 +3,6 @@ and the ForwardBatch of one extend, decode or tree-verify step over it."""
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import torch
 from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.kernels.forward_batch import tree_mask_indptr
 from radixlm.runtime.memory import KVPool
+from tests.tiny_models import save_random_model
 
 
 @dataclass
@@ -156,7 +156,7 @@ def dense_reference(case: Case) -> torch.Tensor:
 def save_tiny_llama(path: Path, hf_dir: Path, head_dim: int) -> Path:
     """A 2-layer random-initialised Llama (6 query / 2 KV heads of `head_dim`, tied head)
     saved with the bundled model's tokenizer as a Hugging Face directory at `path`."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import LlamaConfig
 
     config = LlamaConfig(
         vocab_size=49152,
@@ -170,13 +170,5 @@ def save_tiny_llama(path: Path, hf_dir: Path, head_dim: int) -> Path:
         bos_token_id=1,
         tie_word_embeddings=True,
     )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():  # larger weights than the default init make logits less flat
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)
-    model.save_pretrained(path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(hf_dir / name, path / name)
+    save_random_model(config, path, hf_dir)
     return path

@@ -3,13 +3,11 @@ Hugging Face directories: greedy output equals transformers token for token."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-import torch
 
 from radixlm import Engine
 from tests.runtime.conftest import hf_greedy
+from tests.tiny_models import save_random_model
 
 
 def _tiny(kind: str):
@@ -43,18 +41,7 @@ def _tiny(kind: str):
 
 @pytest.mark.parametrize("kind", ["llama-tied", "qwen2", "llama3-rope"])
 def test_tiny_model_matches_transformers(kind, tmp_path, hf_dir):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    config = _tiny(kind)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():  # larger weights than the default init make logits less flat
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)
-    model.save_pretrained(tmp_path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(hf_dir / name, tmp_path / name)
+    model = save_random_model(_tiny(kind), tmp_path, hf_dir)
     prompts = [[5, 17, 300, 4000, 9], [77] * 30 + [123, 456], list(range(100, 200))]
     refs = hf_greedy(model, prompts, 12, eos_token_id=None)
     with Engine(str(tmp_path), max_total_tokens=1024, page_size=4) as engine:
