@@ -49,7 +49,7 @@ class ServerArgs:
     )
     page_size: int = _opt(1, "tokens per KV page (a power of two)")
     max_total_tokens: int | None = _opt(
-        None, "KV pool size in tokens (default: from --mem-fraction)"
+        None, "KV pool size in tokens (none: sized from --mem-fraction)"
     )
     mem_fraction: float = _opt(
         0.25, "fraction of available memory for weights + KV pool when --max-total-tokens is unset"
@@ -63,7 +63,7 @@ class ServerArgs:
         "still runs alone in one step)",
     )
     context_length: int | None = _opt(
-        None, "maximum tokens per request (default: the model's max positions)"
+        None, "maximum tokens per request (none: the model's max positions)"
     )
     attention_backend: str = _opt(
         "auto",
@@ -92,7 +92,8 @@ class ServerArgs:
         False, "run a prefill chunk and the running decodes in the same forward"
     )
     max_queued_requests: int = _opt(
-        4096, "waiting-queue length above which new requests are refused (HTTP 503)"
+        4096,
+        "requests allowed to wait beyond the free running rows; more are refused (HTTP 503)",
     )
     disable_radix_cache: bool = _opt(
         False, "use no prefix cache (every prompt is prefilled in full)"
@@ -107,7 +108,7 @@ class ServerArgs:
         None, "when set, requests must send 'Authorization: Bearer <key>' (else HTTP 401)"
     )
     served_model_name: str | None = _opt(
-        None, "model name reported by /v1/models and accepted in requests (default: --model)"
+        None, "model name reported by /v1/models and accepted in requests (none: --model)"
     )
 
     def __post_init__(self) -> None:

@@ -163,6 +163,15 @@ def _from_validation_errors(errors: list[dict[str, Any]]) -> APIError:
     )
 
 
+def log_failure(where: str, exc: BaseException, err: APIError) -> None:
+    """Log a failed request: server faults (5xx) as errors with the traceback; expected
+    refusals (queue full, shutting down) as one warning line; client errors not at all."""
+    if isinstance(exc, QueueFullError | ServerError):
+        logger.warning("%s: %s", where, exc)
+    elif err.status >= 500:
+        logger.error("%s failed: %r", where, exc, exc_info=exc)
+
+
 def json_error(err: APIError) -> Response:
     """The JSON response for an error."""
     headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
@@ -179,8 +188,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def handle(request: Request, exc: Exception) -> Response:
         err = from_exception(exc)
-        if err.status >= 500:
-            logger.error("%s %s failed: %r", request.method, request.url.path, exc, exc_info=exc)
+        log_failure(f"{request.method} {request.url.path}", exc, err)
         return json_error(err)
 
     async def handle_http(request: Request, exc: StarletteHTTPException) -> Response:

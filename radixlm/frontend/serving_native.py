@@ -26,7 +26,7 @@ from fastapi.responses import Response
 
 from radixlm.errors import InvalidRequestError
 from radixlm.frontend import streaming
-from radixlm.frontend.errors import from_exception, invalid_request
+from radixlm.frontend.errors import from_exception, invalid_request, log_failure
 from radixlm.frontend.protocol import GenerateRequest, check_supported
 from radixlm.runtime.sampling import SamplingParams
 
@@ -87,7 +87,7 @@ class NativeServing:
         return False, [list(p) for p in ids]
 
     def _encode(self, text: str) -> list[int]:
-        return self.tm.tokenizer.encode(text, add_special_tokens=False) if text else []
+        return self.tm.encode(text)
 
     @staticmethod
     def _params(value: dict | list | None, n: int) -> list[SamplingParams]:
@@ -175,8 +175,7 @@ async def _stream_body(
             item = await anext(merged, None)
     except Exception as e:  # noqa: BLE001 - the status line is already sent
         err = from_exception(e)
-        if err.status >= 500:
-            logger.error("generate stream failed: %r", e, exc_info=e)
+        log_failure("generate stream", e, err)
         yield streaming.sse(err.body())
     finally:
         await merged.aclose()

@@ -23,7 +23,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from radixlm.errors import InvalidRequestError
-from radixlm.frontend.errors import APIError, from_exception, invalid_request
+from radixlm.frontend.errors import APIError, from_exception, invalid_request, log_failure
 from radixlm.frontend.formats import ChatFormat, CompletionFormat, OutputFormat, Usage
 from radixlm.frontend.protocol import (
     ChatCompletionRequest,
@@ -125,7 +125,7 @@ class OpenAIServing:
 
     def _encode(self, text: str) -> list[int]:
         """Plain prompts get no special tokens (as `radixlm.Engine` does)."""
-        return self.tm.tokenizer.encode(text, add_special_tokens=False) if text else []
+        return self.tm.encode(text)
 
     def _chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
         """Token ids of the chat template with the assistant turn opened.
@@ -134,6 +134,7 @@ class OpenAIServing:
         on top (no double BOS).
         """
         rendered = [_template_message(i, m) for i, m in enumerate(messages)]
+        self.tm.check_chars(sum(len(m["content"]) for m in rendered))
         try:
             ids = self.tm.tokenizer.apply_chat_template(
                 rendered, add_generation_prompt=True, tokenize=True, return_dict=False
@@ -247,8 +248,7 @@ async def _stream_body(
             yield sse(job.fmt.usage_chunk(usage))
     except Exception as e:  # noqa: BLE001 - the status line is already sent
         err = from_exception(e)
-        if err.status >= 500:
-            logger.error("stream %s failed: %r", job.fmt.id, e, exc_info=e)
+        log_failure(f"stream {job.fmt.id}", e, err)
         yield sse(err.body())
     finally:
         await merged.aclose()

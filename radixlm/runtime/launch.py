@@ -166,6 +166,12 @@ def _serve(args, ipc, facts, tokenizer, children: list[_Child], signals: _Signal
     status = {"code": 0}
 
     async def watch() -> None:
+        try:
+            await _watch_until_exit()
+        finally:  # end open streams now instead of after uvicorn's graceful timeout
+            tm.fail_pending("the server is shutting down")
+
+    async def _watch_until_exit() -> None:
         announced = False
         while not server.should_exit:
             if not announced and server.started:

@@ -105,6 +105,8 @@ def check_request(
         raise InvalidRequestError("empty prompt")
     if min(ids) < 0 or max(ids) >= vocab_size:
         raise InvalidRequestError(f"token ids must be in [0, {vocab_size})")
+    if any(t >= vocab_size for t in params.stop_token_ids):
+        raise InvalidRequestError(f"stop_token_ids must be in [0, {vocab_size})")
     check_fits(
         len(ids),
         params.max_new_tokens,
@@ -140,9 +142,8 @@ def flush_cache(scheduler: Scheduler) -> tuple[bool, str]:
 
     Refused (False, reason) while requests run or wait: their matched prefixes are locked.
     """
-    if scheduler.has_work():
-        info = scheduler.stats()
-        busy = info["num_running"] + info["num_waiting"] + info["num_chunked"]
+    busy = len(scheduler.running) + len(scheduler.waiting) + (scheduler.chunked is not None)
+    if busy:
         return False, f"cannot flush the cache while {busy} requests are running or waiting"
     tree = scheduler.tree
     tree.evict(tree.evictable_size())

@@ -98,7 +98,7 @@ class Scheduler:
         except RequestTooLargeError:
             self.counters.rejected += 1
             raise
-        if len(self.waiting) >= self.args.max_queued_requests:
+        if len(self.waiting) >= self._queue_capacity():
             self.counters.rejected += 1
             raise QueueFullError(
                 f"waiting queue is full ({self.args.max_queued_requests} requests); retry later"
@@ -109,6 +109,12 @@ class Scheduler:
                 seed = self._seed_rng.getrandbits(63)
             req.generator = torch.Generator().manual_seed(seed)
         self.waiting.append(req)
+
+    def _queue_capacity(self) -> int:
+        """Waiting requests accepted: max_queued_requests plus the free running rows, so a
+        burst that the next step admits at once is not refused as a full queue."""
+        busy = len(self.running) + (self.chunked is not None)
+        return self.args.max_queued_requests + max(self.args.max_running_requests - busy, 0)
 
     def check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         """Raise RequestTooLargeError unless the prompt fits the context and prompt +

@@ -18,7 +18,12 @@ import zmq
 import zmq.asyncio
 
 from radixlm.config import ServerArgs
-from radixlm.errors import InvalidRequestError, QueueFullError, ServerError
+from radixlm.errors import (
+    InvalidRequestError,
+    QueueFullError,
+    RequestTooLargeError,
+    ServerError,
+)
 from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket
 from radixlm.runtime.loader import check_request, load_tokenizer
 from radixlm.runtime.messages import (
@@ -70,6 +75,7 @@ class TokenizerManager:
         self.vocab_size = facts["vocab_size"]
         self.context_len = facts["context_length"]
         self.max_total_tokens = facts["max_total_tokens"]
+        self.max_prompt_chars = self.context_len * _longest_token_chars(self.tokenizer)
         self._ctx = zmq.asyncio.Context()
         self._ipc = ipc
         self._send: zmq.asyncio.Socket | None = None
@@ -91,15 +97,37 @@ class TokenizerManager:
         if self._task is not None:
             self._task.cancel()
             self._task = None
-        for state in self._states.values():
-            state.error = ServerError("the server is shutting down")
-            state.event.set()
+        self.fail_pending("the server is shutting down")
         for fut in self._control.values():
             if not fut.done():
                 fut.set_exception(ServerError("the server is shutting down"))
         self._ctx.destroy(linger=0)
 
+    def fail_pending(self, message: str) -> None:
+        """End every in-flight request's iterator with ServerError(message) (shutdown)."""
+        for state in self._states.values():
+            state.error = ServerError(message)
+            state.event.set()
+
     # ---- requests ---------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a plain prompt (no special tokens added, as `Engine` does).
+
+        Raises RequestTooLargeError without tokenizing when `text` has more characters than
+        `max_prompt_chars` = context length x the longest token's characters, a bound that
+        makes it certainly longer than the context: a huge body must not stall the loop.
+        """
+        self.check_chars(len(text))
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def check_chars(self, n_chars: int) -> None:
+        """Raise RequestTooLargeError when `n_chars` of text must exceed the context."""
+        if n_chars > self.max_prompt_chars:
+            raise RequestTooLargeError(
+                f"the prompt has {n_chars} characters, more than the context length of "
+                f"{self.context_len} tokens can hold"
+            )
 
     def validate(self, input_ids: list[int], params: SamplingParams) -> None:
         """Raise InvalidRequestError for a request that can never run (see check_request)."""
@@ -228,3 +256,9 @@ class TokenizerManager:
                 }
             state.chunks.append(chunk)
             state.event.set()
+
+
+def _longest_token_chars(tokenizer) -> int:
+    """Most characters any single token (vocabulary or added) decodes to, at least 1."""
+    longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
+    return max(longest, 1)

@@ -11,6 +11,7 @@ from .conftest import API_KEY, MODEL
 CMPL, CHAT = "/v1/completions", "/v1/chat/completions"
 USER = [{"role": "user", "content": "Hi"}]
 TOO_LONG = "hello " * 9000  # about 9,000 tokens; the context is 8,192
+HUGE = "a" * 4_000_000  # more characters than 8,192 tokens of the longest token can hold
 
 # (route, body, expected param or None, expected code or None)
 BAD = [
@@ -37,6 +38,8 @@ BAD = [
     (CMPL, {"prompt": []}, "prompt", None),
     (CMPL, {"prompt": [10**8]}, "prompt", None),
     (CMPL, {"prompt": TOO_LONG}, "prompt", "context_length_exceeded"),
+    (CMPL, {"prompt": HUGE}, None, None),  # refused before tokenizing
+    (CMPL, {"prompt": "x", "stop_token_ids": [10**9]}, None, None),
     (CMPL, {"prompt": "x", "model": "gpt-4o"}, "model", "model_not_found"),
     (CMPL, {"prompt": "x", "bogus": 1}, "bogus", "unknown_parameter"),
     (CMPL, {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", None),
@@ -50,6 +53,7 @@ BAD = [
     (CHAT, {"messages": [{"role": "user", "content": 5}]}, None, None),
     (CHAT, {"messages": USER, "max_completion_tokens": -5}, "max_completion_tokens", None),
     (CHAT, {"messages": [{"role": "user", "content": TOO_LONG}]}, "messages", None),
+    (CHAT, {"messages": [{"role": "user", "content": HUGE}]}, None, None),
     (CHAT, {"messages": USER, "model": "nope"}, "model", "model_not_found"),
     (CHAT, {"messages": USER, "logprobs": True}, "logprobs", None),
     (CHAT, {"messages": USER, "max_completion_tokens": 9000}, "max_completion_tokens", None),

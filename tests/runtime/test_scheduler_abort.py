@@ -109,13 +109,14 @@ def test_max_running_requests(sched, prompts):
 
 
 def test_queue_full_is_immediate(engine, sched, prompts):  # sched: main cache emptied
-    args = dataclasses.replace(engine.args, max_queued_requests=2)
+    # Capacity = max_queued_requests + free running rows: 2 + 1 while nothing runs.
+    args = dataclasses.replace(engine.args, max_queued_requests=2, max_running_requests=1)
     sched = Scheduler(args, engine.runner, [2])  # shares the pools with the idle main one
-    sched.add_request(make_req(prompts[0], 2))
-    sched.add_request(make_req(prompts[1], 2))
+    for p in prompts[:3]:
+        sched.add_request(make_req(p, 2))
     with pytest.raises(QueueFullError, match="queue is full"):
-        sched.add_request(make_req(prompts[2], 2))
-    assert len(sched.waiting) == 2 and sched.stats()["num_rejected_total"] == 1
+        sched.add_request(make_req(prompts[3], 2))
+    assert len(sched.waiting) == 3 and sched.stats()["num_rejected_total"] == 1
     run_all(sched)
     sched.tree.evict(sched.tree.evictable_size())
     check_pool(sched, idle=True)
@@ -131,10 +132,20 @@ def test_too_large_rejected_at_admission(engine, sched, prompts):
 
 
 def test_engine_surfaces_queue_full_and_queues_nothing(engine, sched, prompts):
-    sched.args = dataclasses.replace(engine.args, max_queued_requests=2)
+    sched.args = dataclasses.replace(engine.args, max_queued_requests=2, max_running_requests=1)
     try:
         with pytest.raises(QueueFullError):
-            engine.generate(input_ids=[prompts[0], prompts[1], prompts[2]])
+            engine.generate(input_ids=prompts[:4])  # capacity 2 + 1 free row
         assert not sched.waiting and not engine._tracked  # all or nothing
     finally:
         sched.args = engine.args
+
+
+def test_flush_cache_after_an_aborted_stream(engine, sched, prompts):
+    params = {"max_new_tokens": 20, "ignore_eos": True, "temperature": 0}
+    stream = engine.generate(input_ids=prompts[0], sampling_params=params, stream=True)
+    next(stream)
+    stream.close()  # aborts; its abort event is still pending in the scheduler
+    assert engine.flush_cache()
+    mem = engine.get_server_info()["memory"]
+    assert mem["free"] == mem["total"] and mem["evictable"] == 0
