@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
-import json
 import os
 import platform
 import random
@@ -57,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from report import save_report
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if importlib.util.find_spec("radixlm") is None:  # run from a checkout without installing
@@ -401,9 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     if cached:
         print(f"warning: radixlm reported {cached} cached tokens", file=sys.stderr)
     print(format_table(report))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(f"\nwrote {args.output}")
+    save_report(report, args.output)
     return 0
 
 

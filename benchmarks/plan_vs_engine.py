@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import platform
 import random
@@ -46,6 +45,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from report import save_report
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if importlib.util.find_spec("radixlm") is None:  # run from a checkout without installing
@@ -211,9 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['ratio_cpu_time_to_roofline']:>12.2f}"
         )
     print(f"batch-1 CPU-time step within [1.0, {args.tolerance}]x roofline: {within}")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.output}")
+    save_report(result, args.output)
     return 0 if result["kv_bytes_per_token"]["equal"] and result["capacity_tokens"]["equal"] else 1
 
 

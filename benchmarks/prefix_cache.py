@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import random
 import statistics
@@ -53,6 +52,7 @@ from typing import Any
 
 import torch
 from engine_throughput import HFRunner, machine_info, summarize
+from report import save_report
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "prefix_cache.json"
 FULL = {"groups": 4, "prompts_per_group": 8, "system_tokens": 512, "repeats": 3}
@@ -311,9 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = run_benchmark(args)
     print(format_table(report))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(f"\nwrote {args.output}")
+    save_report(report, args.output)
     return 0
 
 

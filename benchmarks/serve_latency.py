@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from report import save_report
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "serve_latency.json"
 SYSTEM = (
@@ -264,9 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         "levels": levels,
     }
     print(format_table(report))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.output}", file=sys.stderr)
+    save_report(report, args.output)
     return 0
 
 

@@ -30,7 +30,6 @@ Method
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -41,6 +40,7 @@ from typing import Any
 import torch
 from engine_throughput import machine_info
 from prefix_cache import make_prompts
+from report import save_report
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "shared_prefix.json"
 CONFIGS = {
@@ -221,8 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = run_benchmark(args)
     print(format_table(report))
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    save_report(report, args.output)
     return 0
 
 

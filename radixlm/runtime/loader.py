@@ -119,7 +119,7 @@ def check_request(
 def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> dict[str, Any]:
     """Settings, KV capacity and pool counters (tokens unless stated): the payload of
     `Engine.get_server_info()` and `GET /get_server_info`."""
-    info = {
+    return {
         "args": dataclasses.asdict(args),
         "kv_bytes_per_token": runner.kv_bytes_per_token,
         "max_total_tokens": runner.max_total_tokens,
@@ -130,11 +130,8 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
         "memory": scheduler.memory_accounting(),
         "num_running": len(scheduler.running),
         "num_waiting": len(scheduler.waiting),
+        "scheduler": scheduler.stats(),
     }
-    stats = getattr(scheduler, "stats", None)
-    if stats is not None:
-        info["scheduler"] = stats()
-    return info
 
 
 def flush_cache(scheduler: Scheduler) -> tuple[bool, str]:

@@ -72,7 +72,6 @@ class Scheduler:
         self.ratio = NewTokenRatio(args.schedule_conservativeness)
         self.counters = SchedulerCounters()
         self.stop = StopChecker(eos_token_ids, runner.context_len, tokenizer)
-        self.eos_token_ids, self.tokenizer = self.stop.eos_token_ids, tokenizer
         self.sampler = Sampler()
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -398,9 +397,6 @@ class Scheduler:
                 outputs.append(self._finish(req, reason, new_ids=[tok]))
         self.running = still_running
         return outputs
-
-    def _matched_stop_str(self, req: Req) -> str | None:
-        return self.stop.matched_stop_str(req)
 
     def _finish(self, req: Req, reason: str, new_ids=(), release: bool = True) -> ReqOutput:
         req.finish_reason = reason
