@@ -86,16 +86,20 @@ class _BatchOut(msgspec.Struct):
 
 class BatchTokenOut(_BatchOut, tag="token_out"):
     """What one scheduler step produced. stops[i] are request i's stop strings (the
-    detokenizer cuts the text before them and holds back their possible starts)."""
+    detokenizer cuts the text before them and holds back their possible starts).
+    queue_times[i]: seconds request i waited before its first admission (-1: not admitted)."""
 
     stops: list[list[str]]
+    queue_times: list[float] = msgspec.field(default_factory=list)
 
 
 class BatchStrOut(_BatchOut, tag="str_out"):
     """A BatchTokenOut with text: texts[i] is the new text of request i (never a broken
-    UTF-8 character, never text already sent, never a possible start of a stop string)."""
+    UTF-8 character, never text already sent, never a possible start of a stop string).
+    queue_times: as in BatchTokenOut (empty when the sender did not report them)."""
 
     texts: list[str]
+    queue_times: list[float] = msgspec.field(default_factory=list)
 
 
 class ProcessReady(msgspec.Struct, tag="ready"):

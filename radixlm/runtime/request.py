@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -35,6 +36,8 @@ class Req:
     matched_stop: int | str | None = None
     generator: torch.Generator | None = None
     retractions: int = 0  # times retracted; >0 means output_ids are re-prefilled on resume
+    arrival_time: float = field(default_factory=time.perf_counter)  # s, perf_counter clock
+    queue_time: float = -1.0  # s from arrival to first admission; -1 until admitted
 
     @property
     def all_ids(self) -> list[int]:
@@ -52,6 +55,7 @@ class ReqOutput(NamedTuple):
     new_token_ids: tokens generated in this step (empty for a finished-without-token event).
     finish_reason: None while running, else "stop", "length" or "abort".
     matched_stop: the EOS / stop token id or the stop string that ended it, if any.
+    queue_time: seconds the request waited before its first admission (-1: never admitted).
     """
 
     rid: str
@@ -61,3 +65,4 @@ class ReqOutput(NamedTuple):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    queue_time: float = -1.0

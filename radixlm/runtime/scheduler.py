@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 
 import torch
 
@@ -214,6 +215,7 @@ class Scheduler:
         req.row = self.req_pool.alloc()
         self.table[req.row, :prefix_len] = match.kv_indices.to(torch.int32)
         if req.retractions == 0:  # usage and hit rate describe the original prompt
+            req.queue_time = time.perf_counter() - req.arrival_time
             req.cached_tokens = prefix_len
             self.counters.prompt_tokens += len(req.input_ids)
             self.counters.cached_tokens += prefix_len
@@ -417,6 +419,7 @@ class Scheduler:
             len(req.input_ids),
             len(req.output_ids),
             req.cached_tokens,
+            req.queue_time,
         )
 
     # ---- introspection ------------------------------------------------------------------

@@ -125,6 +125,7 @@ class SchedulerLoop:
             completion_tokens=[o.completion_tokens for o in outputs],
             cached_tokens=[o.cached_tokens for o in outputs],
             stops=stops,
+            queue_times=[o.queue_time for o in outputs],
         )
 
 
