@@ -52,8 +52,8 @@ class Backend(ABC):
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     @abstractmethod
-    def request(self, prompt: str, output_len: int) -> tuple[str, dict[str, Any]]:
-        """(path, JSON body) of a streamed request."""
+    def request(self, prompt: str | list[int], output_len: int) -> tuple[str, dict[str, Any]]:
+        """(path, JSON body) of a streamed request; `prompt` is text or token ids."""
 
     @abstractmethod
     def parse(self, event: dict[str, Any], state: dict[str, Any]) -> tuple[str, int]:
@@ -61,7 +61,9 @@ class Backend(ABC):
         prompt_tokens / output_tokens / cached_tokens. Raises RuntimeError for an error
         event."""
 
-    async def send(self, client: httpx.AsyncClient, prompt: str, output_len: int) -> RequestResult:
+    async def send(
+        self, client: httpx.AsyncClient, prompt: str | list[int], output_len: int
+    ) -> RequestResult:
         """Send one request; a failure is returned as `success=False` with its error."""
         path, body = self.request(prompt, output_len)
         res = RequestResult()
@@ -112,9 +114,10 @@ class NativeBackend(Backend):
 
     name = "radixlm"
 
-    def request(self, prompt: str, output_len: int) -> tuple[str, dict[str, Any]]:
+    def request(self, prompt: str | list[int], output_len: int) -> tuple[str, dict[str, Any]]:
         params = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": self.ignore_eos}
-        return "/generate", {"text": prompt, "sampling_params": params, "stream": True}
+        key = "input_ids" if isinstance(prompt, list) else "text"
+        return "/generate", {key: prompt, "sampling_params": params, "stream": True}
 
     def parse(self, event: dict[str, Any], state: dict[str, Any]) -> tuple[str, int]:
         if "error" in event:
@@ -136,7 +139,7 @@ class OpenAICompletionsBackend(Backend):
 
     name = "openai"
 
-    def request(self, prompt: str, output_len: int) -> tuple[str, dict[str, Any]]:
+    def request(self, prompt: str | list[int], output_len: int) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": prompt,

@@ -13,6 +13,7 @@ import asyncio
 import math
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -47,10 +48,12 @@ async def run_workload(
     seed: int = 0,
     progress: bool = True,
     timeout_s: float = 3600.0,
+    encode: Callable[[str], list[int]] | None = None,
 ) -> tuple[list[RequestResult], float]:
     """Run every session; return the results (session order, turn order) and the
     duration in seconds. Later turns of a session whose turn failed are not sent and
-    are reported as failed."""
+    are reported as failed. Sessions of token-id turns need `encode` (text -> ids) for
+    their history: the next prompt is prompt + encode(answer text) + the turn's ids."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
     offsets = arrival_offsets(len(sessions), request_rate, seed)
@@ -62,7 +65,7 @@ async def run_workload(
 
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
 
-        async def one(prompt: str, output_len: int) -> RequestResult:
+        async def one(prompt: str | list[int], output_len: int) -> RequestResult:
             if sem is None:
                 return await backend.send(client, prompt, output_len)
             async with sem:
@@ -71,7 +74,7 @@ async def run_workload(
         async def session(s: Session, offset: float, t0: float) -> list[RequestResult]:
             await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
             results: list[RequestResult] = []
-            history = ""
+            history: str | list[int] = "" if isinstance(s.turns[0].text, str) else []
             for turn in s.turns:
                 if results and not results[-1].success:
                     results.append(RequestResult(error="an earlier turn failed"))
@@ -79,7 +82,12 @@ async def run_workload(
                     continue
                 prompt = history + turn.text if s.resend_history else turn.text
                 res = await one(prompt, turn.output_len)
-                history = prompt + res.text
+                if isinstance(prompt, str):
+                    history = prompt + res.text
+                elif s.resend_history:
+                    if encode is None:
+                        raise ValueError("multi-turn token-id sessions need `encode`")
+                    history = prompt + encode(res.text)
                 results.append(res)
                 bar.update()
             return results

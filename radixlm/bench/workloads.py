@@ -30,9 +30,10 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Turn:
-    """One request: its text (or the text added to the history) and output length."""
+    """One request: its prompt (text or token ids; in a multi-turn session, what this
+    turn adds to the history) and its output length in tokens."""
 
-    text: str
+    text: str | list[int]
     output_len: int
 
 
