@@ -121,7 +121,7 @@ class Engine:
             stream=True an iterator of chunks with ``index``, the ``text`` and
             ``output_ids`` deltas, with return_logprob a ``meta_info`` holding this
             chunk's logprob entries, and on the last chunk of each request
-            ``finish_reason``, ``usage`` and the full ``meta_info``.
+            ``finish_reason``, ``usage`` and ``meta_info`` (its own logprob entries).
 
         Raises:
             InvalidRequestError: empty prompt, bad sampling values; its subclass
@@ -281,11 +281,13 @@ class Engine:
                 "text": text,
                 "output_ids": out.new_token_ids,
             }
-            if t.logprobs.return_logprob:
-                chunk["meta_info"] = self._add_logprobs(t, out)
+            delta = self._add_logprobs(t, out) if t.logprobs.return_logprob else {}
             if finished:
                 t.final = out
                 chunk.update(self._meta(t))
+                chunk["meta_info"].update(delta)  # chunks' logprob entries add up
+            elif delta:
+                chunk["meta_info"] = delta
             t.chunks.append(chunk)
 
     def _run_until_done(self, rids: list[str]) -> None:
