@@ -35,6 +35,7 @@ class Req:
     matched_stop: int | str | None = None
     generator: torch.Generator | None = None
     retractions: int = 0  # times retracted; >0 means output_ids are re-prefilled on resume
+    grammar: Any = None  # xgrammar GrammarMatcher that has accepted output_ids (grammar.py)
 
     @property
     def all_ids(self) -> list[int]:

@@ -16,6 +16,9 @@ from radixlm.errors import InvalidRequestError
 
 _GREEDY_TEMPERATURE = 1e-5
 
+# Grammar constraints (runtime/grammar.py); a request sets at most one of them.
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+
 
 class SamplingParams(msgspec.Struct, kw_only=True):
     """Per-request sampling settings, with SGLang's names.
@@ -30,6 +33,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             output text is cut before it.
         stop_token_ids: extra token ids that end generation (as EOS does).
         ignore_eos: keep generating past EOS.
+        json_schema / regex / ebnf / structural_tag: a grammar the output must match (a
+            JSON schema as a string, a regular expression, a GBNF grammar with rule
+            ``root``, an xgrammar structural tag as JSON); at most one (runtime/grammar.py).
     """
 
     max_new_tokens: int = 128
@@ -41,6 +47,10 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     stop: list[str] = msgspec.field(default_factory=list)
     stop_token_ids: list[int] = msgspec.field(default_factory=list)
     ignore_eos: bool = False
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
 
     @classmethod
     def from_any(cls, value: SamplingParams | dict[str, Any] | None) -> SamplingParams:
@@ -86,6 +96,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             raise InvalidRequestError("stop strings must be non-empty")
         if any(not 0 <= t < 2**31 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids must be token ids >= 0")
+        grammars = [f for f in GRAMMAR_FIELDS if getattr(self, f) is not None]
+        if len(grammars) > 1:
+            raise InvalidRequestError(f"set at most one of {', '.join(grammars)}")
 
     @property
     def is_greedy(self) -> bool:

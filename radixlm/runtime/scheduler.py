@@ -36,6 +36,7 @@ from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.radix import make_prefix_cache
 from radixlm.radix.policy import make_policy
 from radixlm.runtime.admission import Added, Plan, PrefillAdder
+from radixlm.runtime.grammar import GrammarBackend, GrammarCompiler
 from radixlm.runtime.memory import PagedAllocator, check_fits
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.request import Req, ReqOutput
@@ -73,6 +74,8 @@ class Scheduler:
         self.counters = SchedulerCounters()
         self.stop = StopChecker(eos_token_ids, runner.context_len, tokenizer)
         self.sampler = Sampler()
+        vocab = runner.config.vocab_size
+        self.grammars = GrammarBackend(GrammarCompiler(tokenizer, vocab, eos_token_ids))
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the request mid-chunk (holds a row, not running)
@@ -102,6 +105,7 @@ class Scheduler:
             raise QueueFullError(
                 f"waiting queue is full ({self.args.max_queued_requests} requests); retry later"
             )
+        self.grammars.prepare(req)  # compiles (cached); InvalidRequestError if it cannot
         if not req.params.is_greedy:
             seed = req.params.seed
             if seed is None:  # reproducible per engine: drawn in arrival order
@@ -261,6 +265,7 @@ class Scheduler:
     def _sample(self, logits: torch.Tensor, reqs: list[Req]) -> list[int]:
         if not reqs:
             return []
+        self.grammars.apply(logits, reqs)
         params, gens = [r.params for r in reqs], [r.generator for r in reqs]
         return self.sampler.sample(logits, params, gens).tolist()
 
@@ -389,7 +394,10 @@ class Scheduler:
                 outputs.append(self._finish(req, "length"))
                 continue
             req.output_ids.append(tok)
+            grammar_done = self.grammars.accept(req, tok)
             reason = self.stop.check(req, tok)
+            if grammar_done:
+                reason = "stop"
             if reason is None:
                 still_running.append(req)
                 outputs.append(self._output(req, [tok]))
