@@ -65,7 +65,8 @@ def check_json_schema(spec: str) -> dict[str, Any] | bool:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
         path = "/".join(str(p) for p in e.absolute_path) or "(root)"
-        raise InvalidRequestError(f"json_schema is not a valid JSON schema at {path}: {e.message}")
+        message = f"json_schema is not a valid JSON schema at {path}: {e.message}"
+        raise InvalidRequestError(message) from None
     return schema
 
 
@@ -79,6 +80,8 @@ class GrammarCompiler:
         stop_token_ids: tokens that end a completed grammar (the model's EOS ids).
         max_entries: compiled grammars (and compile errors) kept.
         max_threads: xgrammar compiler threads.
+        tokenizer_info: a ready `xgrammar.TokenizerInfo` to use instead of building one
+            from `tokenizer` (tests use raw vocabularies).
 
     The xgrammar `TokenizerInfo` (about 0.25 s for a 49k vocabulary) is built on the first
     compile, so a process that never sees a grammar never pays for it. Thread-safe.
@@ -91,12 +94,14 @@ class GrammarCompiler:
         stop_token_ids: list[int],
         max_entries: int = 256,
         max_threads: int = 1,
+        tokenizer_info=None,
     ):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.stop_token_ids = list(stop_token_ids)
         self.max_entries = max_entries
         self.max_threads = max_threads
+        self._info = tokenizer_info
         self._compiler = None
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._lock = threading.Lock()
@@ -156,10 +161,11 @@ class GrammarCompiler:
         if self._compiler is None:
             import xgrammar as xgr
 
-            info = xgr.TokenizerInfo.from_huggingface(
-                self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
-            )
-            self._compiler = xgr.GrammarCompiler(info, max_threads=self.max_threads)
+            if self._info is None:
+                self._info = xgr.TokenizerInfo.from_huggingface(
+                    self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
+                )
+            self._compiler = xgr.GrammarCompiler(self._info, max_threads=self.max_threads)
         return self._compiler
 
 
