@@ -35,9 +35,6 @@ NOT_YET_SUPPORTED: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (None, 0),
     "repetition_penalty": (None, 1),
     "logit_bias": (None, {}),
-    "response_format": (None, {"type": "text"}),
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
     "audio": (None,),
@@ -111,6 +108,9 @@ class SamplingFields(_Strict):
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     repetition_penalty: float | None = Field(None, gt=0)
+    # Grammar extensions (SGLang names; frontend/structured.py).
+    regex: str | None = None
+    ebnf: str | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -176,7 +176,8 @@ class GenerateRequest(_Strict):
 
     Exactly one of `text` (a string or a batch of strings) and `input_ids` (token ids or a
     batch of them). `sampling_params` uses SGLang's names (max_new_tokens, temperature,
-    top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos): one dict for all prompts
+    top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos, and one grammar of
+    json_schema, regex, ebnf, structural_tag): one dict for all prompts
     or a list with one per prompt; its values are checked by `SamplingParams.from_any`.
     """
 

@@ -238,6 +238,7 @@ class Engine:
             max_total_tokens=self.runner.max_total_tokens,
             page_size=self.args.page_size,
         )
+        self.scheduler.grammars.compiler.validate(p)  # a bad grammar queues nothing
 
     def _submit_all(
         self,

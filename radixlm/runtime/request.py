@@ -45,6 +45,7 @@ class Req:
     input_logprobs: TokenLogprobs | None = None
     input_logprobs_sent: bool = False
     retractions: int = 0  # times retracted; >0 means output_ids are re-prefilled on resume
+    grammar: Any = None  # xgrammar GrammarMatcher that has accepted output_ids (grammar.py)
 
     @property
     def all_ids(self) -> list[int]:

@@ -36,6 +36,7 @@ from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.radix import make_prefix_cache
 from radixlm.radix.policy import make_policy
 from radixlm.runtime.admission import Added, Plan, PrefillAdder
+from radixlm.runtime.grammar import GrammarBackend, GrammarCompiler
 from radixlm.runtime.logprobs import LogitsSelection, initial_input_logprobs, output_logprobs
 from radixlm.runtime.memory import PagedAllocator, check_fits
 from radixlm.runtime.model_runner import ModelRunner
@@ -74,6 +75,8 @@ class Scheduler:
         self.counters = SchedulerCounters()
         self.stop = StopChecker(eos_token_ids, runner.context_len, tokenizer)
         self.sampler = Sampler(eos_token_ids)
+        vocab = runner.config.vocab_size
+        self.grammars = GrammarBackend(GrammarCompiler(tokenizer, vocab, eos_token_ids))
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the request mid-chunk (holds a row, not running)
@@ -103,6 +106,7 @@ class Scheduler:
             raise QueueFullError(
                 f"waiting queue is full ({self.args.max_queued_requests} requests); retry later"
             )
+        self.grammars.prepare(req)  # compiles (cached); InvalidRequestError if it cannot
         seed = req.params.seed
         if seed is None:  # reproducible per engine: drawn in arrival order
             seed = self._seed_rng.getrandbits(63)
@@ -269,6 +273,7 @@ class Scheduler:
         """Next token of each request, and its logprobs (None unless return_logprob)."""
         if not reqs:
             return [], []
+        self.grammars.apply(logits, reqs)
         next_ids = self.sampler.sample(logits, reqs)
         return next_ids.tolist(), output_logprobs(logits, next_ids, reqs)
 
@@ -397,7 +402,10 @@ class Scheduler:
                 outputs.append(self._finish(req, "length"))
                 continue
             req.output_ids.append(tok)
+            grammar_done = self.grammars.accept(req, tok)
             reason = self.stop.check(req, tok)
+            if grammar_done:
+                reason = "stop"
             if reason is None:
                 still_running.append(req)
                 outputs.append(self._output(req, [tok], lp))

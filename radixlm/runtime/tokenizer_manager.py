@@ -24,6 +24,7 @@ from radixlm.errors import (
     RequestTooLargeError,
     ServerError,
 )
+from radixlm.runtime.grammar import GrammarCompiler
 from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket
 from radixlm.runtime.loader import check_request, load_tokenizer
 from radixlm.runtime.messages import (
@@ -76,6 +77,11 @@ class TokenizerManager:
         self.context_len = facts["context_length"]
         self.max_total_tokens = facts["max_total_tokens"]
         self.max_prompt_chars = self.context_len * _longest_token_chars(self.tokenizer)
+        # Grammars are compiled here too (cached), so a bad one is a 400 before queuing.
+        eos = self.tokenizer.eos_token_id
+        self.grammars = GrammarCompiler(
+            self.tokenizer, self.vocab_size, [] if eos is None else [eos]
+        )
         self._ctx = zmq.asyncio.Context()
         self._ipc = ipc
         self._send: zmq.asyncio.Socket | None = None
@@ -130,7 +136,8 @@ class TokenizerManager:
             )
 
     def validate(self, input_ids: list[int], params: SamplingParams) -> None:
-        """Raise InvalidRequestError for a request that can never run (see check_request)."""
+        """Raise InvalidRequestError for a request that can never run (see check_request)
+        or whose grammar does not compile."""
         check_request(
             input_ids,
             params,
@@ -139,6 +146,7 @@ class TokenizerManager:
             max_total_tokens=self.max_total_tokens,
             page_size=self.args.page_size,
         )
+        self.grammars.validate(params)
 
     async def generate(
         self,
