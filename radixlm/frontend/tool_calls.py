@@ -217,8 +217,8 @@ def tool_finish_reason(reason: str | None, has_calls: bool) -> str | None:
 class ToolChatFormat(ChatFormat):
     """ChatFormat whose output is parsed for tool calls (requests with tools rendered)."""
 
-    def __init__(self, id: str, created: int, model: str):  # noqa: A002 - OpenAI's field name
-        super().__init__(id, created, model)
+    def __init__(self, id: str, created: int, model: str, **kwargs: Any):  # noqa: A002
+        super().__init__(id, created, model, **kwargs)
         self._streams: dict[int, ToolCallStream] = {}
 
     def deltas(self, index: int, chunk: dict[str, Any], include_usage: bool) -> list[dict]:
@@ -232,7 +232,7 @@ class ToolChatFormat(ChatFormat):
             out.append(self._chunk(choice, include_usage))
         if reason is not None:
             final = tool_finish_reason(reason, stream.has_calls)
-            done = {**chunk, "text": "", "finish_reason": final}
+            done = {**chunk, "text": "", "finish_reason": final, "output_logprobs": None}
             out.extend(super().deltas(index, done, include_usage))
         return out
 

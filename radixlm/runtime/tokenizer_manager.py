@@ -27,6 +27,7 @@ from radixlm.errors import (
 from radixlm.runtime.grammar import GrammarCompiler
 from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket
 from radixlm.runtime.loader import check_request, load_tokenizer
+from radixlm.runtime.logprobs import LogprobOptions
 from radixlm.runtime.messages import (
     AbortReq,
     BatchStrOut,
@@ -135,9 +136,13 @@ class TokenizerManager:
                 f"{self.context_len} tokens can hold"
             )
 
-    def validate(self, input_ids: list[int], params: SamplingParams) -> None:
+    def validate(
+        self, input_ids: list[int], params: SamplingParams, logprobs: LogprobOptions | None = None
+    ) -> None:
         """Raise InvalidRequestError for a request that can never run (see check_request)
-        or whose grammar does not compile."""
+        bad logprob options, or a grammar that does not compile."""
+        if logprobs is not None:
+            logprobs.validate(self.vocab_size)
         check_request(
             input_ids,
             params,
@@ -155,18 +160,22 @@ class TokenizerManager:
         *,
         rid: str | None = None,
         extra_key: str | None = None,
+        logprobs: LogprobOptions | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Run one request; yield its chunks as they arrive.
 
         Each chunk: ``rid``, ``text`` (new text), ``output_ids`` (new token ids),
-        ``finish_reason`` (None, "stop", "length", "abort") and ``matched_stop``; the last
-        chunk also has ``usage`` {prompt_tokens, completion_tokens, cached_tokens}.
+        ``finish_reason`` (None, "stop", "length", "abort"), ``matched_stop``, and
+        ``output_logprobs`` / ``input_logprobs`` (`TokenLogprobs` or None; see
+        `ReqOutput`); the last chunk also has ``usage`` {prompt_tokens,
+        completion_tokens, cached_tokens}.
 
         Raises InvalidRequestError (bad request, checked before anything is sent, or a
         duplicate rid), QueueFullError (scheduler queue full), ServerError (shutdown).
         Closing the iterator before the last chunk aborts the request.
         """
-        self.validate(input_ids, params)
+        lp = logprobs or LogprobOptions()
+        self.validate(input_ids, params, lp)
         rid = rid or uuid.uuid4().hex
         if rid in self._states:
             raise InvalidRequestError(f"request id {rid!r} is already in use")
@@ -174,7 +183,15 @@ class TokenizerManager:
             raise ServerError("the tokenizer manager is not started")
         state = self._states[rid] = _ReqState()
         try:
-            msg = GenerateReq(rid=rid, input_ids=input_ids, params=params, extra_key=extra_key)
+            msg = GenerateReq(
+                rid=rid,
+                input_ids=input_ids,
+                params=params,
+                extra_key=extra_key,
+                return_logprob=lp.return_logprob,
+                logprob_start_len=lp.logprob_start_len,
+                top_logprobs_num=lp.top_logprobs_num,
+            )
             await self._send.send(encode(msg))
             while True:
                 await state.event.wait()
@@ -254,6 +271,8 @@ class TokenizerManager:
                 "output_ids": b.new_token_ids[i],
                 "finish_reason": reason,
                 "matched_stop": b.matched_stops[i],
+                "output_logprobs": b.output_logprobs[i] if b.output_logprobs else None,
+                "input_logprobs": b.input_logprobs[i] if b.input_logprobs else None,
             }
             if reason is not None:
                 state.finished = True
