@@ -96,17 +96,38 @@ def test_cache_hit_and_miss_give_the_same_values(engine, tokenizer):
     )
 
 
-def test_chunked_prefill_gives_the_same_prompt_logprobs(engine, tokenizer):
+def test_chunked_mixed_prefill_gives_the_same_logprobs(engine, tokenizer):
     ids = tokenizer.encode(PROMPT * 3, add_special_tokens=False)
     engine.flush_cache()
     whole = engine.generate(
         input_ids=ids, sampling_params=greedy(2), return_logprob=True, logprob_start_len=0
     )
-    with Engine(MODEL, max_total_tokens=4096, context_length=512, chunked_prefill_size=7) as e:
-        chunked = e.generate(
-            input_ids=ids, sampling_params=greedy(2), return_logprob=True, logprob_start_len=0
+    other = tokenizer.encode("Hello there", add_special_tokens=False)
+    with Engine(
+        MODEL,
+        max_total_tokens=4096,
+        context_length=512,
+        chunked_prefill_size=7,
+        enable_mixed_chunk=True,
+    ) as e:
+        # The short request decodes inside the long prompt's chunked extend steps.
+        outs = e.generate(
+            input_ids=[other, ids],
+            sampling_params=[greedy(12), greedy(2)],
+            return_logprob=[False, True],
+            logprob_start_len=[-1, 0],
         )
-    _same(chunked["meta_info"], whole["meta_info"])
+    assert "input_token_logprobs" not in outs[0]["meta_info"]
+    _same(outs[1]["meta_info"], whole["meta_info"])
+
+
+def test_n_copies_share_the_prompt(engine, tokenizer):
+    ids = tokenizer.encode(PROMPT * 3, add_special_tokens=False)
+    engine.flush_cache()
+    sampled = {"max_new_tokens": 4, "temperature": 1.0}
+    outs = engine.generate(input_ids=[ids] * 3, sampling_params=sampled)
+    # The in-batch prefix guard holds copies 1 and 2 back one step: they hit copy 0's KV.
+    assert [o["usage"]["cached_tokens"] for o in outs] == [0, len(ids) - 1, len(ids) - 1]
 
 
 def test_max_new_tokens_zero_scores_the_prompt(engine, tokenizer):
