@@ -203,3 +203,20 @@ def _same_entries(a, b) -> None:
 def _same(a: dict, b: dict) -> None:
     _same_entries(a["input_token_logprobs"], b["input_token_logprobs"])
     _same_entries(a["output_token_logprobs"], b["output_token_logprobs"])
+
+
+def test_retraction_keeps_logprobs_exact(engine, prompts):
+    """A 96-slot pool retracts decoding requests; resumed requests neither repeat nor lose
+    logprob entries, and the values equal an unpressured run's."""
+    short = [prompts[i] for i in (0, 1, 2, 3, 4, 6, 7)]
+    kw = dict(sampling_params=greedy(), return_logprob=True, logprob_start_len=0)
+    engine.flush_cache()
+    calm = engine.generate(input_ids=short, **kw)
+    with Engine(MODEL, max_total_tokens=96, schedule_conservativeness=0.3) as tight:
+        pressed = tight.generate(input_ids=short, **kw)
+        assert tight.get_server_info()["scheduler"]["num_retracted_total"] > 0
+    for a, b, ids in zip(pressed, calm, short):
+        assert a["output_ids"] == b["output_ids"]
+        assert len(a["meta_info"]["input_token_logprobs"]) == len(ids)
+        assert len(a["meta_info"]["output_token_logprobs"]) == len(a["output_ids"])
+        _same(a["meta_info"], b["meta_info"])
