@@ -20,7 +20,7 @@ import torch
 
 from radixlm.errors import InvalidRequestError
 from radixlm.runtime.penalties import apply_processors
-from radixlm.runtime.random_draw import exponential_race
+from radixlm.runtime.random_draw import inverse_cdf_draw
 
 _GREEDY_TEMPERATURE = 1e-5
 
@@ -192,7 +192,7 @@ class Sampler:
         probs = self._filter(sub / temps[:, None].to(sub.device), [r.params for r in sub_reqs])
         seeds = torch.tensor([r.seed for r in sub_reqs], dtype=torch.int64)
         steps = torch.tensor([len(r.output_ids) for r in sub_reqs], dtype=torch.int64)
-        drawn = exponential_race(probs, seeds.to(probs.device), steps.to(probs.device))
+        drawn = inverse_cdf_draw(probs, seeds.to(probs.device), steps.to(probs.device))
         out[idx] = drawn
         return out
 
