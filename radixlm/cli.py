@@ -1,5 +1,5 @@
 """The `radixlm` command: `serve` (OpenAI-compatible HTTP server), `generate` (one completion
-in-process) and `plan` (serving planner)."""
+in-process), `bench` (serving benchmark client) and `plan` (serving planner)."""
 
 from __future__ import annotations
 
@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     ServerArgs.add_cli_args(gen)
     gen.set_defaults(func=_generate)
 
+    from radixlm.bench.cli import register as register_bench
+
+    register_bench(sub)
     try:
         from radixlm.plan.cli import register
     except ImportError:

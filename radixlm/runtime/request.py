@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -46,6 +47,8 @@ class Req:
     input_logprobs_sent: bool = False
     retractions: int = 0  # times retracted; >0 means output_ids are re-prefilled on resume
     grammar: Any = None  # xgrammar GrammarMatcher that has accepted output_ids (grammar.py)
+    arrival_time: float = field(default_factory=time.perf_counter)  # s, perf_counter clock
+    queue_time: float = -1.0  # s from arrival to first admission; -1 until admitted
 
     @property
     def all_ids(self) -> list[int]:
@@ -79,6 +82,7 @@ class ReqOutput(NamedTuple):
     output_logprobs: logprobs of new_token_ids (requests with return_logprob), else None.
     input_logprobs: prompt-token logprobs, on the first output after the prompt's prefill
         (requests with logprob_start_len >= 0), else None.
+    queue_time: seconds the request waited before its first admission (-1: never admitted).
     """
 
     rid: str
@@ -90,3 +94,4 @@ class ReqOutput(NamedTuple):
     cached_tokens: int
     output_logprobs: TokenLogprobs | None = None
     input_logprobs: TokenLogprobs | None = None
+    queue_time: float = -1.0

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 
 import torch
 
@@ -221,6 +222,7 @@ class Scheduler:
             start = req.logprob_start_len
             req.input_logprobs = initial_input_logprobs(req.input_ids, start, req.top_logprobs_num)
         if req.retractions == 0:  # usage and hit rate describe the original prompt
+            req.queue_time = time.perf_counter() - req.arrival_time
             req.cached_tokens = prefix_len
             self.counters.prompt_tokens += len(req.input_ids)
             self.counters.cached_tokens += prefix_len
@@ -443,6 +445,7 @@ class Scheduler:
             req.cached_tokens,
             logprobs,
             input_lp,
+            req.queue_time,
         )
 
     # ---- introspection ------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -40,6 +41,7 @@ from radixlm.runtime.messages import (
     decode,
     encode,
 )
+from radixlm.runtime.request_observer import RequestObserver
 from radixlm.runtime.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -67,7 +69,8 @@ class TokenizerManager:
         tokenizer: the model's tokenizer if already loaded (else loaded here).
 
     Attributes: tokenizer (Hugging Face), model_name (served name), context_len,
-    vocab_size, max_total_tokens (KV pool size in tokens).
+    vocab_size, max_total_tokens (KV pool size in tokens), observer (a RequestObserver,
+    e.g. the server's Prometheus metrics; a no-op by default).
     """
 
     def __init__(self, args: ServerArgs, ipc: IpcPaths, facts: dict[str, int], tokenizer=None):
@@ -90,6 +93,7 @@ class TokenizerManager:
         self._states: dict[str, _ReqState] = {}
         self._control: dict[str, asyncio.Future] = {}
         self._task: asyncio.Task | None = None
+        self.observer = RequestObserver()
 
     # ---- lifecycle --------------------------------------------------------------------
 
@@ -192,6 +196,7 @@ class TokenizerManager:
                 logprob_start_len=lp.logprob_start_len,
                 top_logprobs_num=lp.top_logprobs_num,
             )
+            self.observer.on_submit(rid, time.perf_counter())
             await self._send.send(encode(msg))
             while True:
                 await state.event.wait()
@@ -205,8 +210,12 @@ class TokenizerManager:
                     return
         finally:
             self._states.pop(rid, None)
-            if not state.finished and state.error is None:
-                self.abort(rid)
+            if not state.finished:
+                if state.error is None:
+                    self.abort(rid)
+                self.observer.on_abandoned(
+                    rid, time.perf_counter(), refused=state.error is not None
+                )
 
     def abort(self, rid: str) -> None:
         """Ask the scheduler to stop `rid` (no-op for unknown or finished requests)."""
@@ -245,6 +254,7 @@ class TokenizerManager:
 
     def _dispatch(self, msg: Message) -> None:
         if isinstance(msg, BatchStrOut):
+            self.observer.on_batch(msg, time.perf_counter())
             self._on_batch(msg)
         elif isinstance(msg, ReqError):
             state = self._states.get(msg.rid)
