@@ -36,6 +36,7 @@ from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.radix import make_prefix_cache
 from radixlm.radix.policy import make_policy
 from radixlm.runtime.admission import Added, Plan, PrefillAdder
+from radixlm.runtime.decode_strategy import make_decode_strategy
 from radixlm.runtime.memory import PagedAllocator, check_fits
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.request import Req, ReqOutput
@@ -73,6 +74,7 @@ class Scheduler:
         self.counters = SchedulerCounters()
         self.stop = StopChecker(eos_token_ids, runner.context_len, tokenizer)
         self.sampler = Sampler()
+        self.decoder = make_decode_strategy(args, runner)  # plain or speculative decode
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the request mid-chunk (holds a row, not running)
@@ -163,7 +165,7 @@ class Scheduler:
             outputs = self._run(plan, list(self.running) if mixed else [])
         elif self.running:
             self._make_room_for_decode()
-            outputs = self._run([], list(self.running))
+            outputs = self.decoder.decode(self, list(self.running))
         else:
             outputs, self._pending = self._pending, []
         self._last_extend = bool(plan)
@@ -239,6 +241,7 @@ class Scheduler:
             logits = self.runner.forward(fb)[done]
             sampled = [batch[i] for i in done]
             next_ids = self._sample(logits, sampled)
+            self.decoder.after_forward(fb, batch, dict(zip(sampled, next_ids)))
         except Exception:
             self._fail(batch)
             raise
@@ -448,6 +451,7 @@ class Scheduler:
             "new_token_ratio": round(self.ratio.value, 4),
             "token_usage": (mem["total"] - mem["free"] - mem["evictable"]) / mem["total"],
             **self.counters.as_dict(),
+            **self.decoder.stats(),
             **mem,
         }
 
