@@ -2,14 +2,18 @@
 
 `make_speculative_decode(args, runner)` builds the decode strategy the scheduler uses
 when --speculative-algorithm is set (see `decode.py` for the step, `base.py` for the
-drafter interface, `accept.py` for the acceptance rules).
+drafter interface, `accept.py` for the acceptance rules). Imports are lazy so the CLI
+can read `train_args` without loading torch.
 """
 
 from __future__ import annotations
 
-from radixlm.config import ServerArgs
-from radixlm.runtime.speculative.base import DraftContext, Drafter, DraftTree, Verified
-from radixlm.runtime.speculative.decode import SpeculativeDecode
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixlm.config import ServerArgs
+    from radixlm.runtime.speculative.base import Drafter
+    from radixlm.runtime.speculative.decode import SpeculativeDecode
 
 
 def make_drafter(args: ServerArgs, runner) -> Drafter:
@@ -32,16 +36,6 @@ def make_drafter(args: ServerArgs, runner) -> Drafter:
 
 def make_speculative_decode(args: ServerArgs, runner) -> SpeculativeDecode:
     """A SpeculativeDecode over the drafter named by args."""
-    drafter = make_drafter(args, runner)
-    return SpeculativeDecode(args, runner, drafter)
+    from radixlm.runtime.speculative.decode import SpeculativeDecode
 
-
-__all__ = [
-    "DraftContext",
-    "DraftTree",
-    "Drafter",
-    "SpeculativeDecode",
-    "Verified",
-    "make_drafter",
-    "make_speculative_decode",
-]
+    return SpeculativeDecode(args, runner, make_drafter(args, runner))

@@ -63,6 +63,7 @@ class ModelTreeDrafter(Drafter):
         `fb` (TARGET_VERIFY over those nodes; see `_node_batch`)."""
 
     def draft(self, ctx: DraftContext) -> list[DraftTree]:
+        self.table = ctx.table  # the request-to-token table, read again in after_verify
         grows = {i: _Growing(r, n) for i, (r, n) in enumerate(zip(ctx.reqs, ctx.budgets)) if n}
         active = list(grows.values())
         if active:
