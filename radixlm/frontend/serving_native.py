@@ -139,6 +139,7 @@ def _result(r: dict[str, Any], rid: str, prompt_len: int) -> dict[str, Any]:
             "prompt_tokens": usage.get("prompt_tokens", prompt_len),
             "completion_tokens": usage.get("completion_tokens", len(r["output_ids"])),
             "cached_tokens": usage.get("cached_tokens"),
+            **({k: usage[k] for k in ("spec_accept_length",) if k in usage}),
         },
     }
 

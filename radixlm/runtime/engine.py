@@ -269,7 +269,9 @@ class Engine:
 
     @staticmethod
     def _meta(out: ReqOutput) -> dict[str, Any]:
+        spec = {"spec_accept_length": out.spec_accept_length} if out.spec_accept_length else {}
         return {
+            **spec,
             "finish_reason": out.finish_reason,
             "matched_stop": out.matched_stop,
             "usage": {

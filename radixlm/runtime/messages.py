@@ -89,6 +89,7 @@ class BatchTokenOut(_BatchOut, tag="token_out"):
     detokenizer cuts the text before them and holds back their possible starts)."""
 
     stops: list[list[str]]
+    spec_accept_lengths: list[float] = msgspec.field(default_factory=list)
 
 
 class BatchStrOut(_BatchOut, tag="str_out"):
@@ -96,6 +97,7 @@ class BatchStrOut(_BatchOut, tag="str_out"):
     UTF-8 character, never text already sent, never a possible start of a stop string)."""
 
     texts: list[str]
+    spec_accept_lengths: list[float] = msgspec.field(default_factory=list)
 
 
 class ProcessReady(msgspec.Struct, tag="ready"):

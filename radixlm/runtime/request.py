@@ -35,11 +35,18 @@ class Req:
     matched_stop: int | str | None = None
     generator: torch.Generator | None = None
     retractions: int = 0  # times retracted; >0 means output_ids are re-prefilled on resume
+    spec_verify_steps: int = 0  # speculative verify steps this request took part in
+    spec_emitted_tokens: int = 0  # tokens those steps emitted (accepted drafts + bonus)
 
     @property
     def all_ids(self) -> list[int]:
         """Prompt followed by the generated tokens."""
         return self.input_ids + self.output_ids
+
+    def spec_accept_length(self) -> float:
+        """Mean tokens per speculative verify step (0.0 without speculation)."""
+        steps = self.spec_verify_steps
+        return self.spec_emitted_tokens / steps if steps else 0.0
 
     def remaining_new_tokens(self) -> int:
         """Tokens still allowed by max_new_tokens."""
@@ -52,6 +59,7 @@ class ReqOutput(NamedTuple):
     new_token_ids: tokens generated in this step (empty for a finished-without-token event).
     finish_reason: None while running, else "stop", "length" or "abort".
     matched_stop: the EOS / stop token id or the stop string that ended it, if any.
+    spec_accept_length: mean tokens per speculative verify step so far (0.0: none ran).
     """
 
     rid: str
@@ -61,3 +69,4 @@ class ReqOutput(NamedTuple):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    spec_accept_length: float = 0.0

@@ -420,6 +420,7 @@ class Scheduler:
             len(req.input_ids),
             len(req.output_ids),
             req.cached_tokens,
+            req.spec_accept_length(),
         )
 
     # ---- introspection ------------------------------------------------------------------

@@ -125,6 +125,7 @@ class SchedulerLoop:
             completion_tokens=[o.completion_tokens for o in outputs],
             cached_tokens=[o.cached_tokens for o in outputs],
             stops=stops,
+            spec_accept_lengths=[o.spec_accept_length for o in outputs],
         )
 
 

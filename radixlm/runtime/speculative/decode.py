@@ -229,7 +229,8 @@ class SpeculativeDecode:
             c.emitted_tokens += m
             c.draft_tokens += len(tree)
             c.accepted_drafts += len(path) - 1
-            req.spec_verify_steps = getattr(req, "spec_verify_steps", 0) + 1
+            req.spec_verify_steps += 1
+            req.spec_emitted_tokens += m
             if reason is not None:
                 finished[req] = (reason, emitted)
             else:

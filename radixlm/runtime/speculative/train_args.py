@@ -17,7 +17,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=256, help="training window (tokens)")
     p.add_argument("--batch-size", type=int, default=4, help="windows per step")
     p.add_argument("--steps", type=int, default=3000, help="optimizer steps at most")
-    p.add_argument("--max-minutes", type=float, default=12.0, help="training time limit")
+    p.add_argument("--max-minutes", type=float, default=12.0, help="training limit in CPU minutes")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
     p.add_argument("--intermediate-size", type=int, default=None, help="head FFN width")
     p.add_argument("--seed", type=int, default=0, help="RNG seed")
