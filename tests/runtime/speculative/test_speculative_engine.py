@@ -74,8 +74,7 @@ CONFIGS = {
     "draft-chain": ("draft", {"speculative_draft_path": MODEL}),
     "draft-tree": (
         "draft",
-        {"speculative_draft_path": MODEL, "speculative_topk": 2,
-         "speculative_num_draft_tokens": 6},
+        {"speculative_draft_path": MODEL, "speculative_topk": 2, "speculative_num_draft_tokens": 6},
     ),  # fmt: skip
     "eagle-tree": ("eagle", {"speculative_topk": 2, "speculative_num_draft_tokens": 5}),
 }
