@@ -3,8 +3,10 @@ sampling (chi-square against the target distribution with a fixed seed)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from radixlm.config import ServerArgs
 from radixlm.runtime.request import Req
 from radixlm.runtime.sampling import SamplingParams
 from radixlm.runtime.speculative.accept import accept_greedy, accept_sampled, target_probs
@@ -92,3 +94,12 @@ def test_rejection_sampling_without_drafts_is_plain_sampling():
         assert path == [0]
         counts[bonus] += 1
     assert _chi2_pvalue(counts, torch.softmax(logits[0].double(), -1)) > 0.01
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="speculative-draft-path"):
+        ServerArgs(speculative_algorithm="eagle")
+    with pytest.raises(ValueError, match="speculative_algorithm"):
+        ServerArgs(speculative_algorithm="medusa")
+    with pytest.raises(ValueError, match="speculative_num_draft_tokens"):
+        ServerArgs(speculative_algorithm="ngram", speculative_num_draft_tokens=0)

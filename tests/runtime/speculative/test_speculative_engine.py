@@ -91,6 +91,7 @@ def test_greedy_equals_reference(name, engine, eagle_dir, prompts, reference):
     engine.scheduler.tree.evict(engine.scheduler.tree.evictable_size())
     for ids, ref in zip(prompts[:4], reference[:4]):  # single requests
         assert engine.generate(input_ids=ids, sampling_params=greedy())["output_ids"] == ref
+    assert all(o["spec_accept_length"] >= 1.0 for o in batched)  # per-request meta info
     stats = spec_stats(engine)
     assert stats["spec_verify_steps_total"] > 0 and stats["spec_plain_decode_steps_total"] == 0
     if name == "draft-chain":  # the target drafting for itself: every draft is accepted
@@ -189,3 +190,17 @@ def test_retraction_with_speculation(engine, prompts):
         sched.allocator.free(stolen * 4)
     assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in plain]
     check_pool(sched, idle=True)
+
+
+def test_sampled_requests_are_seeded_and_complete(engine, prompts):
+    """Sampling goes through rejection sampling: a seed reproduces the output exactly."""
+    use(engine, "draft", speculative_draft_path=MODEL, speculative_topk=2,
+        speculative_num_draft_tokens=5)  # fmt: skip
+    params = {"max_new_tokens": 20, "temperature": 0.8, "top_p": 0.9, "seed": 11,
+              "ignore_eos": True}  # fmt: skip
+    a = engine.generate(input_ids=prompts[:3], sampling_params=params)
+    b = engine.generate(input_ids=prompts[:3], sampling_params=params)
+    assert [o["output_ids"] for o in a] == [o["output_ids"] for o in b]
+    assert all(len(o["output_ids"]) == 20 for o in a)
+    assert spec_stats(engine)["spec_accept_rate"] > 0.3  # the draft is the target itself
+    check_pool(engine.scheduler, idle=True)
