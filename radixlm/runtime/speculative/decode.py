@@ -99,8 +99,9 @@ class SpeculativeDecode:
         self.num_draft = args.speculative_num_draft_tokens
         self.max_batch_size = args.speculative_max_batch_size
         self.counters = SpecCounters()
-        if drafter.needs_hidden:
+        if drafter.needs_hidden:  # every target forward must leave its hidden states
             runner.model.capture_hidden = True
+            runner.graph_runner = None  # a replayed CUDA graph would not record them
 
     # ---- hooks called by the scheduler ----------------------------------------------
 
