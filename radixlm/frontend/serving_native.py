@@ -155,6 +155,7 @@ class _ResultFormat:
             "prompt_tokens": usage.get("prompt_tokens", prompt_len),
             "completion_tokens": completion,
             "cached_tokens": usage.get("cached_tokens"),
+            **({k: usage[k] for k in ("spec_accept_length",) if k in usage}),
         }
         if self.logprobs:
             meta.update(logprob_info(r["input_logprobs"], r["output_logprobs"], self.decode))

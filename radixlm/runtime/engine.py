@@ -339,9 +339,12 @@ class Engine:
             "completion_tokens": out.completion_tokens,
             "cached_tokens": out.cached_tokens,
         }
+        spec = {"spec_accept_length": out.spec_accept_length} if out.spec_accept_length else {}
+        meta.update(spec)
         if t.logprobs.return_logprob:
             meta.update(logprob_info(t.input_lp, t.output_lp, self._decode_token(t)))
         return {
+            **spec,
             "finish_reason": out.finish_reason,
             "matched_stop": out.matched_stop,
             "usage": {

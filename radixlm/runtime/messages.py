@@ -104,6 +104,7 @@ class BatchTokenOut(_BatchOut, tag="token_out"):
     output_logprobs: list[TokenLogprobs | None] = msgspec.field(default_factory=list)
     input_logprobs: list[TokenLogprobs | None] = msgspec.field(default_factory=list)
     queue_times: list[float] = msgspec.field(default_factory=list)
+    spec_accept_lengths: list[float] = msgspec.field(default_factory=list)
 
 
 class BatchStrOut(_BatchOut, tag="str_out"):
@@ -115,6 +116,7 @@ class BatchStrOut(_BatchOut, tag="str_out"):
     output_logprobs: list[TokenLogprobs | None] = msgspec.field(default_factory=list)
     input_logprobs: list[TokenLogprobs | None] = msgspec.field(default_factory=list)
     queue_times: list[float] = msgspec.field(default_factory=list)
+    spec_accept_lengths: list[float] = msgspec.field(default_factory=list)
 
 
 class ProcessReady(msgspec.Struct, tag="ready"):

@@ -37,6 +37,7 @@ from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.radix import make_prefix_cache
 from radixlm.radix.policy import make_policy
 from radixlm.runtime.admission import Added, Plan, PrefillAdder
+from radixlm.runtime.decode_strategy import make_decode_strategy
 from radixlm.runtime.grammar import GrammarBackend, GrammarCompiler
 from radixlm.runtime.logprobs import LogitsSelection, initial_input_logprobs, output_logprobs
 from radixlm.runtime.memory import PagedAllocator, check_fits
@@ -78,6 +79,7 @@ class Scheduler:
         self.sampler = Sampler(eos_token_ids)
         vocab = runner.config.vocab_size
         self.grammars = GrammarBackend(GrammarCompiler(tokenizer, vocab, eos_token_ids))
+        self.decoder = make_decode_strategy(args, runner)  # plain or speculative decode
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the request mid-chunk (holds a row, not running)
@@ -168,7 +170,7 @@ class Scheduler:
             outputs = self._run(plan, list(self.running) if mixed else [])
         elif self.running:
             self._make_room_for_decode()
-            outputs = self._run([], list(self.running))
+            outputs = self.decoder.decode(self, list(self.running))
         else:
             outputs, self._pending = self._pending, []
         self._last_extend = bool(plan)
@@ -252,6 +254,7 @@ class Scheduler:
             logits = out[[select.last_rows[i] for i in done]]
             sampled = [batch[i] for i in done]
             next_ids, logprobs = self._sample(logits, sampled)
+            self.decoder.after_forward(fb, batch, dict(zip(sampled, next_ids)))
         except Exception:
             self._fail(batch)
             raise
@@ -446,6 +449,7 @@ class Scheduler:
             logprobs,
             input_lp,
             req.queue_time,
+            req.spec_accept_length(),
         )
 
     # ---- introspection ------------------------------------------------------------------
@@ -477,6 +481,7 @@ class Scheduler:
             "new_token_ratio": round(self.ratio.value, 4),
             "token_usage": (mem["total"] - mem["free"] - mem["evictable"]) / mem["total"],
             **self.counters.as_dict(),
+            **self.decoder.stats(),
             **mem,
         }
 

@@ -291,6 +291,8 @@ class TokenizerManager:
                     "completion_tokens": b.completion_tokens[i],
                     "cached_tokens": b.cached_tokens[i],
                 }
+                if b.spec_accept_lengths and b.spec_accept_lengths[i]:
+                    chunk["usage"]["spec_accept_length"] = b.spec_accept_lengths[i]
             state.chunks.append(chunk)
             state.event.set()
 
