@@ -181,7 +181,7 @@ class LlamaForCausalLM(nn.Module):
         if self.capture_hidden:  # speculative drafters read every token's final state
             x = self.last_hidden = self.model.norm(x)
             if fb.mode is ForwardMode.EXTEND:
-                x = x[fb.last_token_index()]
+                x = x[fb.logits_index()]
             return self.lm_head(x).float()
         if fb.mode is ForwardMode.EXTEND:
             x = x[fb.logits_index()]
