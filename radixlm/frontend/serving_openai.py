@@ -14,10 +14,11 @@ in-batch prefix guard holds the copies back one round, so the prompt is prefille
 and the others hit the radix cache (prompts shorter than the guard's 32-token threshold
 may be prefilled per copy: waiting a round would cost more than they do). With a seed,
 copy i draws with `derive_seed(seed, i)` (copy 0 keeps the seed: n=1 and n>1 agree on
-choice 0). Usage counts each prompt's tokens once and every copy's completion tokens (OpenAI's rule;
-best_of copies that are not returned are counted too, as OpenAI bills them). ``best_of``
-> n keeps the n copies with the highest cumulative logprob of their sampled tokens
-(vLLM's rule; raw-logit logprobs, see runtime/logprobs.py) and cannot be streamed.
+choice 0). Usage counts each prompt's tokens once and every copy's completion tokens
+(OpenAI's rule; best_of copies that are not returned are counted too, as OpenAI bills
+them). ``best_of`` > n keeps the n copies with the highest cumulative logprob of their
+sampled tokens (vLLM's rule; raw-logit logprobs, see runtime/logprobs.py) and cannot be
+streamed.
 """
 
 from __future__ import annotations
