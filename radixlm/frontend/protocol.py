@@ -31,9 +31,6 @@ _MAX_TOKENS_LIMIT = 2**31 - 1
 
 # field -> values that mean "feature off". Any other value is refused (HTTP 400).
 NOT_YET_SUPPORTED: dict[str, tuple[Any, ...]] = {
-    "response_format": (None, {"type": "text"}),
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
 }
@@ -45,7 +42,6 @@ IGNORED: tuple[str, ...] = (
     "store",
     "metadata",
     "service_tier",
-    "parallel_tool_calls",
     "audio",
     "prediction",
     "modalities",
@@ -119,6 +115,9 @@ class SamplingFields(_Strict):
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     repetition_penalty: float | None = Field(None, gt=0)
+    # Grammar extensions (SGLang names; frontend/structured.py).
+    regex: str | None = None
+    ebnf: str | None = None
     min_tokens: int | None = Field(None, ge=0, le=_MAX_TOKENS_LIMIT)
 
 
@@ -188,10 +187,11 @@ class GenerateRequest(_Strict):
     Exactly one of `text` (a string or a batch of strings) and `input_ids` (token ids or a
     batch of them). `sampling_params` uses SGLang's names (max_new_tokens, temperature,
     top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos, frequency_penalty,
-    presence_penalty, repetition_penalty, logit_bias, min_new_tokens, no_stop_trim): one
-    dict for all prompts or a list with one per prompt; its values are checked by
-    `SamplingParams.from_any`. Logprobs: return_logprob, logprob_start_len (-1 default:
-    no prompt logprobs), top_logprobs_num, return_text_in_logprobs (SGLang's contract).
+    presence_penalty, repetition_penalty, logit_bias, min_new_tokens, no_stop_trim, and one
+    grammar of json_schema, regex, ebnf, structural_tag): one dict for all prompts or a list
+    with one per prompt; its values are checked by `SamplingParams.from_any`. Logprobs:
+    return_logprob, logprob_start_len (-1 default: no prompt logprobs), top_logprobs_num,
+    return_text_in_logprobs (SGLang's contract).
     """
 
     text: str | list[str] | None = None

@@ -106,14 +106,17 @@ class NativeServing:
     def _encode(self, text: str) -> list[int]:
         return self.tm.encode(text)
 
-    @staticmethod
-    def _params(value: dict | list | None, n: int) -> list[SamplingParams]:
+    def _params(self, value: dict | list | None, n: int) -> list[SamplingParams]:
         try:
             if isinstance(value, list):
                 if len(value) != n:
                     raise InvalidRequestError(f"{len(value)} sampling_params for {n} prompts")
-                return [SamplingParams.from_any(_sglang_compat(v)) for v in value]
-            return [SamplingParams.from_any(_sglang_compat(value))] * n
+                params = [SamplingParams.from_any(_sglang_compat(v)) for v in value]
+            else:
+                params = [SamplingParams.from_any(_sglang_compat(value))] * n
+            for p in params:
+                self.tm.grammars.validate(p)  # json_schema / regex / ebnf compile (cached)
+            return params
         except InvalidRequestError as e:
             raise invalid_request(str(e), param="sampling_params") from None
 
@@ -152,6 +155,7 @@ class _ResultFormat:
             "prompt_tokens": usage.get("prompt_tokens", prompt_len),
             "completion_tokens": completion,
             "cached_tokens": usage.get("cached_tokens"),
+            **({k: usage[k] for k in ("spec_accept_length",) if k in usage}),
         }
         if self.logprobs:
             meta.update(logprob_info(r["input_logprobs"], r["output_logprobs"], self.decode))

@@ -35,6 +35,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from radixlm.errors import InvalidRequestError
+from radixlm.frontend.chat_template import chat_prompt_ids, normalise_messages
 from radixlm.frontend.errors import APIError, from_exception, invalid_request, log_failure
 from radixlm.frontend.formats import ChatFormat, CompletionFormat, OutputFormat, Usage
 from radixlm.frontend.logprob_format import TokenTexts, cumulative_logprob
@@ -56,6 +57,9 @@ from radixlm.frontend.streaming import (
     sse,
     until_disconnect,
 )
+from radixlm.frontend.structured import check_grammar, request_grammar
+from radixlm.frontend.tool_calls import ToolChatFormat
+from radixlm.frontend.tool_prompt import ToolSetup
 from radixlm.runtime.logprobs import LogprobOptions
 from radixlm.runtime.random_draw import derive_seed
 from radixlm.runtime.sampling import SamplingParams
@@ -130,6 +134,9 @@ class OpenAIServing:
             )
             for p in prompts
         ]
+        grammar = request_grammar(req, self.tm.grammars)
+        if grammar:
+            params = [msgspec.structs.replace(p, **grammar) for p in params]
         job = self._job(fmt, prompts, params, req, "prompt", logprobs, n, copies)
         return await self._serve(request, job)
 
@@ -142,9 +149,12 @@ class OpenAIServing:
             raise invalid_request(
                 "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs"
             )
-        ids = self._chat_prompt(req.messages)
+        tools = ToolSetup.from_request(req.tools, req.tool_choice, req.parallel_tool_calls)
+        grammar = self._chat_grammar(req, tools)
+        ids = self._chat_prompt(req.messages, tools)
         requested = req.max_completion_tokens or req.max_tokens
-        fmt = ChatFormat(
+        fmt_cls = ToolChatFormat if tools.active else ChatFormat
+        fmt = fmt_cls(
             f"chatcmpl-{uuid.uuid4().hex}",
             int(time.time()),
             self.tm.model_name,
@@ -155,6 +165,8 @@ class OpenAIServing:
             return_logprob=bool(req.logprobs), top_logprobs_num=req.top_logprobs or 0
         )
         params = self._params(req, requested, len(ids), DEFAULT_CHAT_MAX_TOKENS, "messages", n)
+        if grammar:
+            params = msgspec.structs.replace(params, **grammar)
         job = self._job(fmt, [ids], [params], req, "messages", logprobs, n, n)
         return await self._serve(request, job)
 
@@ -208,21 +220,27 @@ class OpenAIServing:
         """Plain prompts get no special tokens (as `radixlm.Engine` does)."""
         return self.tm.encode(text)
 
-    def _chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
-        """Token ids of the chat template with the assistant turn opened.
-
-        The template writes BOS itself when the model has one; no special tokens are added
-        on top (no double BOS).
-        """
-        rendered = [_template_message(i, m) for i, m in enumerate(messages)]
+    def _chat_prompt(self, messages: list[ChatMessage], tools: ToolSetup) -> list[int]:
+        """Token ids of the chat template (tools rendered) with the assistant turn opened."""
+        rendered = normalise_messages(messages)
         self.tm.check_chars(sum(len(m["content"]) for m in rendered))
-        try:
-            ids = self.tm.tokenizer.apply_chat_template(
-                rendered, add_generation_prompt=True, tokenize=True, return_dict=False
+        return chat_prompt_ids(self.tm.tokenizer, rendered, tools)
+
+    def _chat_grammar(self, req: ChatCompletionRequest, tools: ToolSetup) -> dict[str, str]:
+        """Grammar fields from response_format, regex / ebnf or a forced tool choice (one)."""
+        grammar = request_grammar(req, self.tm.grammars)
+        forced = tools.grammar()
+        if forced is None:
+            return grammar
+        if grammar:
+            raise invalid_request(
+                "a forced 'tool_choice' cannot be combined with 'response_format', 'regex' "
+                "or 'ebnf'",
+                param="tool_choice",
             )
-        except Exception as e:  # jinja errors: the template refused these messages
-            raise invalid_request(f"the chat template failed: {e}", param="messages") from None
-        return list(ids)
+        fields = {"structural_tag": forced}
+        check_grammar(fields, self.tm.grammars, "tools")
+        return fields
 
     def _params(
         self,
@@ -428,27 +446,3 @@ def _param_named_in(message: str) -> str | None:
     if name == "max_new_tokens":
         return "max_tokens"
     return name if name in SamplingParams.__struct_fields__ else None
-
-
-def _template_message(index: int, m: ChatMessage) -> dict[str, str]:
-    """{role, content} for the chat template; tool turns are refused until tool calls land."""
-    if m.tool_calls or m.function_call or m.role in ("tool", "function"):
-        raise invalid_request(
-            "tool and function messages are not supported yet by radixlm",
-            param=f"messages.{index}",
-            code="unsupported_parameter",
-        )
-    if isinstance(m.content, list):
-        texts = []
-        for j, part in enumerate(m.content):
-            if part.type != "text" or part.text is None:
-                raise invalid_request(
-                    f"content parts of type {part.type!r} are not supported (text only)",
-                    param=f"messages.{index}.content.{j}",
-                    code="unsupported_parameter",
-                )
-            texts.append(part.text)
-        content = "\n".join(texts)
-    else:
-        content = m.content or ""
-    return {"role": "system" if m.role == "developer" else m.role, "content": content}

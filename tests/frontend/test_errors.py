@@ -54,18 +54,14 @@ BAD = [
     (CHAT, {"messages": [{"role": "user", "content": HUGE}]}, None, None),
     (CHAT, {"messages": USER, "model": "nope"}, "model", "model_not_found"),
     (CHAT, {"messages": USER, "max_completion_tokens": 9000}, "max_completion_tokens", None),
+    (CHAT, {"messages": USER, "response_format": {"type": "xml"}}, "response_format.type", None),
     (
         CHAT,
-        {"messages": USER, "response_format": {"type": "json_object"}},
-        "response_format",
-        "unsupported_parameter",
+        {"messages": USER, "tools": [{"type": "retrieval", "function": {"name": "f"}}]},
+        "tools.0.type",
+        None,
     ),
-    (
-        CHAT,
-        {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
-        "tools",
-        "unsupported_parameter",
-    ),
+    (CHAT, {"messages": USER, "functions": [{"name": "f"}]}, "functions", "unsupported_parameter"),
     (
         CHAT,
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},

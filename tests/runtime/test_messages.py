@@ -24,7 +24,7 @@ SAMPLES = [
     m.BatchTokenOut(
         ["a", "b"], [[5], []], [None, "stop"], [None, "END"], [3, 4], [1, 2], [0, 4], [[], ["END"]]
     ),
-    m.BatchStrOut(["a"], [[5]], ["length"], [2], [3], [1], [0], ["hi"]),
+    m.BatchStrOut(["a"], [[5]], ["length"], [2], [3], [1], [0], ["hi"], queue_times=[0.5]),
     m.GenerateReq(
         rid="b",
         input_ids=[4],
