@@ -99,7 +99,9 @@ class Engine:
             prompt: a string, a list of token ids, or a batch (list) of either.
             sampling_params: one setting for all prompts or a list with one per prompt
                 (SamplingParams or dicts with SGLang's names: max_new_tokens, temperature,
-                top_p, top_k, min_p, seed, stop_token_ids, ignore_eos).
+                top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos,
+                frequency_penalty, presence_penalty, repetition_penalty, logit_bias,
+                min_new_tokens, no_stop_trim).
             input_ids: token ids instead of `prompt` (one list or a batch).
             stream: return an iterator of chunks instead of final results.
             cache_salt: prefix-cache namespace: prompts share cached prefixes only with
