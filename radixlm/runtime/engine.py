@@ -89,7 +89,8 @@ class Engine:
             prompt: a string, a list of token ids, or a batch (list) of either.
             sampling_params: one setting for all prompts or a list with one per prompt
                 (SamplingParams or dicts with SGLang's names: max_new_tokens, temperature,
-                top_p, top_k, min_p, seed, stop_token_ids, ignore_eos).
+                top_p, top_k, min_p, seed, stop_token_ids, ignore_eos, and at most one
+                grammar: json_schema, regex, ebnf, structural_tag; runtime/grammar.py).
             input_ids: token ids instead of `prompt` (one list or a batch).
             stream: return an iterator of chunks instead of final results.
             cache_salt: prefix-cache namespace: prompts share cached prefixes only with
@@ -104,7 +105,8 @@ class Engine:
             ``finish_reason`` and ``usage``.
 
         Raises:
-            InvalidRequestError: empty prompt, bad sampling values; its subclass
+            InvalidRequestError: empty prompt, bad sampling values, a grammar that does
+                not compile; its subclass
                 RequestTooLargeError: prompt beyond the context or prompt +
                 max_new_tokens beyond the KV pool. Nothing is queued when any prompt of a
                 batch is bad.
