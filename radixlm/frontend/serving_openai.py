@@ -147,18 +147,21 @@ class OpenAIServing:
         return chat_prompt_ids(self.tm.tokenizer, rendered, tools)
 
     def _chat_grammar(self, req: ChatCompletionRequest, tools: ToolSetup) -> dict[str, str]:
-        """Grammar fields from response_format, regex / ebnf or a forced tool choice (one)."""
+        """Grammar fields from response_format, regex / ebnf or the tools (see
+        ToolSetup.grammar); a forced tool choice excludes the others."""
         grammar = request_grammar(req, self.tm.grammars)
-        forced = tools.grammar()
-        if forced is None:
+        calls = tools.grammar()
+        if calls is None:
             return grammar
-        if grammar:
+        if grammar and tools.forced is not None:
             raise invalid_request(
                 "a forced 'tool_choice' cannot be combined with 'response_format', 'regex' "
                 "or 'ebnf'",
                 param="tool_choice",
             )
-        fields = {"structural_tag": forced}
+        if grammar:  # auto: the requested format wins; no call can start
+            return grammar
+        fields = {"structural_tag": calls}
         check_grammar(fields, self.tm.grammars, "tools")
         return fields
 
