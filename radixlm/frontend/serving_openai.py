@@ -24,7 +24,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from radixlm.errors import InvalidRequestError
-from radixlm.frontend.chat_template import chat_prompt_ids, normalise_messages
+from radixlm.frontend.chat_template import chat_prompt_ids, normalise_messages, rendered_chars
 from radixlm.frontend.errors import APIError, from_exception, invalid_request, log_failure
 from radixlm.frontend.formats import ChatFormat, CompletionFormat, OutputFormat, Usage
 from radixlm.frontend.protocol import (
@@ -143,7 +143,7 @@ class OpenAIServing:
     def _chat_prompt(self, messages: list[ChatMessage], tools: ToolSetup) -> list[int]:
         """Token ids of the chat template (tools rendered) with the assistant turn opened."""
         rendered = normalise_messages(messages)
-        self.tm.check_chars(sum(len(m["content"]) for m in rendered))
+        self.tm.check_chars(rendered_chars(rendered, tools))
         return chat_prompt_ids(self.tm.tokenizer, rendered, tools)
 
     def _chat_grammar(self, req: ChatCompletionRequest, tools: ToolSetup) -> dict[str, str]:

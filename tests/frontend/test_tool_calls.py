@@ -252,3 +252,14 @@ def test_tool_grammars_constrain_calls():
     assert not started.accept_string('{"name": "get_weather", "arguments": {}')  # city missing
     assert matcher("required").accept_string(call)
     assert not matcher("required").accept_string("Sure. ")
+
+
+def test_rendered_chars_counts_tools_and_arguments():
+    from radixlm.frontend.chat_template import rendered_chars
+
+    setup = ToolSetup.from_request([WEATHER], "auto", None)
+    contents = sum(len(m["content"]) for m in HISTORY)
+    args = len('{"city": "Paris"}')
+    assert rendered_chars(HISTORY, setup) == contents + args + len(json.dumps([WEATHER]))
+    none = ToolSetup.from_request([WEATHER], "none", None)
+    assert rendered_chars(HISTORY, none) == contents + args
