@@ -164,7 +164,8 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
         """Run one step. Returns float32 logits of each request's last new token [B, vocab]
-        (EXTEND, DECODE) or of every new token [T, vocab] (TARGET_VERIFY).
+        (EXTEND, DECODE; in EXTEND of the tokens `fb.logits_index()` selects, [R, vocab])
+        or of every new token [T, vocab] (TARGET_VERIFY).
 
         The caller has run `backend.init_forward_metadata(fb)` for this step (outside any
         CUDA graph that captures this call).
@@ -174,7 +175,7 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             x = layer(x, rope, backend, fb)
         if fb.mode is ForwardMode.EXTEND:
-            x = x[fb.last_token_index()]
+            x = x[fb.logits_index()]
         x = self.model.norm(x)
         return self.lm_head(x).float()
 
