@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from radixlm.lang import chat_template as templates
-from radixlm.lang.backend.base import NativeBackend
+from radixlm.lang.backend.base import NativeBackend, OnDelta
 
 logger = logging.getLogger(__name__)
 
@@ -34,17 +34,41 @@ _LOGPROB_KEYS = (
 )
 
 
-class _StreamJob:
-    """A streamed request: deltas go to `on_delta`, the final result to `future`."""
+_LOGPROB_LISTS = (
+    "input_token_logprobs",
+    "output_token_logprobs",
+    "input_top_logprobs",
+    "output_top_logprobs",
+)
 
-    def __init__(self, kwargs: dict[str, Any], on_delta: Callable[[str, dict | None], None]):
+
+class _StreamJob:
+    """One `engine.generate(..., stream=True)` call (one or more prompts): chunks are
+    accumulated per prompt; text deltas of a single prompt also go to `on_delta`."""
+
+    def __init__(self, kwargs: dict[str, Any], num_prompts: int, on_delta: OnDelta | None):
         self.kwargs = kwargs
         self.on_delta = on_delta
         self.future: Future = Future()
         self.stream: Iterator[dict[str, Any]] | None = None
-        self.text = ""
-        self.output_ids: list[int] = []
-        self.meta: dict[str, Any] | None = None
+        self.results: list[dict[str, Any]] = [
+            {"text": "", "output_ids": [], "meta_info": {}} for _ in range(num_prompts)
+        ]
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        r = self.results[chunk.get("index", 0)]
+        r["text"] += chunk["text"]
+        r["output_ids"] += list(chunk["output_ids"])
+        meta = r["meta_info"]
+        for key, value in (chunk.get("meta_info") or {}).items():
+            if key in _LOGPROB_LISTS:  # each chunk carries its own entries
+                meta[key] = meta.get(key, []) + list(value)
+            else:
+                meta[key] = value
+        if chunk.get("finish_reason") is not None and "finish_reason" not in meta:
+            meta.update(native_meta(chunk))
+        if self.on_delta is not None and chunk["text"]:
+            self.on_delta(chunk["text"])
 
 
 class _Driver:
@@ -70,10 +94,12 @@ class _Driver:
         self._submit(job)
         return future.result()
 
-    def stream(self, kwargs: dict[str, Any], on_delta) -> dict[str, Any]:
-        """Run `engine.generate(**kwargs, stream=True)` alongside other streams; returns
-        the final result dict (text, output_ids, meta_info)."""
-        s = _StreamJob(kwargs, on_delta)
+    def stream(
+        self, kwargs: dict[str, Any], num_prompts: int, on_delta: OnDelta | None = None
+    ) -> list[dict[str, Any]]:
+        """Run ``engine.generate(**kwargs, stream=True)`` alongside the other streams;
+        returns one result dict (text, output_ids, meta_info) per prompt."""
+        s = _StreamJob(kwargs, num_prompts, on_delta)
 
         def job(active: list[_StreamJob]) -> None:
             try:
@@ -112,21 +138,18 @@ class _Driver:
 
     @staticmethod
     def _advance(s: _StreamJob) -> bool:
-        """Take one chunk from `s`; False once it has finished or failed."""
+        """Take one chunk from `s` (stepping the engine when none is ready); False once
+        it has finished or failed."""
         try:
             chunk = next(s.stream)
         except StopIteration:
-            s.future.set_result({"text": s.text, "output_ids": s.output_ids, "meta_info": s.meta})
+            s.future.set_result(s.results)
             return False
         except BaseException as e:  # noqa: BLE001 - fails this request only
             s.future.set_exception(e)
             return False
-        s.text += chunk["text"]
-        s.output_ids += list(chunk["output_ids"])
-        if chunk.get("finish_reason") is not None:
-            s.meta = native_meta(chunk)
         try:
-            s.on_delta(chunk["text"], s.meta)
+            s.add(chunk)
         except BaseException as e:  # noqa: BLE001 - a consumer's failure ends its request
             s.future.set_exception(e)
             s.stream.close()
@@ -181,25 +204,25 @@ class EngineBackend(NativeBackend):
         return templates.from_tokenizer(self.engine.tokenizer)
 
     def request(self, *, text=None, input_ids=None, sampling_params, logprob=None):
+        return self._generate(text, input_ids, sampling_params, logprob, None)
+
+    def request_stream(self, text, sampling_params, on_delta):
+        return self._generate([text], None, sampling_params, None, on_delta)[0]
+
+    def _generate(self, text, input_ids, sampling_params, logprob, on_delta):
         kwargs: dict[str, Any] = {"sampling_params": sampling_params}
         if text is not None:
             kwargs["prompt"] = list(text)
         if input_ids is not None:
             kwargs["input_ids"] = [list(ids) for ids in input_ids]
         kwargs.update({k: v for k, v in (logprob or {}).items() if k in _LOGPROB_KEYS})
-        results = self._driver.call(lambda engine: engine.generate(**kwargs))
-        return [
-            {"text": r["text"], "output_ids": r["output_ids"], "meta_info": native_meta(r)}
-            for r in results
-        ]
+        prompts = kwargs.get("prompt", kwargs.get("input_ids"))
+        return self._driver.stream(kwargs, len(prompts), on_delta)
 
-    def request_stream(self, text, sampling_params, on_delta):
-        def forward(delta: str, meta: dict | None) -> None:
-            if delta:
-                on_delta(delta)
-
-        result = self._driver.stream({"prompt": text, "sampling_params": sampling_params}, forward)
-        return {**result, "meta_info": result["meta_info"] or {}}
+    def engine_call(self, fn: Callable[[Any], Any]) -> Any:
+        """Run `fn(engine)` on the thread that owns the engine (safe while programs run);
+        returns its result or raises its exception."""
+        return self._driver.call(fn)
 
     def flush_cache(self) -> bool:
         return self._driver.call(lambda engine: engine.flush_cache())
