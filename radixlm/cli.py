@@ -1,5 +1,5 @@
 """The `radixlm` command: `serve` (OpenAI-compatible HTTP server), `generate` (one completion
-in-process) and `plan` (serving planner)."""
+in-process), `bench` (serving benchmark client) and `plan` (serving planner)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,12 @@ def _serve(args: argparse.Namespace) -> int:
     return launch_server(ServerArgs.from_cli_args(args))
 
 
+def _train_eagle(args: argparse.Namespace) -> int:
+    from radixlm.runtime.speculative.train_eagle import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `radixlm` command."""
     parser = argparse.ArgumentParser(prog="radixlm", description=__doc__)
@@ -90,6 +96,21 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
     ServerArgs.add_cli_args(gen)
     gen.set_defaults(func=_generate)
+
+    from radixlm.bench.cli import register as register_bench
+
+    register_bench(sub)
+    train = sub.add_parser(
+        "train-eagle",
+        help="train an EAGLE speculative-decoding head for a model (self-distillation)",
+        description="Generate answers with the model, read its hidden states, and train an "
+        "EAGLE draft head on them; load it with --speculative-algorithm eagle "
+        "--speculative-draft-path DIR.",
+    )
+    from radixlm.runtime.speculative.train_args import add_args as _train_args
+
+    _train_args(train)
+    train.set_defaults(func=_train_eagle)
 
     try:
         from radixlm.plan.cli import register

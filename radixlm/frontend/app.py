@@ -8,6 +8,7 @@ Routes:
     GET  /get_server_info          settings, KV capacity, pool counters (tokens)
     GET  /get_model_info
     POST /flush_cache              409 while requests run or wait
+    GET  /metrics                  Prometheus text format (metrics.py)
 
 With ``args.api_key`` set, every route but /health needs ``Authorization: Bearer <key>``
 (else 401). Errors are OpenAI error bodies (errors.py).
@@ -25,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 
 from radixlm.config import ServerArgs
 from radixlm.frontend.errors import APIError, install_error_handlers
+from radixlm.frontend.metrics import CONTENT_TYPE, ServerMetrics
 from radixlm.frontend.serving_native import NativeServing
 from radixlm.frontend.serving_openai import OpenAIServing
 
@@ -50,6 +52,8 @@ def create_app(tm, args: ServerArgs) -> FastAPI:
     """Build the app serving `tm` (a started TokenizerManager). Units: tokens."""
     app = FastAPI(title="radixlm", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.tm = tm
+    metrics = app.state.metrics = ServerMetrics()
+    tm.observer = metrics
     install_error_handlers(app)
     openai = OpenAIServing(tm)
     native = NativeServing(tm)
@@ -121,6 +125,11 @@ def create_app(tm, args: ServerArgs) -> FastAPI:
         if not ok:
             raise APIError(409, message, code="requests_running")
         return JSONResponse({"message": message})
+
+    @api.get("/metrics")
+    async def get_metrics() -> Response:
+        info = await tm.get_server_info()
+        return Response(metrics.render(info.get("scheduler")), media_type=CONTENT_TYPE)
 
     app.include_router(api)
     return app

@@ -238,6 +238,7 @@ class Engine:
             max_total_tokens=self.runner.max_total_tokens,
             page_size=self.args.page_size,
         )
+        self.scheduler.grammars.compiler.validate(p)  # a bad grammar queues nothing
 
     def _submit_all(
         self,
@@ -338,9 +339,12 @@ class Engine:
             "completion_tokens": out.completion_tokens,
             "cached_tokens": out.cached_tokens,
         }
+        spec = {"spec_accept_length": out.spec_accept_length} if out.spec_accept_length else {}
+        meta.update(spec)
         if t.logprobs.return_logprob:
             meta.update(logprob_info(t.input_lp, t.output_lp, self._decode_token(t)))
         return {
+            **spec,
             "finish_reason": out.finish_reason,
             "matched_stop": out.matched_stop,
             "usage": {

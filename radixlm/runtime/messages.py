@@ -96,21 +96,27 @@ class BatchTokenOut(_BatchOut, tag="token_out"):
     detokenizer cuts the text before them and holds back their possible starts);
     no_stop_trim[i] keeps the matched stop string (empty list: all False).
     output_logprobs[i] / input_logprobs[i]: see `ReqOutput` (empty list: no request of
-    the step asked for logprobs)."""
+    the step asked for logprobs).
+    queue_times[i]: seconds request i waited before its first admission (-1: not admitted)."""
 
     stops: list[list[str]]
     no_stop_trim: list[bool] = msgspec.field(default_factory=list)
     output_logprobs: list[TokenLogprobs | None] = msgspec.field(default_factory=list)
     input_logprobs: list[TokenLogprobs | None] = msgspec.field(default_factory=list)
+    queue_times: list[float] = msgspec.field(default_factory=list)
+    spec_accept_lengths: list[float] = msgspec.field(default_factory=list)
 
 
 class BatchStrOut(_BatchOut, tag="str_out"):
     """A BatchTokenOut with text: texts[i] is the new text of request i (never a broken
-    UTF-8 character, never text already sent, never a possible start of a stop string)."""
+    UTF-8 character, never text already sent, never a possible start of a stop string).
+    queue_times: as in BatchTokenOut (empty when the sender did not report them)."""
 
     texts: list[str]
     output_logprobs: list[TokenLogprobs | None] = msgspec.field(default_factory=list)
     input_logprobs: list[TokenLogprobs | None] = msgspec.field(default_factory=list)
+    queue_times: list[float] = msgspec.field(default_factory=list)
+    spec_accept_lengths: list[float] = msgspec.field(default_factory=list)
 
 
 class ProcessReady(msgspec.Struct, tag="ready"):

@@ -1,8 +1,9 @@
 """Logit processors applied before temperature: logit bias, penalties, min_new_tokens.
 
-All are batched: one step builds index tensors for the rows that use a processor and
-applies it with a few tensor ops (`index_put_` with accumulation acts as scatter_add for
-token counts); rows that use none cost nothing.
+All are batched: one step builds index tensors of the (row, token) pairs a processor
+touches -- token counts come from one `torch.unique` over row * vocab + token -- and
+applies it with a few gather / `index_put_` ops, so the cost grows with the tokens seen,
+not with batch x vocabulary; rows that use no processor cost nothing.
 
 * logit_bias (OpenAI): ``logit[t] += bias[t]``.
 * frequency / presence penalty (OpenAI, "Frequency and presence penalties" in the API
@@ -62,14 +63,15 @@ def apply_processors(
     return logits
 
 
-def _scatter_index(rows: list[int], ids: list[list[int]], device) -> tuple[torch.Tensor, ...]:
-    """(row index, token id) int64 pairs for each token of ids[j] in row rows[j]."""
-    r = [row for row, seq in zip(rows, ids) for _ in seq]
-    t = [tok for seq in ids for tok in seq]
-    return (
-        torch.tensor(r, dtype=torch.int64, device=device),
-        torch.tensor(t, dtype=torch.int64, device=device),
-    )
+def _unique_pairs(
+    rows: list[int], ids: list[list[int]], vocab: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Distinct (row, token id) pairs for the tokens ids[j] of row rows[j], with counts:
+    three int64 tensors [P]. Work is proportional to the tokens, not to the vocabulary."""
+    r = torch.tensor([row for row, seq in zip(rows, ids) for _ in seq], dtype=torch.int64)
+    t = torch.tensor([tok for seq in ids for tok in seq], dtype=torch.int64)
+    keys, counts = torch.unique(r * vocab + t, return_counts=True)
+    return keys // vocab, keys % vocab, counts
 
 
 def _logit_bias(x: torch.Tensor, reqs: Sequence[Any]) -> torch.Tensor:
@@ -89,13 +91,13 @@ def _repetition(x: torch.Tensor, reqs: Sequence[Any]) -> torch.Tensor:
     js = [j for j, r in enumerate(reqs) if r.params.repetition_penalty != 1.0]
     if not js:
         return x
-    seen = torch.zeros(x.shape, dtype=torch.bool, device=x.device)
-    index = _scatter_index(js, [reqs[j].input_ids + reqs[j].output_ids for j in js], x.device)
-    seen[index] = True
-    penalty = torch.ones(x.shape[0], dtype=x.dtype, device=x.device)
-    penalty[js] = torch.tensor([reqs[j].params.repetition_penalty for j in js], dtype=x.dtype)
-    p = penalty[:, None]
-    return torch.where(seen, torch.where(x > 0, x / p, x * p), x)
+    seqs = [reqs[j].input_ids + reqs[j].output_ids for j in js]
+    rows, toks, _ = _unique_pairs(js, seqs, x.shape[-1])
+    penalty = torch.tensor([r.params.repetition_penalty for r in reqs], dtype=x.dtype)[rows]
+    rows, toks, penalty = rows.to(x.device), toks.to(x.device), penalty.to(x.device)
+    vals = x[rows, toks]
+    x[rows, toks] = torch.where(vals > 0, vals / penalty, vals * penalty)
+    return x
 
 
 def _frequency_presence(x: torch.Tensor, reqs: Sequence[Any]) -> torch.Tensor:
@@ -106,12 +108,12 @@ def _frequency_presence(x: torch.Tensor, reqs: Sequence[Any]) -> torch.Tensor:
     ]
     if not js:
         return x
-    counts = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
-    index = _scatter_index(js, [reqs[j].output_ids for j in js], x.device)
-    counts.index_put_(index, torch.ones(len(index[0]), dtype=x.dtype), accumulate=True)
-    freq = torch.tensor([r.params.frequency_penalty for r in reqs], dtype=x.dtype)
-    pres = torch.tensor([r.params.presence_penalty for r in reqs], dtype=x.dtype)
-    return x - counts * freq[:, None] - (counts > 0).to(x.dtype) * pres[:, None]
+    rows, toks, counts = _unique_pairs(js, [reqs[j].output_ids for j in js], x.shape[-1])
+    freq = torch.tensor([r.params.frequency_penalty for r in reqs], dtype=x.dtype)[rows]
+    pres = torch.tensor([r.params.presence_penalty for r in reqs], dtype=x.dtype)[rows]
+    delta = counts.to(x.dtype) * freq + pres
+    x.index_put_((rows.to(x.device), toks.to(x.device)), -delta.to(x.device), accumulate=True)
+    return x
 
 
 def _min_new_tokens(

@@ -1,24 +1,23 @@
 """Counter-based random draws: reproducible per (seed, output position), batch-independent.
 
 A per-request `torch.Generator` is stateful: its draws depend on how often it was used
-and cannot be batched. Here every random number is a pure function of
-``(seed, output position, token id)``: a vectorised 32-bit integer hash (MurmurHash3's
-``fmix32`` finaliser, Appleby 2011) of those three integers gives a uniform u in (0, 1)
-per vocabulary entry, and the token is drawn with the exponential race
+and cannot be batched. Here each row's random number is a pure function of
+``(seed, output position)``: a vectorised 32-bit integer hash (MurmurHash3's ``fmix32``
+finaliser, Appleby 2011) of those integers gives a 53-bit uniform u in (0, 1) per row,
+and the token is drawn by inverse-CDF sampling over the filtered probabilities in token-id
+order,
 
-    token = argmax_i  p_i / E_i,   E_i = -log(u_i) ~ Exp(1),
+    token = min { i : sum_{j <= i} p_j >= u },
 
-which picks token i with probability exactly p_i (the minimum of independent
-Exp(rate p_i) variables E_i / p_i is attained at i with probability p_i / sum p; the same
-identity underlies the Gumbel-max trick, Gumbel 1954). A row's draw therefore depends
-only on its own probabilities, seed and position -- never on the other rows of the batch,
-the batch order, or how many steps other requests ran -- and a whole batch is one tensor
-expression (no per-request Python loop over the vocabulary).
+which picks token i with probability exactly p_i (tokens of probability 0 are never
+drawn). A row's draw therefore depends only on its own probabilities, seed and position --
+never on the other rows of the batch, the batch order, or how many steps other requests
+ran -- and the whole batch is one cumsum + searchsorted (no per-request Python loop over
+the vocabulary; one hash per row rather than per vocabulary entry, so the draw costs
+about one softmax).
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 
@@ -44,13 +43,6 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-@functools.lru_cache(maxsize=8)
-def _token_keys(vocab: int, device: str) -> torch.Tensor:
-    """int64 [vocab]: a hash per token id, fixed for the process (cached per vocab)."""
-    ids = torch.arange(vocab, dtype=torch.int64, device=device)
-    return mix32((ids * _GOLDEN + 0x7F4A7C15) & _MASK32)
-
-
 def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """int64 [R] keys in [0, 2**32) from int64 seeds [R] (in [0, 2**63)) and positions [R]."""
     lo, hi = seeds & _MASK32, (seeds >> 32) & _MASK32
@@ -59,29 +51,33 @@ def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return mix32(lo ^ k)
 
 
-def uniforms(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """float64 [R, vocab] uniforms in (0, 1), a pure function of (seed, position, token id).
+def row_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """float64 [R] uniforms in (0, 1) with 53 random bits, a pure function of each row's
+    (seed, position).
 
     Args:
         seeds: int64 [R] per-row seeds in [0, 2**63).
         positions: int64 [R] index of the output token being drawn (0 for the first).
-        vocab: number of token ids.
     """
-    keys = row_keys(seeds, positions)
-    h = mix32(keys[:, None] ^ _token_keys(vocab, str(seeds.device))[None, :])
-    return (h.to(torch.float64) + 0.5) / 2.0**32
+    k1 = row_keys(seeds, positions)
+    k2 = mix32(k1 ^ 0x5BD1E995)
+    bits = (k1 << 21) | (k2 >> 11)  # 32 + 21 = 53 bits
+    return (bits.to(torch.float64) + 0.5) / 2.0**53
 
 
-def exponential_race(
+def inverse_cdf_draw(
     probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor
 ) -> torch.Tensor:
-    """Draw one token per row of `probs` (float [R, vocab], rows summing to 1).
+    """Draw one token per row of `probs` (float [R, vocab], rows summing to ~1).
 
-    Returns int64 [R]: argmax_i probs[i] / E_i with E_i = -log(u_i) from `uniforms`. Tokens
-    of probability 0 are never drawn.
+    Returns int64 [R]: the first token whose cumulative probability (float64, normalised
+    to end at 1) reaches the row's uniform from `row_uniforms`.
     """
-    exp = -torch.log(uniforms(seeds, positions, probs.shape[-1]))
-    return torch.argmax(probs.to(torch.float64) / exp, dim=-1)
+    cdf = torch.cumsum(probs.to(torch.float64), dim=-1)
+    cdf = cdf / cdf[:, -1:]
+    u = row_uniforms(seeds, positions).to(cdf.device)
+    idx = torch.searchsorted(cdf, u[:, None])[:, 0]
+    return idx.clamp_(max=probs.shape[-1] - 1)
 
 
 def derive_seed(seed: int, index: int) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -45,6 +46,11 @@ class Req:
     input_logprobs: TokenLogprobs | None = None
     input_logprobs_sent: bool = False
     retractions: int = 0  # times retracted; >0 means output_ids are re-prefilled on resume
+    grammar: Any = None  # xgrammar GrammarMatcher that has accepted output_ids (grammar.py)
+    arrival_time: float = field(default_factory=time.perf_counter)  # s, perf_counter clock
+    queue_time: float = -1.0  # s from arrival to first admission; -1 until admitted
+    spec_verify_steps: int = 0  # speculative verify steps this request took part in
+    spec_emitted_tokens: int = 0  # tokens those steps emitted (accepted drafts + bonus)
 
     @property
     def all_ids(self) -> list[int]:
@@ -63,6 +69,10 @@ class Req:
         if self.prompt_logprobs_pending():
             limit = min(limit, max(self.logprob_start_len - 1, 0))
         return limit
+    def spec_accept_length(self) -> float:
+        """Mean tokens per speculative verify step (0.0 without speculation)."""
+        steps = self.spec_verify_steps
+        return self.spec_emitted_tokens / steps if steps else 0.0
 
     def remaining_new_tokens(self) -> int:
         """Tokens still allowed by max_new_tokens."""
@@ -78,6 +88,8 @@ class ReqOutput(NamedTuple):
     output_logprobs: logprobs of new_token_ids (requests with return_logprob), else None.
     input_logprobs: prompt-token logprobs, on the first output after the prompt's prefill
         (requests with logprob_start_len >= 0), else None.
+    queue_time: seconds the request waited before its first admission (-1: never admitted).
+    spec_accept_length: mean tokens per speculative verify step so far (0.0: none ran).
     """
 
     rid: str
@@ -89,3 +101,5 @@ class ReqOutput(NamedTuple):
     cached_tokens: int
     output_logprobs: TokenLogprobs | None = None
     input_logprobs: TokenLogprobs | None = None
+    queue_time: float = -1.0
+    spec_accept_length: float = 0.0

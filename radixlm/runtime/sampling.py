@@ -20,9 +20,12 @@ import torch
 
 from radixlm.errors import InvalidRequestError
 from radixlm.runtime.penalties import apply_processors
-from radixlm.runtime.random_draw import exponential_race
+from radixlm.runtime.random_draw import inverse_cdf_draw
 
 _GREEDY_TEMPERATURE = 1e-5
+
+# Grammar constraints (runtime/grammar.py); a request sets at most one of them.
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 class SamplingParams(msgspec.Struct, kw_only=True):
@@ -45,6 +48,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         min_new_tokens: EOS, stop token ids and stop strings do not end the request
             before this many tokens.
         no_stop_trim: keep the matched stop string at the end of the output text.
+        json_schema / regex / ebnf / structural_tag: a grammar the output must match (a
+            JSON schema as a string, a regular expression, a GBNF grammar with rule
+            ``root``, an xgrammar structural tag as JSON); at most one (runtime/grammar.py).
     """
 
     max_new_tokens: int = 128
@@ -62,6 +68,10 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     logit_bias: dict[int, float] | None = None
     min_new_tokens: int = 0
     no_stop_trim: bool = False
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
 
     @classmethod
     def from_any(cls, value: SamplingParams | dict[str, Any] | None) -> SamplingParams:
@@ -124,6 +134,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
                 raise InvalidRequestError(f"logit_bias keys must be token ids >= 0, got {tok}")
             if not (math.isfinite(bias) and -100 <= bias <= 100):
                 raise InvalidRequestError(f"logit_bias values must be in [-100, 100], got {bias}")
+        grammars = [f for f in GRAMMAR_FIELDS if getattr(self, f) is not None]
+        if len(grammars) > 1:
+            raise InvalidRequestError(f"set at most one of {', '.join(grammars)}")
 
     @property
     def is_greedy(self) -> bool:
@@ -179,7 +192,7 @@ class Sampler:
         probs = self._filter(sub / temps[:, None].to(sub.device), [r.params for r in sub_reqs])
         seeds = torch.tensor([r.seed for r in sub_reqs], dtype=torch.int64)
         steps = torch.tensor([len(r.output_ids) for r in sub_reqs], dtype=torch.int64)
-        drawn = exponential_race(probs, seeds.to(probs.device), steps.to(probs.device))
+        drawn = inverse_cdf_draw(probs, seeds.to(probs.device), steps.to(probs.device))
         out[idx] = drawn
         return out
 

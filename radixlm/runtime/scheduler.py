@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 
 import torch
 
@@ -36,6 +37,8 @@ from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.radix import make_prefix_cache
 from radixlm.radix.policy import make_policy
 from radixlm.runtime.admission import Added, Plan, PrefillAdder
+from radixlm.runtime.decode_strategy import make_decode_strategy
+from radixlm.runtime.grammar import GrammarBackend, GrammarCompiler
 from radixlm.runtime.logprobs import LogitsSelection, initial_input_logprobs, output_logprobs
 from radixlm.runtime.memory import PagedAllocator, check_fits
 from radixlm.runtime.model_runner import ModelRunner
@@ -74,6 +77,9 @@ class Scheduler:
         self.counters = SchedulerCounters()
         self.stop = StopChecker(eos_token_ids, runner.context_len, tokenizer)
         self.sampler = Sampler(eos_token_ids)
+        vocab = runner.config.vocab_size
+        self.grammars = GrammarBackend(GrammarCompiler(tokenizer, vocab, eos_token_ids))
+        self.decoder = make_decode_strategy(args, runner)  # plain or speculative decode
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the request mid-chunk (holds a row, not running)
@@ -103,6 +109,7 @@ class Scheduler:
             raise QueueFullError(
                 f"waiting queue is full ({self.args.max_queued_requests} requests); retry later"
             )
+        self.grammars.prepare(req)  # compiles (cached); InvalidRequestError if it cannot
         seed = req.params.seed
         if seed is None:  # reproducible per engine: drawn in arrival order
             seed = self._seed_rng.getrandbits(63)
@@ -163,7 +170,7 @@ class Scheduler:
             outputs = self._run(plan, list(self.running) if mixed else [])
         elif self.running:
             self._make_room_for_decode()
-            outputs = self._run([], list(self.running))
+            outputs = self.decoder.decode(self, list(self.running))
         else:
             outputs, self._pending = self._pending, []
         self._last_extend = bool(plan)
@@ -217,6 +224,7 @@ class Scheduler:
             start = req.logprob_start_len
             req.input_logprobs = initial_input_logprobs(req.input_ids, start, req.top_logprobs_num)
         if req.retractions == 0:  # usage and hit rate describe the original prompt
+            req.queue_time = time.perf_counter() - req.arrival_time
             req.cached_tokens = prefix_len
             self.counters.prompt_tokens += len(req.input_ids)
             self.counters.cached_tokens += prefix_len
@@ -246,6 +254,7 @@ class Scheduler:
             logits = out[[select.last_rows[i] for i in done]]
             sampled = [batch[i] for i in done]
             next_ids, logprobs = self._sample(logits, sampled)
+            self.decoder.after_forward(fb, batch, dict(zip(sampled, next_ids)))
         except Exception:
             self._fail(batch)
             raise
@@ -269,6 +278,7 @@ class Scheduler:
         """Next token of each request, and its logprobs (None unless return_logprob)."""
         if not reqs:
             return [], []
+        self.grammars.apply(logits, reqs)
         next_ids = self.sampler.sample(logits, reqs)
         return next_ids.tolist(), output_logprobs(logits, next_ids, reqs)
 
@@ -397,7 +407,10 @@ class Scheduler:
                 outputs.append(self._finish(req, "length"))
                 continue
             req.output_ids.append(tok)
+            grammar_done = self.grammars.accept(req, tok)
             reason = self.stop.check(req, tok)
+            if grammar_done:
+                reason = "stop"
             if reason is None:
                 still_running.append(req)
                 outputs.append(self._output(req, [tok], lp))
@@ -435,6 +448,8 @@ class Scheduler:
             req.cached_tokens,
             logprobs,
             input_lp,
+            req.queue_time,
+            req.spec_accept_length(),
         )
 
     # ---- introspection ------------------------------------------------------------------
@@ -466,6 +481,7 @@ class Scheduler:
             "new_token_ratio": round(self.ratio.value, 4),
             "token_usage": (mem["total"] - mem["free"] - mem["evictable"]) / mem["total"],
             **self.counters.as_dict(),
+            **self.decoder.stats(),
             **mem,
         }
 

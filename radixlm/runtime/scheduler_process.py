@@ -141,6 +141,8 @@ class SchedulerLoop:
             no_stop_trim=keep if any(keep) else [],
             output_logprobs=out_lp if any(x is not None for x in out_lp) else [],
             input_logprobs=in_lp if any(x is not None for x in in_lp) else [],
+            queue_times=[o.queue_time for o in outputs],
+            spec_accept_lengths=[o.spec_accept_length for o in outputs],
         )
 
 

@@ -96,17 +96,38 @@ def test_cache_hit_and_miss_give_the_same_values(engine, tokenizer):
     )
 
 
-def test_chunked_prefill_gives_the_same_prompt_logprobs(engine, tokenizer):
+def test_chunked_mixed_prefill_gives_the_same_logprobs(engine, tokenizer):
     ids = tokenizer.encode(PROMPT * 3, add_special_tokens=False)
     engine.flush_cache()
     whole = engine.generate(
         input_ids=ids, sampling_params=greedy(2), return_logprob=True, logprob_start_len=0
     )
-    with Engine(MODEL, max_total_tokens=4096, context_length=512, chunked_prefill_size=7) as e:
-        chunked = e.generate(
-            input_ids=ids, sampling_params=greedy(2), return_logprob=True, logprob_start_len=0
+    other = tokenizer.encode("Hello there", add_special_tokens=False)
+    with Engine(
+        MODEL,
+        max_total_tokens=4096,
+        context_length=512,
+        chunked_prefill_size=7,
+        enable_mixed_chunk=True,
+    ) as e:
+        # The short request decodes inside the long prompt's chunked extend steps.
+        outs = e.generate(
+            input_ids=[other, ids],
+            sampling_params=[greedy(12), greedy(2)],
+            return_logprob=[False, True],
+            logprob_start_len=[-1, 0],
         )
-    _same(chunked["meta_info"], whole["meta_info"])
+    assert "input_token_logprobs" not in outs[0]["meta_info"]
+    _same(outs[1]["meta_info"], whole["meta_info"])
+
+
+def test_n_copies_share_the_prompt(engine, tokenizer):
+    ids = tokenizer.encode(PROMPT * 3, add_special_tokens=False)
+    engine.flush_cache()
+    sampled = {"max_new_tokens": 4, "temperature": 1.0}
+    outs = engine.generate(input_ids=[ids] * 3, sampling_params=sampled)
+    # The in-batch prefix guard holds copies 1 and 2 back one step: they hit copy 0's KV.
+    assert [o["usage"]["cached_tokens"] for o in outs] == [0, len(ids) - 1, len(ids) - 1]
 
 
 def test_max_new_tokens_zero_scores_the_prompt(engine, tokenizer):
@@ -182,3 +203,20 @@ def _same_entries(a, b) -> None:
 def _same(a: dict, b: dict) -> None:
     _same_entries(a["input_token_logprobs"], b["input_token_logprobs"])
     _same_entries(a["output_token_logprobs"], b["output_token_logprobs"])
+
+
+def test_retraction_keeps_logprobs_exact(engine, prompts):
+    """A 96-slot pool retracts decoding requests; resumed requests neither repeat nor lose
+    logprob entries, and the values equal an unpressured run's."""
+    short = [prompts[i] for i in (0, 1, 2, 3, 4, 6, 7)]
+    kw = dict(sampling_params=greedy(), return_logprob=True, logprob_start_len=0)
+    engine.flush_cache()
+    calm = engine.generate(input_ids=short, **kw)
+    with Engine(MODEL, max_total_tokens=96, schedule_conservativeness=0.3) as tight:
+        pressed = tight.generate(input_ids=short, **kw)
+        assert tight.get_server_info()["scheduler"]["num_retracted_total"] > 0
+    for a, b, ids in zip(pressed, calm, short):
+        assert a["output_ids"] == b["output_ids"]
+        assert len(a["meta_info"]["input_token_logprobs"]) == len(ids)
+        assert len(a["meta_info"]["output_token_logprobs"]) == len(a["output_ids"])
+        _same(a["meta_info"], b["meta_info"])

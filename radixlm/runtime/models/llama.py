@@ -151,6 +151,10 @@ class LlamaForCausalLM(nn.Module):
     """
 
     qkv_bias_default = False
+    #: When True, `forward` keeps the normed last hidden states of every new token
+    #: (float [T, hidden]) in `last_hidden` (EAGLE drafting reads them).
+    capture_hidden = False
+    last_hidden: torch.Tensor | None = None
 
     def __init__(self, config):
         super().__init__()
@@ -174,6 +178,11 @@ class LlamaForCausalLM(nn.Module):
         rope = self.model.rotary_emb(fb.positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, rope, backend, fb)
+        if self.capture_hidden:  # speculative drafters read every token's final state
+            x = self.last_hidden = self.model.norm(x)
+            if fb.mode is ForwardMode.EXTEND:
+                x = x[fb.logits_index()]
+            return self.lm_head(x).float()
         if fb.mode is ForwardMode.EXTEND:
             x = x[fb.logits_index()]
         x = self.model.norm(x)

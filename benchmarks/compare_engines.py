@@ -1,0 +1,276 @@
+"""radixlm next to the engines people would use instead: same weights, threads, workloads.
+
+Method
+------
+* Weights: SmolLM2-135M-Instruct, fp32, from the bundled GGUF dequantized once into a
+  safetensors directory (`radixlm.runtime.model_registry.local_hf_dir`, cached under
+  ~/.cache/radixlm/converted); every engine loads that directory (llama-server: an f32
+  GGUF converted from it, see benchmarks/README.md).
+* Engines (`ENGINES`): in-process -- radixlm.Engine and transformers `generate`, each in
+  a fresh subprocess running `engine_harness.py` (same harness, same timing); HTTP --
+  `radixlm serve`, vLLM CPU and llama.cpp's llama-server, each started here and driven by
+  `radixlm.bench` over streaming /v1/completions. OpenVINO GenAI and onnxruntime-genai
+  are listed; without their venvs (and harness adapters) they show as not installed.
+* Workloads (token ids, identical for all engines; greedy, EOS ignored): single (1 x 32
+  in / 128 out), burst16 (16 x 256 / 64), shared16-cold and shared16-warm (16 x (200
+  shared + 56 own) / 64, the warm burst with new suffixes after the cold one), evict
+  (4 groups x 16 of a 512-token system prompt + 64 / 32, in a 8192-token KV pool for
+  radixlm), multiturn (4 sessions x 4 turns: 256 tokens, +32 per turn, 32 out, each turn
+  resends the history with the previous answers).
+* Protocol: for each thread count (--threads, 1 and 2), repetitions (--reps, 3) alternate
+  the engines A-B-A-B; each repetition starts the engine fresh (cold caches) and runs the
+  workloads in the order above. `os.getloadavg()` before and after each run. Reported:
+  output tokens/s median (min-max) over repetitions, TTFT and TPOT p50/p99 of the median
+  repetition, cache hit rate, radixlm's ratio (in-process vs in-process peers, HTTP vs
+  HTTP peers).
+* Memory bandwidth: best of 5 copies of a 256 MiB tensor (read + write bytes / time);
+  the single-stream decode step (radixlm TPOT p50 of `single`) is printed as a ratio to
+  weight bytes / bandwidth, the step time of a purely memory-bound decoder.
+
+    python benchmarks/compare_engines.py --quick --threads 1     # 1 repetition, smaller evict
+    python benchmarks/compare_engines.py                          # threads 1 and 2, 3 reps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from peer_servers import ENGINES, EngineSpec, http_run, memory_bandwidth
+from report import save_report
+
+from radixlm.bench.stats import RequestResult, summarize
+from radixlm.runtime.model_registry import local_hf_dir
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUTPUT = HERE / "results" / "compare_engines.json"
+RADIXLM_KV_TOKENS = 8192
+
+
+def build_workloads(tok, quick: bool, seed: int = 0) -> list[dict[str, Any]]:
+    """The workloads as JSON-ready sessions of [token ids, output length] turns."""
+    rng = random.Random(seed)
+    special = set(tok.all_special_ids)
+    vocab = [i for i in range(len(tok)) if i not in special]
+
+    def ids(n: int) -> list[int]:
+        return [rng.choice(vocab) for _ in range(n)]
+
+    def single_turns(prompts: list[list[int]], out: int) -> list[dict[str, Any]]:
+        return [{"turns": [[p, out]], "resend_history": False} for p in prompts]
+
+    shared = ids(200)
+    groups, per_group = (4, 8) if quick else (4, 16)
+    systems = [ids(512) for _ in range(groups)]
+    evict = [systems[g] + ids(64) for g in range(groups) for _ in range(per_group)]
+    rng.shuffle(evict)
+    multi = [
+        {"turns": [[ids(256), 32]] + [[ids(32), 32] for _ in range(3)], "resend_history": True}
+        for _ in range(4)
+    ]
+    cold = [shared + ids(56) for _ in range(16)]
+    warm = [shared + ids(56) for _ in range(16)]
+    return [
+        {"name": "single", "sessions": single_turns([ids(32)], 128)},
+        {"name": "burst16", "sessions": single_turns([ids(256) for _ in range(16)], 64)},
+        {"name": "shared16-cold", "sessions": single_turns(cold, 64)},
+        {"name": "shared16-warm", "sessions": single_turns(warm, 64)},
+        {"name": "evict", "sessions": single_turns(evict, 32)},
+        {"name": "multiturn", "sessions": multi},
+    ]
+
+
+def to_results(requests: list[dict[str, Any]]) -> list[RequestResult]:
+    """Harness request dicts as bench RequestResults (successful, times in seconds)."""
+    keys = ("prompt_tokens", "output_tokens", "cached_tokens", "ttft", "e2e", "itl", "start")
+    return [RequestResult(success=True, **{k: r[k] for k in keys}) for r in requests]
+
+
+def run_inprocess(spec: EngineSpec, model_dir: Path, threads: int, wl_file: Path) -> dict:
+    """One repetition in a fresh harness subprocess; per workload (results, duration)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        cmd = [spec.python or sys.executable, str(HERE / "engine_harness.py"),
+               "--engine", spec.harness, "--model-dir", str(model_dir),
+               "--threads", str(threads), "--spec", str(wl_file), "--out", str(out)]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{spec.name} harness failed:\n{proc.stderr[-2000:]}")
+        report = json.loads(out.read_text())
+    return {
+        name: (to_results(w["requests"]), w["duration_s"])
+        for name, w in report["workloads"].items()
+    }
+
+
+def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median / min / max output tokens/s over repetitions; latencies of the median run."""
+    if not runs:
+        return {}
+    tps = [r["output_throughput"] for r in runs]
+    med = sorted(runs, key=lambda r: r["output_throughput"])[len(runs) // 2]
+    return {
+        "output_tps_median": statistics.median(tps),
+        "output_tps_min": min(tps),
+        "output_tps_max": max(tps),
+        "ttft_ms": med["ttft_ms"],
+        "tpot_ms": med["tpot_ms"],
+        "cache_hit_rate": med["cache_hit_rate"],
+        "reps": len(runs),
+    }
+
+
+def markdown_table(table: dict[str, Any], engines: list[EngineSpec]) -> str:
+    """One markdown table: workload x engine, with radixlm's throughput ratio."""
+    head = (
+        "| threads | workload | engine | out tok/s median (min-max) | TTFT p50 / p99 ms "
+        "| TPOT p50 / p99 ms | cache hit | radixlm / engine |\n|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for threads, by_wl in table.items():
+        for wl, by_engine in by_wl.items():
+            for e in engines:
+                row = by_engine.get(e.name)
+                if row is None or "status" in row:
+                    status = "not run" if row is None else row["status"]
+                    lines.append(f"| {threads} | {wl} | {e.name} | {status} | | | | |")
+                    continue
+                ref = by_engine.get(e.reference, {}) if e.reference else {}
+                ratio = ""
+                if ref.get("output_tps_median"):
+                    ratio = f"{ref['output_tps_median'] / row['output_tps_median']:.2f}x"
+                hit = row["cache_hit_rate"]
+                t, p = row["ttft_ms"], row["tpot_ms"]
+                lines.append(
+                    f"| {threads} | {wl} | {e.name} | {row['output_tps_median']:.1f} "
+                    f"({row['output_tps_min']:.1f}-{row['output_tps_max']:.1f}) | "
+                    f"{_ms(t['p50'])} / {_ms(t['p99'])} | {_ms(p['p50'])} / {_ms(p['p99'])} | "
+                    f"{'n/a' if hit is None else f'{hit:.2f}'} | {ratio} |"
+                )
+    return "\n".join(lines)
+
+
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0f}"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--reps", type=int, default=3, help="repetitions per engine (default 3)")
+    p.add_argument("--engines", default=",".join(e.key for e in ENGINES),
+                   help="comma-separated keys: " + ", ".join(e.key for e in ENGINES))  # fmt: skip
+    p.add_argument("--workloads", default=None, help="comma-separated subset of workload names")
+    p.add_argument("--quick", action="store_true", help="1 repetition, evict with 4 x 8")
+    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.reps = 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from transformers import AutoTokenizer
+
+    model_dir = local_hf_dir("smollm2-135m")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    workloads = build_workloads(tok, args.quick)
+    if args.workloads:
+        keep = set(args.workloads.split(","))
+        workloads = [w for w in workloads if w["name"] in keep]
+    wanted = set(args.engines.split(","))
+    engines = [e for e in ENGINES if e.key in wanted]
+    wl_file = Path(tempfile.mkstemp(prefix="compare-engines-", suffix=".json")[1])
+    wl_file.write_text(json.dumps({"workloads": workloads, "max_total_tokens": RADIXLM_KV_TOKENS,
+                                   "max_batch": 16}))  # fmt: skip
+    status = {e.name: e.availability() for e in engines}
+    raw: dict[str, Any] = {}
+    table: dict[str, Any] = {}
+    bw = memory_bandwidth()
+    try:
+        for threads in args.threads:
+            runs: dict[str, dict[str, list]] = {}
+            for rep in range(args.reps):
+                for e in engines:  # alternation: A B A B ...
+                    if status[e.name] is not None:
+                        continue
+                    load_before = os.getloadavg()
+                    print(
+                        f"[threads {threads} rep {rep + 1}] {e.name}", file=sys.stderr, flush=True
+                    )
+                    t0 = time.perf_counter()
+                    try:
+                        if e.harness:
+                            per_wl = run_inprocess(e, model_dir, threads, wl_file)
+                        else:
+                            per_wl = http_run(
+                                e, model_dir, threads, workloads, tok, RADIXLM_KV_TOKENS
+                            )
+                    except Exception as exc:  # noqa: BLE001 - record and keep comparing
+                        status[e.name] = f"failed: {str(exc).splitlines()[-1][:120]}"
+                        print(f"  {status[e.name]}", file=sys.stderr)
+                        continue
+                    meta = {"load_before": load_before, "load_after": os.getloadavg(),
+                            "wall_s": time.perf_counter() - t0, "rep": rep}  # fmt: skip
+                    raw.setdefault(str(threads), {}).setdefault(e.name, []).append(meta)
+                    for wl, (results, duration) in per_wl.items():
+                        s = summarize(results, duration)
+                        meta[wl] = s
+                        runs.setdefault(wl, {}).setdefault(e.name, []).append(s)
+                    print(f"  done in {meta['wall_s']:.0f} s, load {load_before[0]:.2f} -> "
+                          f"{meta['load_after'][0]:.2f}", file=sys.stderr, flush=True)  # fmt: skip
+            table[str(threads)] = {
+                w["name"]: {
+                    e.name: (
+                        summarize_runs(runs.get(w["name"], {}).get(e.name, []))
+                        if status[e.name] is None
+                        else {"status": status[e.name]}
+                    )
+                    for e in engines
+                }
+                for w in workloads
+            }
+    finally:
+        wl_file.unlink(missing_ok=True)
+    print(markdown_table(table, engines))
+    weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    bound_ms = weights / bw * 1000
+    decode = {}
+    for threads, by_wl in table.items():
+        row = by_wl.get("single", {}).get("radixlm (in-process)", {})
+        step = (row.get("tpot_ms") or {}).get("p50")
+        decode[threads] = None if step is None else {"step_ms": step, "ratio": step / bound_ms}
+        if step is not None:
+            print(f"threads {threads}: single-stream decode step {step:.1f} ms = "
+                  f"{step / bound_ms:.2f}x the memory-bound step ({weights / 1e6:.0f} MB / "
+                  f"{bw / 1e9:.1f} GB/s = {bound_ms:.1f} ms)")  # fmt: skip
+    save_report(
+        {
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                        "memory_bandwidth_gbs": bw / 1e9, "weights_bytes": weights},
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "engine_status": {k: v or "ok" for k, v in status.items()},
+            "table": table,
+            "decode_vs_bandwidth": decode,
+            "runs": raw,
+            "markdown": markdown_table(table, engines),
+        },
+        args.output,
+    )  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""In-process engine harness: plays token-id workloads on one engine and times each request.
+
+Run as a subprocess by `compare_engines.py` (one process per engine and repetition, so
+every engine starts cold, with its own thread setting, in its own virtual environment):
+
+    PYTHON engine_harness.py --engine radixlm|transformers --model-dir DIR --threads T \\
+        --spec spec.json --out result.json
+
+spec.json: {"workloads": [{"name": str, "sessions": [{"turns": [[ids, out_len], ...],
+"resend_history": bool}, ...]}, ...], "max_total_tokens": int, "max_batch": int}.
+All sessions of a workload arrive at time 0; a session's turn k+1 is submitted when its
+turn k finishes, with prompt = turn k prompt + re-encoded answer text + turn k+1 ids (the
+same rule the HTTP path uses). Every request is greedy with EOS ignored, so each engine
+produces exactly out_len tokens.
+
+Per request it records, relative to the workload start (seconds): start (submission),
+ttft (start -> first token), e2e (start -> last token), itl (gaps between tokens), and
+prompt / output / cached tokens (cached: None when the engine does not report it).
+This file imports nothing from radixlm at module level (peers run it in their own venv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+
+class Timer:
+    """Token arrival times of one request (perf_counter seconds)."""
+
+    def __init__(self, t0: float, prompt_ids: list[int], session: int, turn: int):
+        self.t0, self.prompt_ids, self.session, self.turn = t0, prompt_ids, session, turn
+        self.start = time.perf_counter()
+        self.times: list[float] = []
+        self.output_ids: list[int] = []
+        self.cached: int | None = None
+
+    def tokens(self, ids: list[int]) -> None:
+        now = time.perf_counter()
+        self.times.extend([now] * len(ids))
+        self.output_ids.extend(ids)
+
+    def result(self) -> dict[str, Any]:
+        t = self.times
+        return {
+            "session": self.session,
+            "turn": self.turn,
+            "start": self.start - self.t0,
+            "ttft": t[0] - self.start if t else 0.0,
+            "e2e": t[-1] - self.start if t else 0.0,
+            "itl": [b - a for a, b in zip(t, t[1:])],
+            "prompt_tokens": len(self.prompt_ids),
+            "output_tokens": len(self.output_ids),
+            "cached_tokens": self.cached,
+        }
+
+
+def next_prompt(tok, prev_prompt: list[int], answer_ids: list[int], turn_ids: list[int]):
+    """History rule shared with the HTTP path: prompt + encode(decode(answer)) + turn."""
+    answer = tok.encode(tok.decode(answer_ids, skip_special_tokens=True), add_special_tokens=False)
+    return prev_prompt + answer + turn_ids
+
+
+class RadixlmAdapter:
+    """radixlm.Engine: streams consumed round-robin; new turns enter between steps."""
+
+    def __init__(self, model_dir: str, threads: int, spec: dict[str, Any]):
+        import radixlm
+
+        self.engine = radixlm.Engine(
+            model=model_dir, num_threads=threads, max_total_tokens=spec["max_total_tokens"]
+        )
+        self.tok = self.engine.tokenizer
+
+    def run(self, sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        params = lambda n: {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}  # noqa: E731
+        t0 = time.perf_counter()
+        done: list[dict[str, Any]] = []
+        streams: list[tuple[Any, list[Timer]]] = []
+
+        def submit(timers: list[Timer], out_lens: list[int]) -> None:
+            gen = self.engine.generate(
+                input_ids=[t.prompt_ids for t in timers],
+                sampling_params=[params(n) for n in out_lens],
+                stream=True,
+            )
+            streams.append((gen, timers))
+
+        first = [Timer(t0, s["turns"][0][0], i, 0) for i, s in enumerate(sessions)]
+        submit(first, [s["turns"][0][1] for s in sessions])
+        while streams:
+            for entry in list(streams):
+                gen, timers = entry
+                chunk = next(gen, None)
+                if chunk is None:
+                    streams.remove(entry)
+                    continue
+                timer = timers[chunk.get("index", 0)]
+                timer.tokens(chunk["output_ids"])
+                if chunk.get("finish_reason") is None:
+                    continue
+                timer.cached = chunk["usage"]["cached_tokens"]
+                done.append(timer.result())
+                s, k = sessions[timer.session], timer.turn + 1
+                if k < len(s["turns"]):
+                    ids, n = s["turns"][k]
+                    if s.get("resend_history"):
+                        ids = next_prompt(self.tok, timer.prompt_ids, timer.output_ids, ids)
+                    submit([Timer(t0, ids, timer.session, k)], [n])
+        return done
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+class TransformersAdapter:
+    """transformers `generate`, static batches of at most max_batch (left padding); the
+    turns of all sessions run in lockstep (turn k of every session is one batch set).
+    Token times come from a StoppingCriteria that runs after each decoding step."""
+
+    def __init__(self, model_dir: str, threads: int, spec: dict[str, Any]):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.max_batch = spec["max_batch"]
+        self.pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+
+    def _batch(self, timers: list[Timer], out_len: int) -> None:
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        torch = self.torch
+        width = max(len(t.prompt_ids) for t in timers)
+        ids = torch.full((len(timers), width), self.pad, dtype=torch.int64)
+        mask = torch.zeros_like(ids)
+        for r, t in enumerate(timers):
+            n = len(t.prompt_ids)
+            ids[r, width - n :] = torch.tensor(t.prompt_ids)
+            mask[r, width - n :] = 1
+
+        class Stamp(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kw):
+                for r, t in enumerate(timers):
+                    t.tokens([int(input_ids[r, -1])])
+                return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+        with torch.inference_mode():
+            self.model.generate(
+                input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=out_len,
+                min_new_tokens=out_len, pad_token_id=self.pad,
+                stopping_criteria=StoppingCriteriaList([Stamp()]),
+            )  # fmt: skip
+
+    def run(self, sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        t0 = time.perf_counter()
+        done: list[dict[str, Any]] = []
+        done_by: dict[int, Timer] = {}
+        for k in range(max(len(s["turns"]) for s in sessions)):
+            live = [i for i, s in enumerate(sessions) if k < len(s["turns"])]
+            timers = []
+            for i in live:
+                ids = sessions[i]["turns"][k][0]
+                if k and sessions[i].get("resend_history"):
+                    prev = done_by[i]
+                    ids = next_prompt(self.tok, prev.prompt_ids, prev.output_ids, ids)
+                timers.append(Timer(t0, ids, i, k))
+            # Requests of one turn arrive together; later batches wait (static batching).
+            by_len: dict[int, list[Timer]] = {}
+            for t in timers:
+                by_len.setdefault(sessions[t.session]["turns"][k][1], []).append(t)
+            for out_len, group in by_len.items():
+                for b in range(0, len(group), self.max_batch):
+                    self._batch(group[b : b + self.max_batch], out_len)
+            done_by = {t.session: t for t in timers}
+            done += [t.result() for t in timers]
+        return done
+
+    def close(self) -> None:
+        pass
+
+
+ADAPTERS = {"radixlm": RadixlmAdapter, "transformers": TransformersAdapter}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--engine", choices=sorted(ADAPTERS), required=True)
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--spec", required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    spec = json.loads(open(args.spec).read())
+    t_load = time.perf_counter()
+    adapter = ADAPTERS[args.engine](args.model_dir, args.threads, spec)
+    report: dict[str, Any] = {"load_s": time.perf_counter() - t_load, "workloads": {}}
+    for w in spec["workloads"]:
+        t0 = time.perf_counter()
+        results = adapter.run(w["sessions"])
+        report["workloads"][w["name"]] = {
+            "duration_s": time.perf_counter() - t0,
+            "requests": results,
+            "loadavg": os.getloadavg(),
+        }
+    adapter.close()
+    with open(args.out, "w") as f:
+        json.dump(report, f)
+
+
+if __name__ == "__main__":
+    main()

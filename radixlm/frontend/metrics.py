@@ -1,0 +1,203 @@
+"""Prometheus metrics of one server (`GET /metrics`), named after SGLang's ``sglang:*``.
+
+Two sources:
+
+* Request latencies and token counters are observed in the HTTP process, where each
+  request's tokens arrive (`ServerMetrics` is the TokenizerManager's `RequestObserver`).
+  Times are `time.perf_counter()` seconds, so they include the scheduler, the
+  detokenizer and the IPC hops, but not HTTP transfer to the client.
+* Scheduler state (running / waiting requests, KV token usage, cache hit rate,
+  retractions, aborts) is read from the scheduler's `stats()` at scrape time through the
+  existing `GetInfoReq` control call (`SchedulerStatsCollector`).
+
+Definitions per request (N = output tokens):
+    time_to_first_token = first token arrival - submit
+    inter_token_latency = gap between successive token arrivals; a message carrying k
+        tokens after the first counts k observations of gap / k (N - 1 in total when
+        every message has one token)
+    time_per_output_token = (last arrival - first arrival) / (N - 1), when N > 1
+    e2e_request_latency = finish arrival - submit (finished requests only)
+    queue_time = scheduler admission - scheduler arrival (reported by the scheduler)
+
+Every server owns its `CollectorRegistry`, so several servers (or apps) in one process
+never clash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from radixlm.runtime.messages import BatchStrOut
+from radixlm.runtime.request_observer import RequestObserver
+
+PREFIX = "radixlm:"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Bucket upper bounds in seconds (CPU steps are tens of ms; long prompts take seconds).
+LATENCY_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0,
+    5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+TOKEN_LATENCY_BUCKETS = (
+    0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+    0.75, 1.0, 2.0, 5.0, 10.0,
+)  # fmt: skip
+
+
+class _Timing:
+    """Arrival times of one in-flight request (seconds, perf_counter)."""
+
+    __slots__ = ("submit", "first", "last", "tokens")
+
+    def __init__(self, submit: float) -> None:
+        self.submit = submit
+        self.first: float | None = None
+        self.last = submit
+        self.tokens = 0
+
+
+class ServerMetrics(RequestObserver):
+    """The server's Prometheus registry and the request-level observations.
+
+    Attributes: registry (this server's CollectorRegistry), scheduler (the collector to
+    `update()` with `Scheduler.stats()` before each scrape).
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+
+        def hist(name: str, doc: str, buckets) -> Histogram:
+            return Histogram(PREFIX + name, doc, buckets=buckets, registry=r)
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(PREFIX + name, doc, labels, registry=r)
+
+        self.ttft = hist(
+            "time_to_first_token_seconds", "Submit to first output token (s).", LATENCY_BUCKETS
+        )
+        self.itl = hist(
+            "inter_token_latency_seconds",
+            "Gap between successive output tokens (s).",
+            TOKEN_LATENCY_BUCKETS,
+        )
+        self.tpot = hist(
+            "time_per_output_token_seconds",
+            "Per request: (last - first token arrival) / (output tokens - 1) (s).",
+            TOKEN_LATENCY_BUCKETS,
+        )
+        self.e2e = hist("e2e_request_latency_seconds", "Submit to finish (s).", LATENCY_BUCKETS)
+        self.queue = hist(
+            "queue_time_seconds",
+            "Time in the scheduler's waiting queue before first admission (s).",
+            LATENCY_BUCKETS,
+        )
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests.")
+        self.generation_tokens = counter("generation_tokens", "Output tokens streamed.")
+        self.cached_tokens = counter("cached_tokens", "Prompt tokens served from the prefix cache.")
+        self.requests = counter("requests", "Requests ended, by finish reason.", ("finish_reason",))
+        self.scheduler = SchedulerStatsCollector()
+        r.register(self.scheduler)
+        self._live: dict[str, _Timing] = {}
+
+    # ---- RequestObserver ----------------------------------------------------------------
+
+    def on_submit(self, rid: str, now: float) -> None:
+        self._live[rid] = _Timing(now)
+
+    def on_batch(self, batch: BatchStrOut, now: float) -> None:
+        queue_times = batch.queue_times
+        for i, rid in enumerate(batch.rids):
+            t = self._live.get(rid)
+            if t is None:
+                continue
+            n = len(batch.new_token_ids[i])
+            if t.first is None and (n or batch.finish_reasons[i] is not None):
+                self._on_first(t, batch, i, now, queue_times)
+            elif n:
+                gap = (now - t.last) / n
+                for _ in range(n):
+                    self.itl.observe(gap)
+            if n:
+                t.last = now
+                t.tokens += n
+                self.generation_tokens.inc(n)
+            reason = batch.finish_reasons[i]
+            if reason is not None:
+                del self._live[rid]
+                self.requests.labels(finish_reason=reason).inc()
+                self.e2e.observe(now - t.submit)
+                if t.tokens > 1 and t.first is not None:
+                    self.tpot.observe((t.last - t.first) / (t.tokens - 1))
+
+    def _on_first(self, t: _Timing, batch: BatchStrOut, i: int, now: float, queue_times) -> None:
+        """First message of a request: its prompt counters, TTFT and queue time."""
+        self.prompt_tokens.inc(batch.prompt_tokens[i])
+        self.cached_tokens.inc(batch.cached_tokens[i])
+        if i < len(queue_times) and queue_times[i] >= 0:
+            self.queue.observe(queue_times[i])
+        if batch.new_token_ids[i]:
+            t.first = now
+            self.ttft.observe(now - t.submit)
+        else:  # finished without a token (aborted while waiting, max_tokens 0)
+            t.first = None
+
+    def on_abandoned(self, rid: str, now: float, refused: bool) -> None:
+        if self._live.pop(rid, None) is not None and not refused:
+            self.requests.labels(finish_reason="abort").inc()
+
+    # ---- exposition -----------------------------------------------------------------------
+
+    def render(self, scheduler_stats: dict[str, Any] | None) -> bytes:
+        """The text exposition format, with the scheduler gauges from `scheduler_stats`
+        (`Scheduler.stats()`; None leaves the last values)."""
+        if scheduler_stats is not None:
+            self.scheduler.update(scheduler_stats)
+        return generate_latest(self.registry)
+
+
+class SchedulerStatsCollector:
+    """Exposes the latest `Scheduler.stats()` snapshot as gauges and counters.
+
+    Gauges: num_running_reqs, num_queue_reqs, token_usage ((total - free - evictable) /
+    total KV tokens), cache_hit_rate (cached / prompt tokens since start), and
+    max_total_tokens. Counters: retractions_total, aborts_total (scheduler-side counts,
+    which include client disconnects and failed steps).
+    """
+
+    _GAUGES = (
+        ("num_running_reqs", "num_running", "Requests decoding or prefilling."),
+        ("num_queue_reqs", "num_waiting", "Requests in the waiting queue."),
+        ("token_usage", "token_usage", "Fraction of KV slots held (not free or evictable)."),
+        ("cache_hit_rate", "cache_hit_rate", "Cached / prompt tokens since start."),
+        ("max_total_tokens", "total", "KV pool size in tokens."),
+    )
+    _COUNTERS = (
+        ("retractions", "num_retracted_total", "Requests retracted under KV pressure."),
+        ("aborts", "num_aborted_total", "Requests aborted in the scheduler."),
+    )
+
+    def __init__(self) -> None:
+        self._stats: dict[str, Any] = {}
+
+    def update(self, stats: dict[str, Any]) -> None:
+        """Replace the snapshot (a `Scheduler.stats()` dict)."""
+        self._stats = dict(stats)
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families({})
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families(self._stats)
+
+    def _families(self, s: dict[str, Any]) -> list[Metric]:
+        out: list[Metric] = []
+        for name, key, doc in self._GAUGES:
+            out.append(GaugeMetricFamily(PREFIX + name, doc, value=float(s.get(key, 0))))
+        for name, key, doc in self._COUNTERS:
+            out.append(CounterMetricFamily(PREFIX + name, doc, value=float(s.get(key, 0))))
+        return out
