@@ -49,6 +49,12 @@ def _serve(args: argparse.Namespace) -> int:
     return launch_server(ServerArgs.from_cli_args(args))
 
 
+def _train_eagle(args: argparse.Namespace) -> int:
+    from radixlm.runtime.speculative.train_eagle import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `radixlm` command."""
     parser = argparse.ArgumentParser(prog="radixlm", description=__doc__)
@@ -94,6 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
     from radixlm.bench.cli import register as register_bench
 
     register_bench(sub)
+    train = sub.add_parser(
+        "train-eagle",
+        help="train an EAGLE speculative-decoding head for a model (self-distillation)",
+        description="Generate answers with the model, read its hidden states, and train an "
+        "EAGLE draft head on them; load it with --speculative-algorithm eagle "
+        "--speculative-draft-path DIR.",
+    )
+    from radixlm.runtime.speculative.train_args import add_args as _train_args
+
+    _train_args(train)
+    train.set_defaults(func=_train_eagle)
+
     try:
         from radixlm.plan.cli import register
     except ImportError:

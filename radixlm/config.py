@@ -107,6 +107,22 @@ class ServerArgs:
     api_key: str | None = _opt(
         None, "when set, requests must send 'Authorization: Bearer <key>' (else HTTP 401)"
     )
+    speculative_algorithm: str | None = _opt(
+        None,
+        "speculative decoding drafter (none: off); see runtime/speculative/",
+        choices=["eagle", "ngram", "draft"],
+    )
+    speculative_num_steps: int = _opt(4, "draft tree depth (draft tokens along one path)")
+    speculative_topk: int = _opt(1, "draft tree width: children kept per level (1 = a chain)")
+    speculative_num_draft_tokens: int = _opt(
+        4, "draft tokens verified per request and step at most (tree nodes, root excluded)"
+    )
+    speculative_draft_path: str | None = _opt(
+        None, "draft model (draft: a model like --model) or EAGLE head directory (eagle)"
+    )
+    speculative_max_batch_size: int = _opt(
+        8, "running requests above which decode steps run without speculation"
+    )
     served_model_name: str | None = _opt(
         None, "model name reported by /v1/models and accepted in requests (none: --model)"
     )
@@ -119,7 +135,7 @@ class ServerArgs:
             if isinstance(value, bool) and bool not in allowed or not isinstance(value, allowed):
                 raise ValueError(f"{f.name} must be {str(f.type)}, got {value!r}")
             choices = f.metadata.get("choices")
-            if choices and value not in choices:
+            if choices and value is not None and value not in choices:
                 raise ValueError(f"{f.name} must be one of {choices}, got {value!r}")
         ps = self.page_size
         if ps < 1 or ps & (ps - 1):
@@ -144,6 +160,17 @@ class ServerArgs:
             )
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if min(self.speculative_num_steps, self.speculative_topk) < 1:
+            raise ValueError("speculative_num_steps and speculative_topk must be >= 1")
+        if self.speculative_num_draft_tokens < 1 or self.speculative_max_batch_size < 0:
+            raise ValueError(
+                "speculative_num_draft_tokens must be >= 1 and speculative_max_batch_size >= 0"
+            )
+        if self.speculative_algorithm in ("eagle", "draft") and not self.speculative_draft_path:
+            raise ValueError(
+                f"--speculative-algorithm {self.speculative_algorithm} needs "
+                "--speculative-draft-path"
+            )
         if not 0 < self.mem_fraction < 1:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
 

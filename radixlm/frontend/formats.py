@@ -4,7 +4,8 @@ A format turns generation results into the exact JSON shapes of the OpenAI API:
 ``text_completion`` (completions, streamed and not), ``chat.completion`` and
 ``chat.completion.chunk``. `usage` always has prompt_tokens, completion_tokens,
 total_tokens and prompt_tokens_details.cached_tokens (prompt tokens served from the
-prefix cache). Later features (logprobs, tool calls) extend the choice dicts here.
+prefix cache). Logprob objects come from `logprob_format.py`. With n > 1 a prompt's
+tokens are counted once (as OpenAI does), its completions once per choice.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+
+from radixlm.frontend.logprob_format import TokenTexts, chat_logprobs, completion_logprobs
 
 _encoder = msgspec.json.Encoder()
 
@@ -25,12 +28,14 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0
 
-    def add(self, usage: dict[str, int] | None) -> None:
-        """Add one finished choice's usage ({prompt_tokens, completion_tokens, cached_tokens})."""
+    def add(self, usage: dict[str, int] | None, count_prompt: bool = True) -> None:
+        """Add one finished choice's usage ({prompt_tokens, completion_tokens,
+        cached_tokens}); count_prompt False for the 2nd.. copies of one prompt (n > 1)."""
         if usage:
-            self.prompt_tokens += usage["prompt_tokens"]
+            if count_prompt:
+                self.prompt_tokens += usage["prompt_tokens"]
+                self.cached_tokens += usage["cached_tokens"]
             self.completion_tokens += usage["completion_tokens"]
-            self.cached_tokens += usage["cached_tokens"]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,23 +99,55 @@ class OutputFormat:
 
 
 class CompletionFormat(OutputFormat):
-    """/v1/completions: ``text_completion`` objects, streamed or not."""
+    """/v1/completions: ``text_completion`` objects, streamed or not.
+
+    texts: token texts for ``logprobs`` (None: no logprobs asked). echo: per choice the
+    prompt text put before its completion (None: no echo); under echo the prompt tokens'
+    logprobs come first in ``logprobs``.
+    """
 
     object_full = "text_completion"
     object_chunk = "text_completion"
 
+    def __init__(
+        self,
+        id: str,  # noqa: A002 - OpenAI's field name
+        created: int,
+        model: str,
+        texts: TokenTexts | None = None,
+        echo: list[str] | None = None,
+    ):
+        super().__init__(id, created, model)
+        self.texts = texts
+        self.echo = echo
+        self._offsets: dict[int, int] = {}  # streamed choice -> text offset so far
+
+    def _logprobs(self, index: int, result: dict[str, Any], offset: int):
+        if self.texts is None:
+            return None, offset
+        parts = [result.get("output_logprobs")]
+        if self.echo is not None:
+            parts.insert(0, result.get("input_logprobs"))
+        return completion_logprobs(self.texts, parts, offset)
+
     def deltas(self, index: int, chunk: dict[str, Any], include_usage: bool) -> list[dict]:
         reason = chunk["finish_reason"]
-        if not chunk["text"] and reason is None:
+        text = chunk["text"]
+        first = index not in self._offsets
+        if first and self.echo is not None:
+            text = self.echo[index] + text
+        logprobs, self._offsets[index] = self._logprobs(index, chunk, self._offsets.get(index, 0))
+        if not text and reason is None and logprobs is None:
             return []
-        choice = {"index": index, "text": chunk["text"], "logprobs": None, "finish_reason": reason}
+        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
         return [self._chunk(choice, include_usage)]
 
     def full_choice(self, index: int, result: dict[str, Any]) -> dict[str, Any]:
+        prefix = self.echo[index] if self.echo is not None else ""
         return {
             "index": index,
-            "text": result["text"],
-            "logprobs": None,
+            "text": prefix + result["text"],
+            "logprobs": self._logprobs(index, result, 0)[0],
             "finish_reason": result["finish_reason"],
         }
 
@@ -126,6 +163,26 @@ class ChatFormat(OutputFormat):
     object_full = "chat.completion"
     object_chunk = "chat.completion.chunk"
 
+    def __init__(
+        self,
+        id: str,  # noqa: A002 - OpenAI's field name
+        created: int,
+        model: str,
+        texts: TokenTexts | None = None,
+        top_logprobs: int = 0,
+    ):
+        super().__init__(id, created, model)
+        self.texts = texts  # None: logprobs not asked for
+        self.top_logprobs = top_logprobs
+
+    def _logprobs(self, result: dict[str, Any]) -> dict[str, Any] | None:
+        if self.texts is None:
+            return None
+        lp = result.get("output_logprobs")
+        if lp is None:
+            return {"content": [], "refusal": None}
+        return chat_logprobs(self.texts, lp, self.top_logprobs)
+
     def opening(self, n: int, include_usage: bool) -> list[dict[str, Any]]:
         return [
             self._chunk(self._choice(i, {"role": "assistant", "content": ""}, None), include_usage)
@@ -134,8 +191,11 @@ class ChatFormat(OutputFormat):
 
     def deltas(self, index: int, chunk: dict[str, Any], include_usage: bool) -> list[dict]:
         out = []
-        if chunk["text"]:
-            out.append(self._chunk(self._choice(index, {"content": chunk["text"]}), include_usage))
+        logprobs = self._logprobs(chunk) if chunk.get("output_logprobs") is not None else None
+        if chunk["text"] or logprobs is not None:
+            choice = self._choice(index, {"content": chunk["text"]})
+            choice["logprobs"] = logprobs
+            out.append(self._chunk(choice, include_usage))
         if chunk["finish_reason"] is not None:
             choice = self._choice(index, {}, chunk["finish_reason"])
             out.append(self._chunk(choice, include_usage))
@@ -149,6 +209,6 @@ class ChatFormat(OutputFormat):
         return {
             "index": index,
             "message": {"role": "assistant", "content": result["text"], "refusal": None},
-            "logprobs": None,
+            "logprobs": self._logprobs(result),
             "finish_reason": result["finish_reason"],
         }

@@ -8,46 +8,46 @@ OpenAI fields radixlm does not implement yet are declared with their OpenAI type
 client sending the default (no-op) value works; `NOT_YET_SUPPORTED` lists the accepted
 values and `check_supported` refuses any other value with a message naming the field.
 A later feature implements a field by removing its entry and mapping it in serving code.
+Real OpenAI fields that do not change radixlm's output (`IGNORED`: audio output,
+predicted outputs, reasoning effort, web search, storage and billing options, ...) are
+accepted and ignored; `check_supported` logs one warning per request naming them.
 
 Response bodies are plain dicts built in `serving_openai.py` / `serving_native.py`.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixlm.frontend.errors import invalid_request
 
+logger = logging.getLogger(__name__)
+
 # 2**31 - 1: larger counts are nonsense for any model and would overflow int32 tables.
 _MAX_TOKENS_LIMIT = 2**31 - 1
 
 # field -> values that mean "feature off". Any other value is refused (HTTP 400).
 NOT_YET_SUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
-    "best_of": (None, 1),
-    "echo": (None, False),
-    "suffix": (None, ""),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "frequency_penalty": (None, 0),
-    "presence_penalty": (None, 0),
-    "repetition_penalty": (None, 1),
-    "logit_bias": (None, {}),
-    "response_format": (None, {"type": "text"}),
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
-    "audio": (None,),
-    "prediction": (None,),
-    "modalities": (None, ["text"]),
-    "reasoning_effort": (None,),
-    "web_search_options": (None,),
-    "return_logprob": (None, False),
-    "top_logprobs_num": (None, 0),
 }
+
+# Accepted and ignored (one warning per request): they do not change radixlm's output.
+IGNORED: tuple[str, ...] = (
+    "suffix",
+    "user",
+    "store",
+    "metadata",
+    "service_tier",
+    "audio",
+    "prediction",
+    "modalities",
+    "reasoning_effort",
+    "web_search_options",
+)
 
 
 class _Strict(BaseModel):
@@ -55,7 +55,11 @@ class _Strict(BaseModel):
 
 
 def check_supported(req: BaseModel) -> None:
-    """Raise a 400 APIError naming the first field set to a value radixlm cannot honour yet."""
+    """Raise a 400 APIError naming the first field set to a value radixlm cannot honour yet;
+    log one warning naming the `IGNORED` fields the request sets."""
+    ignored = [name for name in IGNORED if getattr(req, name, None) is not None]
+    if ignored:
+        logger.warning("ignoring unsupported OpenAI fields: %s", ", ".join(ignored))
     for name, allowed in NOT_YET_SUPPORTED.items():
         value = getattr(req, name, None)
         if value is None:
@@ -111,13 +115,19 @@ class SamplingFields(_Strict):
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     repetition_penalty: float | None = Field(None, gt=0)
+    # Grammar extensions (SGLang names; frontend/structured.py).
+    regex: str | None = None
+    ebnf: str | None = None
+    min_tokens: int | None = Field(None, ge=0, le=_MAX_TOKENS_LIMIT)
 
 
 class CompletionRequest(SamplingFields):
     """POST /v1/completions. prompt: a string, strings, token ids, or lists of token ids."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    best_of: int | None = Field(None, ge=1)
+    # 0 scores the prompt (with echo and logprobs); refused without echo.
+    max_tokens: int | None = Field(None, ge=0, le=_MAX_TOKENS_LIMIT)
+    best_of: int | None = Field(None, ge=1, le=128)
     echo: bool | None = None
     logprobs: int | None = Field(None, ge=0, le=20)
     suffix: str | None = None
@@ -176,8 +186,12 @@ class GenerateRequest(_Strict):
 
     Exactly one of `text` (a string or a batch of strings) and `input_ids` (token ids or a
     batch of them). `sampling_params` uses SGLang's names (max_new_tokens, temperature,
-    top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos): one dict for all prompts
-    or a list with one per prompt; its values are checked by `SamplingParams.from_any`.
+    top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos, frequency_penalty,
+    presence_penalty, repetition_penalty, logit_bias, min_new_tokens, no_stop_trim, and one
+    grammar of json_schema, regex, ebnf, structural_tag): one dict for all prompts or a list
+    with one per prompt; its values are checked by `SamplingParams.from_any`. Logprobs:
+    return_logprob, logprob_start_len (-1 default: no prompt logprobs), top_logprobs_num,
+    return_text_in_logprobs (SGLang's contract).
     """
 
     text: str | list[str] | None = None
@@ -186,4 +200,6 @@ class GenerateRequest(_Strict):
     stream: bool = False
     rid: str | list[str] | None = None
     return_logprob: bool | None = None
+    logprob_start_len: int | None = None
     top_logprobs_num: int | None = None
+    return_text_in_logprobs: bool | None = None

@@ -1,13 +1,16 @@
 """POST /generate: SGLang's native route (text or token ids in, text and token ids out).
 
-Body: ``{"text" | "input_ids", "sampling_params", "stream", "rid"}`` (see
+Body: ``{"text" | "input_ids", "sampling_params", "stream", "rid", "return_logprob",
+"logprob_start_len", "top_logprobs_num", "return_text_in_logprobs"}`` (see
 `protocol.GenerateRequest`). A single prompt answers with one result, a batch (list of
 strings or of token-id lists) with a list:
 
     {"text": str, "output_ids": [int],
      "meta_info": {"id": rid, "finish_reason": {"type": "stop", "matched": id | str}
                    | {"type": "length", "length": n} | {"type": "abort"} | None,
-                   "prompt_tokens": int, "completion_tokens": int, "cached_tokens": int}}
+                   "prompt_tokens": int, "completion_tokens": int, "cached_tokens": int,
+                   with return_logprob also input_token_logprobs, output_token_logprobs,
+                   input_top_logprobs, output_top_logprobs (runtime/meta_info.py)}}
 
 Streaming sends one such object per server-sent event with the text and output_ids so
 far (cumulative, as SGLang does), plus ``"index"`` for batches, then ``data: [DONE]``.
@@ -28,6 +31,8 @@ from radixlm.errors import InvalidRequestError
 from radixlm.frontend import streaming
 from radixlm.frontend.errors import from_exception, invalid_request, log_failure
 from radixlm.frontend.protocol import GenerateRequest, check_supported
+from radixlm.runtime.logprobs import LogprobOptions
+from radixlm.runtime.meta_info import finish_reason_info, logprob_info
 from radixlm.runtime.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -48,26 +53,38 @@ class NativeServing:
         single, prompts = self._prompts(req)
         params = self._params(req.sampling_params, len(prompts))
         rids = self._rids(req.rid, len(prompts))
+        lp = LogprobOptions(
+            return_logprob=bool(req.return_logprob),
+            logprob_start_len=-1 if req.logprob_start_len is None else req.logprob_start_len,
+            top_logprobs_num=req.top_logprobs_num or 0,
+        )
         for ids, p in zip(prompts, params):
             try:
-                self.tm.validate(ids, p)
+                self.tm.validate(ids, p, lp)
             except InvalidRequestError as e:
                 param = "text" if req.text is not None else "input_ids"
-                if "max_new_tokens" in str(e):
+                if "max_new_tokens" in str(e) or "logit_bias" in str(e):
                     param = "sampling_params"
+                for name in ("logprob_start_len", "top_logprobs_num"):
+                    if name in str(e):
+                        param = name
                 raise invalid_request(str(e), param=param) from None
         runs = zip(prompts, params, rids)
-        merged = streaming.merge([self.tm.generate(ids, p, rid=rid) for ids, p, rid in runs])
+        merged = streaming.merge(
+            [self.tm.generate(ids, p, rid=rid, logprobs=lp) for ids, p, rid in runs]
+        )
+        fmt = _ResultFormat(lp.return_logprob, self.tm.tokenizer, req.return_text_in_logprobs)
         try:
             if req.stream:
                 first = await streaming.first_chunk(request, merged)
                 lens = [len(p) for p in prompts]
-                return streaming.SSEResponse(_stream_body(first, merged, rids, lens, single))
+                body = _stream_body(first, merged, rids, lens, single, fmt)
+                return streaming.SSEResponse(body)
             done = streaming.collect(merged, len(prompts))
             results = await streaming.until_disconnect(request, done)
         except streaming.ClientGone:
             return Response(status_code=streaming.CLIENT_CLOSED)
-        out = [_result(r, rid, len(p)) for r, rid, p in zip(results, rids, prompts)]
+        out = [fmt.result(r, rid, len(p)) for r, rid, p in zip(results, rids, prompts)]
         return Response(_encoder.encode(out[0] if single else out), media_type="application/json")
 
     def _prompts(self, req: GenerateRequest) -> tuple[bool, list[list[int]]]:
@@ -89,14 +106,17 @@ class NativeServing:
     def _encode(self, text: str) -> list[int]:
         return self.tm.encode(text)
 
-    @staticmethod
-    def _params(value: dict | list | None, n: int) -> list[SamplingParams]:
+    def _params(self, value: dict | list | None, n: int) -> list[SamplingParams]:
         try:
             if isinstance(value, list):
                 if len(value) != n:
                     raise InvalidRequestError(f"{len(value)} sampling_params for {n} prompts")
-                return [SamplingParams.from_any(_sglang_compat(v)) for v in value]
-            return [SamplingParams.from_any(_sglang_compat(value))] * n
+                params = [SamplingParams.from_any(_sglang_compat(v)) for v in value]
+            else:
+                params = [SamplingParams.from_any(_sglang_compat(value))] * n
+            for p in params:
+                self.tm.grammars.validate(p)  # json_schema / regex / ebnf compile (cached)
+            return params
         except InvalidRequestError as e:
             raise invalid_request(str(e), param="sampling_params") from None
 
@@ -118,29 +138,28 @@ def _sglang_compat(params: dict[str, Any] | None) -> dict[str, Any] | None:
     return params
 
 
-def _finish_reason(r: dict[str, Any]) -> dict[str, Any] | None:
-    reason = r["finish_reason"]
-    if reason == "stop":
-        return {"type": "stop", "matched": r["matched_stop"]}
-    if reason == "length":
-        return {"type": "length", "length": (r["usage"] or {}).get("completion_tokens")}
-    return None if reason is None else {"type": reason}
+class _ResultFormat:
+    """Builds SGLang result objects; with logprobs their meta_info logprob lists."""
 
+    def __init__(self, logprobs: bool, tokenizer, with_text: bool | None):
+        self.logprobs = logprobs
+        self.decode = (lambda tok: tokenizer.decode([tok])) if with_text else None
 
-def _result(r: dict[str, Any], rid: str, prompt_len: int) -> dict[str, Any]:
-    """The SGLang result object; cached_tokens is known once the request finishes."""
-    usage = r["usage"] or {}
-    return {
-        "text": r["text"],
-        "output_ids": r["output_ids"],
-        "meta_info": {
+    def result(self, r: dict[str, Any], rid: str, prompt_len: int) -> dict[str, Any]:
+        """The SGLang result object; cached_tokens is known once the request finishes."""
+        usage = r["usage"] or {}
+        completion = usage.get("completion_tokens", len(r["output_ids"]))
+        meta = {
             "id": rid,
-            "finish_reason": _finish_reason(r),
+            "finish_reason": finish_reason_info(r["finish_reason"], r["matched_stop"], completion),
             "prompt_tokens": usage.get("prompt_tokens", prompt_len),
-            "completion_tokens": usage.get("completion_tokens", len(r["output_ids"])),
+            "completion_tokens": completion,
             "cached_tokens": usage.get("cached_tokens"),
-        },
-    }
+            **({k: usage[k] for k in ("spec_accept_length",) if k in usage}),
+        }
+        if self.logprobs:
+            meta.update(logprob_info(r["input_logprobs"], r["output_logprobs"], self.decode))
+        return {"text": r["text"], "output_ids": r["output_ids"], "meta_info": meta}
 
 
 async def _stream_body(
@@ -149,12 +168,10 @@ async def _stream_body(
     rids: list[str],
     prompt_lens: list[int],
     single: bool,
+    fmt: _ResultFormat,
 ) -> AsyncIterator[bytes]:
     """Cumulative result objects per chunk, then [DONE]; errors become an error event."""
-    sofar = [
-        {"text": "", "output_ids": [], "finish_reason": None, "matched_stop": None, "usage": None}
-        for _ in rids
-    ]
+    sofar = [streaming.new_result() for _ in rids]
     try:
         item = first
         while item is not None:
@@ -162,13 +179,14 @@ async def _stream_body(
             r = sofar[index]
             r["text"] += chunk["text"]
             r["output_ids"] = r["output_ids"] + chunk["output_ids"]
+            streaming.add_logprobs(r, chunk)
             if chunk["finish_reason"] is not None:
                 r.update(
                     finish_reason=chunk["finish_reason"],
                     matched_stop=chunk.get("matched_stop"),
                     usage=chunk.get("usage"),
                 )
-            body = _result(r, rids[index], prompt_lens[index])
+            body = fmt.result(r, rids[index], prompt_lens[index])
             if not single:
                 body["index"] = index
             yield streaming.sse(body)

@@ -8,6 +8,17 @@ into OpenAI response bodies (non-streamed) or ``chat.completion.chunk`` /
 Token counts are in tokens. Defaults follow OpenAI: temperature 1.0, top_p 1.0,
 completions max_tokens 16, chat max_tokens up to the context (capped, see
 `DEFAULT_CHAT_MAX_TOKENS`).
+
+``n`` / ``best_of``: each prompt runs as that many requests (copies). The scheduler's
+in-batch prefix guard holds the copies back one round, so the prompt is prefilled once
+and the others hit the radix cache (prompts shorter than the guard's 32-token threshold
+may be prefilled per copy: waiting a round would cost more than they do). With a seed,
+copy i draws with `derive_seed(seed, i)` (copy 0 keeps the seed: n=1 and n>1 agree on
+choice 0). Usage counts each prompt's tokens once and every copy's completion tokens
+(OpenAI's rule; best_of copies that are not returned are counted too, as OpenAI bills
+them). ``best_of`` > n keeps the n copies with the highest cumulative logprob of their
+sampled tokens (vLLM's rule; raw-logit logprobs, see runtime/logprobs.py) and cannot be
+streamed.
 """
 
 from __future__ import annotations
@@ -19,12 +30,15 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from fastapi import Request
 from fastapi.responses import Response
 
 from radixlm.errors import InvalidRequestError
+from radixlm.frontend.chat_template import chat_prompt_ids, normalise_messages, rendered_chars
 from radixlm.frontend.errors import APIError, from_exception, invalid_request, log_failure
 from radixlm.frontend.formats import ChatFormat, CompletionFormat, OutputFormat, Usage
+from radixlm.frontend.logprob_format import TokenTexts, cumulative_logprob
 from radixlm.frontend.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -43,6 +57,11 @@ from radixlm.frontend.streaming import (
     sse,
     until_disconnect,
 )
+from radixlm.frontend.structured import check_grammar, request_grammar
+from radixlm.frontend.tool_calls import ToolChatFormat
+from radixlm.frontend.tool_prompt import ToolSetup
+from radixlm.runtime.logprobs import LogprobOptions
+from radixlm.runtime.random_draw import derive_seed
 from radixlm.runtime.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -55,14 +74,23 @@ DEFAULT_CHAT_MAX_TOKENS = 1024
 
 @dataclass
 class _Job:
-    """A parsed request: one prompt and sampling setting per choice."""
+    """A parsed request: one prompt, sampling setting and logprob option per run; runs are
+    prompt-major (run p * copies + c is copy c of prompt p); `n` of the `copies` per
+    prompt are returned."""
 
     fmt: OutputFormat
     prompts: list[list[int]]
     params: list[SamplingParams]
     stream: bool
     include_usage: bool
+    logprobs: LogprobOptions
+    copies: int = 1
+    n: int = 1
     rids: list[str] = field(default_factory=list)
+
+    def counts_prompt(self, run: int) -> bool:
+        """Whether run `run` is the copy whose usage counts its prompt's tokens."""
+        return run % self.copies == 0
 
 
 class OpenAIServing:
@@ -70,6 +98,7 @@ class OpenAIServing:
 
     def __init__(self, tm):
         self.tm = tm
+        self.texts = TokenTexts(tm.tokenizer)
 
     # ---- routes -----------------------------------------------------------------------
 
@@ -77,23 +106,68 @@ class OpenAIServing:
         """POST /v1/completions. Raises APIError / pydantic ValidationError (HTTP 400)."""
         req = CompletionRequest.model_validate_json(await request.body())
         self._check_common(req)
+        n, copies = self._copies(req)
+        if req.max_tokens == 0 and not req.echo:
+            raise invalid_request(
+                "'max_tokens' must be >= 1 unless 'echo' is true", param="max_tokens"
+            )
         prompts = self._completion_prompts(req.prompt)
-        fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", int(time.time()), self.tm.model_name)
+        echo = None
+        if req.echo:
+            texts = self._prompt_texts(req.prompt, prompts)
+            echo = [t for t in texts for _ in range(n)]
+        fmt = CompletionFormat(
+            f"cmpl-{uuid.uuid4().hex}",
+            int(time.time()),
+            self.tm.model_name,
+            texts=self.texts if req.logprobs is not None else None,
+            echo=echo,
+        )
+        logprobs = LogprobOptions(
+            return_logprob=req.logprobs is not None or copies > n,
+            logprob_start_len=0 if req.echo and req.logprobs is not None else -1,
+            top_logprobs_num=req.logprobs or 0,
+        )
         params = [
-            self._params(req, req.max_tokens, len(p), DEFAULT_COMPLETION_MAX_TOKENS, "prompt")
+            self._params(
+                req, req.max_tokens, len(p), DEFAULT_COMPLETION_MAX_TOKENS, "prompt", copies
+            )
             for p in prompts
         ]
-        return await self._serve(request, self._job(fmt, prompts, params, req, "prompt"))
+        grammar = request_grammar(req, self.tm.grammars)
+        if grammar:
+            params = [msgspec.structs.replace(p, **grammar) for p in params]
+        job = self._job(fmt, prompts, params, req, "prompt", logprobs, n, copies)
+        return await self._serve(request, job)
 
     async def chat(self, request: Request) -> Response:
         """POST /v1/chat/completions. Raises APIError / pydantic ValidationError (HTTP 400)."""
         req = ChatCompletionRequest.model_validate_json(await request.body())
         self._check_common(req)
-        ids = self._chat_prompt(req.messages)
+        n, _ = self._copies(req)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise invalid_request(
+                "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs"
+            )
+        tools = ToolSetup.from_request(req.tools, req.tool_choice, req.parallel_tool_calls)
+        grammar = self._chat_grammar(req, tools)
+        ids = self._chat_prompt(req.messages, tools)
         requested = req.max_completion_tokens or req.max_tokens
-        fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.tm.model_name)
-        params = self._params(req, requested, len(ids), DEFAULT_CHAT_MAX_TOKENS, "messages")
-        job = self._job(fmt, [ids], [params], req, "messages")
+        fmt_cls = ToolChatFormat if tools.active else ChatFormat
+        fmt = fmt_cls(
+            f"chatcmpl-{uuid.uuid4().hex}",
+            int(time.time()),
+            self.tm.model_name,
+            texts=self.texts if req.logprobs else None,
+            top_logprobs=req.top_logprobs or 0,
+        )
+        logprobs = LogprobOptions(
+            return_logprob=bool(req.logprobs), top_logprobs_num=req.top_logprobs or 0
+        )
+        params = self._params(req, requested, len(ids), DEFAULT_CHAT_MAX_TOKENS, "messages", n)
+        if grammar:
+            params = msgspec.structs.replace(params, **grammar)
+        job = self._job(fmt, [ids], [params], req, "messages", logprobs, n, n)
         return await self._serve(request, job)
 
     # ---- request -> prompts and sampling ----------------------------------------------
@@ -112,6 +186,25 @@ class OpenAIServing:
                 "'stream_options' is only allowed when 'stream' is true", param="stream_options"
             )
 
+    @staticmethod
+    def _copies(req: SamplingFields) -> tuple[int, int]:
+        """(n returned, copies run) per prompt; refuses best_of < n and streamed best_of."""
+        n = req.n or 1
+        best_of = getattr(req, "best_of", None) or n
+        if best_of < n:
+            raise invalid_request(f"'best_of' ({best_of}) must be >= 'n' ({n})", param="best_of")
+        if best_of > n and req.stream:
+            raise invalid_request("'best_of' > 'n' cannot be streamed", param="best_of")
+        return n, best_of
+
+    def _prompt_texts(self, prompt: str | list, prompts: list[list[int]]) -> list[str]:
+        """The text of each prompt for echo (token-id prompts are decoded)."""
+        if isinstance(prompt, str):
+            return [prompt]
+        if prompt and isinstance(prompt[0], str):
+            return list(prompt)
+        return [self.tm.tokenizer.decode(ids) for ids in prompts]
+
     def _completion_prompts(self, prompt: str | list) -> list[list[int]]:
         if isinstance(prompt, str):
             return [self._encode(prompt)]
@@ -127,21 +220,30 @@ class OpenAIServing:
         """Plain prompts get no special tokens (as `radixlm.Engine` does)."""
         return self.tm.encode(text)
 
-    def _chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
-        """Token ids of the chat template with the assistant turn opened.
+    def _chat_prompt(self, messages: list[ChatMessage], tools: ToolSetup) -> list[int]:
+        """Token ids of the chat template (tools rendered) with the assistant turn opened."""
+        rendered = normalise_messages(messages)
+        self.tm.check_chars(rendered_chars(rendered, tools))
+        return chat_prompt_ids(self.tm.tokenizer, rendered, tools)
 
-        The template writes BOS itself when the model has one; no special tokens are added
-        on top (no double BOS).
-        """
-        rendered = [_template_message(i, m) for i, m in enumerate(messages)]
-        self.tm.check_chars(sum(len(m["content"]) for m in rendered))
-        try:
-            ids = self.tm.tokenizer.apply_chat_template(
-                rendered, add_generation_prompt=True, tokenize=True, return_dict=False
+    def _chat_grammar(self, req: ChatCompletionRequest, tools: ToolSetup) -> dict[str, str]:
+        """Grammar fields from response_format, regex / ebnf or the tools (see
+        ToolSetup.grammar); a forced tool choice excludes the others."""
+        grammar = request_grammar(req, self.tm.grammars)
+        calls = tools.grammar()
+        if calls is None:
+            return grammar
+        if grammar and tools.forced is not None:
+            raise invalid_request(
+                "a forced 'tool_choice' cannot be combined with 'response_format', 'regex' "
+                "or 'ebnf'",
+                param="tool_choice",
             )
-        except Exception as e:  # jinja errors: the template refused these messages
-            raise invalid_request(f"the chat template failed: {e}", param="messages") from None
-        return list(ids)
+        if grammar:  # auto: the requested format wins; no call can start
+            return grammar
+        fields = {"structural_tag": calls}
+        check_grammar(fields, self.tm.grammars, "tools")
+        return fields
 
     def _params(
         self,
@@ -150,8 +252,11 @@ class OpenAIServing:
         prompt_len: int,
         default: int,
         prompt_param: str,
+        copies: int = 1,
     ) -> SamplingParams:
-        """SamplingParams for one prompt; 400 when the prompt or max_tokens exceed the context."""
+        """SamplingParams for one prompt; 400 when the prompt or max_tokens exceed the context.
+        An unset max_tokens defaults to what `copies` completions of the prompt leave of
+        the context and the KV pool (at most `default`)."""
         ctx = self.tm.context_len
         if prompt_len >= ctx:
             raise invalid_request(
@@ -171,11 +276,26 @@ class OpenAIServing:
         if requested is None:
             ps = self.tm.args.page_size
             pool = self.tm.max_total_tokens // ps * ps
-            requested = max(1, min(default, ctx - prompt_len, pool - prompt_len))
+            per_copy = (pool - prompt_len) // copies
+            requested = max(1, min(default, ctx - prompt_len, per_copy))
         values: dict[str, Any] = {"max_new_tokens": requested}
-        for name in ("temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos"):
+        names = (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "seed",
+            "ignore_eos",
+            "frequency_penalty",
+            "presence_penalty",
+            "repetition_penalty",
+            "logit_bias",
+        )
+        for name in names:
             if getattr(req, name) is not None:
                 values[name] = getattr(req, name)
+        if req.min_tokens is not None:
+            values["min_new_tokens"] = req.min_tokens
         if req.stop is not None:
             values["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
         if req.stop_token_ids is not None:
@@ -187,25 +307,59 @@ class OpenAIServing:
             raise invalid_request(str(e), param=param, code="invalid_value") from None
 
     def _job(
-        self, fmt: OutputFormat, prompts, params, req: SamplingFields, prompt_param: str
+        self,
+        fmt: OutputFormat,
+        prompts,
+        params,
+        req: SamplingFields,
+        prompt_param: str,
+        logprobs: LogprobOptions,
+        n: int = 1,
+        copies: int = 1,
     ) -> _Job:
         for ids, p in zip(prompts, params):
             try:
                 self.tm.validate(ids, p)  # nothing runs unless every prompt is valid
             except InvalidRequestError as e:
                 param = _tokens_param(req) if "max_new_tokens" in str(e) else prompt_param
+                if "logit_bias" in str(e):
+                    param = "logit_bias"
                 raise invalid_request(str(e), param=param) from None
+            self._check_copies_fit(len(ids), p.max_new_tokens, copies, req)
         opts = req.stream_options
-        job = _Job(fmt, prompts, params, bool(req.stream), bool(opts and opts.include_usage))
-        job.rids = [f"{fmt.id}-{i}" for i in range(len(prompts))]
+        job = _Job(
+            fmt,
+            [ids for ids in prompts for _ in range(copies)],
+            [_copy_params(p, c) for p in params for c in range(copies)],
+            bool(req.stream),
+            bool(opts and opts.include_usage),
+            logprobs,
+            copies,
+            n,
+        )
+        job.rids = [f"{fmt.id}-{i}" for i in range(len(job.prompts))]
         return job
+
+    def _check_copies_fit(self, prompt_len: int, max_new: int, copies: int, req) -> None:
+        """400 when a prompt's copies cannot all fit the KV pool at once (the prompt is
+        shared, each copy owns its completion)."""
+        if copies == 1:
+            return
+        need = prompt_len + copies * max_new
+        if need > self.tm.max_total_tokens:
+            name = "best_of" if copies > (req.n or 1) else "n"
+            raise invalid_request(
+                f"{name} ({copies}) x max_tokens ({max_new}) + the prompt ({prompt_len}) "
+                f"need {need} KV tokens, more than the server's {self.tm.max_total_tokens}",
+                param=name,
+            )
 
     # ---- running ----------------------------------------------------------------------
 
     def _streams(self, job: _Job) -> AsyncIterator[tuple[int, dict]]:
         return merge(
             [
-                self.tm.generate(ids, p, rid=r)
+                self.tm.generate(ids, p, rid=r, logprobs=job.logprobs)
                 for ids, p, r in zip(job.prompts, job.params, job.rids)
             ]
         )
@@ -220,9 +374,11 @@ class OpenAIServing:
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         usage = Usage()
-        for r in results:
+        for run, r in enumerate(results):
             _check_not_aborted(r["finish_reason"])
-            usage.add(r["usage"])
+            usage.add(r["usage"], count_prompt=job.counts_prompt(run))
+        if job.copies > job.n:
+            results = _best(results, job.copies, job.n)
         return Response(job.fmt.encode_full(results, usage), media_type="application/json")
 
 
@@ -242,7 +398,7 @@ async def _stream_body(
             for payload in job.fmt.deltas(index, chunk, job.include_usage):
                 yield sse(payload)
             if chunk["finish_reason"] is not None:
-                usage.add(chunk.get("usage"))
+                usage.add(chunk.get("usage"), count_prompt=job.counts_prompt(index))
             item = await anext(merged, None)
         if job.include_usage:
             yield sse(job.fmt.usage_chunk(usage))
@@ -253,6 +409,23 @@ async def _stream_body(
     finally:
         await merged.aclose()
     yield DONE
+
+
+def _copy_params(params: SamplingParams, copy: int) -> SamplingParams:
+    """Sampling settings of copy `copy` of a prompt: a derived seed when seeded."""
+    if copy == 0 or params.seed is None:
+        return params
+    return msgspec.structs.replace(params, seed=derive_seed(params.seed, copy))
+
+
+def _best(results: list[dict[str, Any]], copies: int, n: int) -> list[dict[str, Any]]:
+    """Per prompt, the n of its `copies` results with the highest cumulative logprob."""
+    out = []
+    for start in range(0, len(results), copies):
+        group = results[start : start + copies]
+        ranked = sorted(group, key=lambda r: -cumulative_logprob(r["output_logprobs"]))
+        out.extend(ranked[:n])
+    return out
 
 
 def _check_not_aborted(finish_reason: str | None) -> None:
@@ -276,27 +449,3 @@ def _param_named_in(message: str) -> str | None:
     if name == "max_new_tokens":
         return "max_tokens"
     return name if name in SamplingParams.__struct_fields__ else None
-
-
-def _template_message(index: int, m: ChatMessage) -> dict[str, str]:
-    """{role, content} for the chat template; tool turns are refused until tool calls land."""
-    if m.tool_calls or m.function_call or m.role in ("tool", "function"):
-        raise invalid_request(
-            "tool and function messages are not supported yet by radixlm",
-            param=f"messages.{index}",
-            code="unsupported_parameter",
-        )
-    if isinstance(m.content, list):
-        texts = []
-        for j, part in enumerate(m.content):
-            if part.type != "text" or part.text is None:
-                raise invalid_request(
-                    f"content parts of type {part.type!r} are not supported (text only)",
-                    param=f"messages.{index}.content.{j}",
-                    code="unsupported_parameter",
-                )
-            texts.append(part.text)
-        content = "\n".join(texts)
-    else:
-        content = m.content or ""
-    return {"role": "system" if m.role == "developer" else m.role, "content": content}

@@ -122,22 +122,52 @@ async def first_chunk(
 async def collect(merged: AsyncIterator[tuple[int, dict]], n: int) -> list[dict[str, Any]]:
     """Run `n` merged streams to the end (closing them on any exit).
 
-    Returns one dict per index: text, output_ids, finish_reason, matched_stop, usage.
+    Returns one dict per index: text, output_ids, finish_reason, matched_stop, usage,
+    output_logprobs (the chunks' `TokenLogprobs` joined, or None), input_logprobs.
     """
-    results: list[dict[str, Any]] = [
-        {"text": "", "output_ids": [], "finish_reason": None, "matched_stop": None, "usage": None}
-        for _ in range(n)
-    ]
+    results: list[dict[str, Any]] = [new_result() for _ in range(n)]
     async with contextlib.aclosing(merged):
         async for index, chunk in merged:
             r = results[index]
             r["text"] += chunk["text"]
             r["output_ids"].extend(chunk["output_ids"])
+            add_logprobs(r, chunk)
             if chunk["finish_reason"] is not None:
                 r["finish_reason"] = chunk["finish_reason"]
                 r["matched_stop"] = chunk.get("matched_stop")
                 r["usage"] = chunk.get("usage")
     return results
+
+
+def new_result() -> dict[str, Any]:
+    """An empty accumulated result (see `collect`)."""
+    return {
+        "text": "",
+        "output_ids": [],
+        "finish_reason": None,
+        "matched_stop": None,
+        "usage": None,
+        "output_logprobs": None,
+        "input_logprobs": None,
+    }
+
+
+def add_logprobs(result: dict[str, Any], chunk: dict[str, Any]) -> None:
+    """Join a chunk's logprobs (`TokenLogprobs`) into an accumulated result."""
+    if chunk.get("input_logprobs") is not None:
+        result["input_logprobs"] = chunk["input_logprobs"]
+    lp = chunk.get("output_logprobs")
+    if lp is not None:
+        if result["output_logprobs"] is None:
+            result["output_logprobs"] = msgspec.structs.replace(
+                lp,
+                logprobs=list(lp.logprobs),
+                token_ids=list(lp.token_ids),
+                top_logprobs=None if lp.top_logprobs is None else list(lp.top_logprobs),
+                top_ids=None if lp.top_ids is None else list(lp.top_ids),
+            )
+        else:
+            result["output_logprobs"].extend(lp)
 
 
 class SSEResponse(StreamingResponse):

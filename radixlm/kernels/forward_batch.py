@@ -40,6 +40,8 @@ class ForwardBatch:
             FlashInfer `custom_mask` layout.
         mask_indptr: TARGET_VERIFY only: int64 [B + 1] offset of each request's mask in
             `custom_mask` (exclusive prefix sum of n_b * s_b).
+        logits_indices: EXTEND only: int64 [R] indices into the T new tokens whose logits
+            the model returns (prompt logprobs); None = each request's last token.
     """
 
     mode: ForwardMode
@@ -53,6 +55,7 @@ class ForwardBatch:
     req_to_token: torch.Tensor
     custom_mask: torch.Tensor | None = None
     mask_indptr: torch.Tensor | None = None
+    logits_indices: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -61,6 +64,12 @@ class ForwardBatch:
     def last_token_index(self) -> torch.Tensor:
         """int64 [B]: index into the T new tokens of each request's last token."""
         return torch.cumsum(self.extend_seq_lens, 0) - 1
+
+    def logits_index(self) -> torch.Tensor:
+        """int64 [R]: the new tokens whose logits an EXTEND step returns."""
+        if self.logits_indices is not None:
+            return self.logits_indices
+        return self.last_token_index()
 
     def to(self, device: str | torch.device) -> ForwardBatch:
         """A copy with every tensor on `device` (host-to-device copies are non-blocking)."""

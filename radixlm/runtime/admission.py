@@ -74,11 +74,13 @@ class PrefillAdder:
         if self.rem_tokens <= 0 or self.chunked is not None:
             return Added.STOP, None
         ids = req.all_ids
-        # Match at most len-1 tokens: the last one must run to produce logits.
-        match = self.tree.match_prefix(ids[:-1], req.extra_key)
+        # The last token must run to produce logits; prompt logprobs limit the match more.
+        limit = req.match_limit()
+        match = self.tree.match_prefix(ids[:limit], req.extra_key)
         prefix_len = len(match.kv_indices)
         extend = len(ids) - prefix_len
-        if self.guard.conflicts(ids, prefix_len, req.extra_key):
+        # A limited match recomputes the shared prefix anyway: waiting would not help.
+        if limit == len(ids) - 1 and self.guard.conflicts(ids, prefix_len, req.extra_key):
             return Added.SKIP, None  # a planned request computes the shared prefix first
         n = extend
         if extend > self.rem_tokens:

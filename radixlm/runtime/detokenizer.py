@@ -53,12 +53,16 @@ class RequestDetokenizer:
 
     While the request runs, text that could be the start of a stop string is held back
     until it is decided; when the scheduler ends the request on a stop string, the text
-    is cut before its first occurrence. The concatenated deltas equal the final text.
+    is cut before its first occurrence (after it with `no_stop_trim`). The concatenated
+    deltas equal the final text.
     """
 
-    def __init__(self, tokenizer, stop: list[str] | tuple[str, ...] = ()):
+    def __init__(
+        self, tokenizer, stop: list[str] | tuple[str, ...] = (), no_stop_trim: bool = False
+    ):
         self._incremental = IncrementalDetokenizer(tokenizer)
         self.stop = [s for s in stop if s]
+        self.no_stop_trim = no_stop_trim
         self.text = ""
         self._sent = 0
 
@@ -73,6 +77,8 @@ class RequestDetokenizer:
             self.text += self._incremental.flush()
             if isinstance(matched_stop, str):
                 cut = self.text.find(matched_stop)
+                if cut >= 0 and self.no_stop_trim:  # keep the stop string, drop what follows
+                    cut += len(matched_stop)
                 if cut >= 0:
                     self.text = self.text[: max(cut, self._sent)]
             end = len(self.text)

@@ -46,13 +46,15 @@ class DetokenizerLoop:
         for i, rid in enumerate(batch.rids):
             state = self.states.get(rid)
             if state is None:
-                state = self.states[rid] = RequestDetokenizer(self.tokenizer, batch.stops[i])
+                keep = bool(batch.no_stop_trim) and batch.no_stop_trim[i]
+                state = RequestDetokenizer(self.tokenizer, batch.stops[i], keep)
+                self.states[rid] = state
             finished = batch.finish_reasons[i] is not None
             texts.append(state.add(batch.new_token_ids[i], finished, batch.matched_stops[i]))
             if finished:
                 del self.states[rid]
         fields = msgspec.structs.asdict(batch)
-        del fields["stops"]
+        del fields["stops"], fields["no_stop_trim"]
         return BatchStrOut(**fields, texts=texts)
 
 

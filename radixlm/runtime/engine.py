@@ -22,6 +22,8 @@ from radixlm.config import ServerArgs
 from radixlm.errors import EngineClosedError, InvalidRequestError
 from radixlm.runtime.detokenizer import RequestDetokenizer
 from radixlm.runtime.loader import build_stack, check_request, flush_cache, server_info
+from radixlm.runtime.logprobs import LogprobOptions, TokenLogprobs, empty_logprobs
+from radixlm.runtime.meta_info import finish_reason_info, logprob_info
 from radixlm.runtime.request import Req, ReqOutput
 from radixlm.runtime.sampling import SamplingParams
 
@@ -38,12 +40,16 @@ def _is_token(value: Any) -> bool:
 class _Tracked:
     """Per-request client-side state: detokenizer and accumulated result."""
 
-    def __init__(self, index: int, tokenizer, stop: list[str]):
+    def __init__(self, index: int, rid: str, tokenizer, params: SamplingParams, lp):
         self.index = index
-        self.detok = RequestDetokenizer(tokenizer, stop)
+        self.rid = rid
+        self.detok = RequestDetokenizer(tokenizer, params.stop, params.no_stop_trim)
         self.output_ids: list[int] = []
         self.chunks: list[dict[str, Any]] = []
         self.final: ReqOutput | None = None
+        self.logprobs: LogprobOptions = lp
+        self.input_lp: TokenLogprobs | None = None
+        self.output_lp = empty_logprobs(lp.top_logprobs_num) if lp.return_logprob else None
 
 
 class Engine:
@@ -82,6 +88,10 @@ class Engine:
         input_ids: list[int] | list[list[int]] | None = None,
         stream: bool = False,
         cache_salt: str | None = None,
+        return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] = -1,
+        top_logprobs_num: int | list[int] = 0,
+        return_text_in_logprobs: bool = False,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate completions.
 
@@ -89,22 +99,36 @@ class Engine:
             prompt: a string, a list of token ids, or a batch (list) of either.
             sampling_params: one setting for all prompts or a list with one per prompt
                 (SamplingParams or dicts with SGLang's names: max_new_tokens, temperature,
-                top_p, top_k, min_p, seed, stop_token_ids, ignore_eos).
+                top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos,
+                frequency_penalty, presence_penalty, repetition_penalty, logit_bias,
+                min_new_tokens, no_stop_trim, and at most one grammar: json_schema, regex,
+                ebnf, structural_tag; runtime/grammar.py).
             input_ids: token ids instead of `prompt` (one list or a batch).
             stream: return an iterator of chunks instead of final results.
             cache_salt: prefix-cache namespace: prompts share cached prefixes only with
                 requests of the same salt (None: the default namespace).
+            return_logprob: also return token logprobs (log-softmax of the raw logits, see
+                runtime/logprobs.py) in ``meta_info``; one value or one per prompt.
+            logprob_start_len: with return_logprob, prompt logprobs from this prompt
+                position (-1: none, 0: every prompt token).
+            top_logprobs_num: alternatives per position (0: none).
+            return_text_in_logprobs: fill the token texts of the logprob entries.
 
         Returns:
             For a single prompt a dict, for a batch a list of dicts, each with ``text``,
             ``output_ids``, ``finish_reason`` ("stop" | "length" | "abort"),
-            ``matched_stop`` and ``usage`` {prompt_tokens, completion_tokens,
-            cached_tokens}. With stream=True an iterator of chunks with ``index``, the
-            ``text`` and ``output_ids`` deltas, and on the last chunk of each request
-            ``finish_reason`` and ``usage``.
+            ``matched_stop``, ``usage`` {prompt_tokens, completion_tokens,
+            cached_tokens} and ``meta_info`` (the keys of ``POST /generate``'s meta_info:
+            id, finish_reason, prompt_tokens, completion_tokens, cached_tokens, and with
+            return_logprob the four logprob lists of `runtime/meta_info.py`). With
+            stream=True an iterator of chunks with ``index``, the ``text`` and
+            ``output_ids`` deltas, with return_logprob a ``meta_info`` holding this
+            chunk's logprob entries, and on the last chunk of each request
+            ``finish_reason``, ``usage`` and ``meta_info`` (its own logprob entries).
 
         Raises:
-            InvalidRequestError: empty prompt, bad sampling values; its subclass
+            InvalidRequestError: empty prompt, bad sampling values, a grammar that does
+                not compile; its subclass
                 RequestTooLargeError: prompt beyond the context or prompt +
                 max_new_tokens beyond the KV pool. Nothing is queued when any prompt of a
                 batch is bad.
@@ -117,11 +141,21 @@ class Engine:
             raise InvalidRequestError("input_ids must be a list of token ids, not a string")
         single, token_lists = self._tokenize(prompt if prompt is not None else input_ids)
         params = self._params(sampling_params, len(token_lists))
-        for ids, p in zip(token_lists, params):
+        n = len(token_lists)
+        lps = [
+            LogprobOptions(*values, bool(return_text_in_logprobs))
+            for values in zip(
+                _per_prompt(return_logprob, n, "return_logprob"),
+                _per_prompt(logprob_start_len, n, "logprob_start_len"),
+                _per_prompt(top_logprobs_num, n, "top_logprobs_num"),
+            )
+        ]
+        for ids, p, lp in zip(token_lists, params, lps):
             self._validate(ids, p)
+            lp.validate(self.config.vocab_size)
         if stream:  # submitted on first iteration: an unused stream never runs
-            return self._stream(token_lists, params, cache_salt)
-        rids = self._submit_all(token_lists, params, cache_salt)
+            return self._stream(token_lists, params, cache_salt, lps)
+        rids = self._submit_all(token_lists, params, cache_salt, lps)
         try:
             self._run_until_done(rids)
         except BaseException:  # an interrupted or failed call leaves nothing running
@@ -208,17 +242,31 @@ class Engine:
             max_total_tokens=self.runner.max_total_tokens,
             page_size=self.args.page_size,
         )
+        self.scheduler.grammars.compiler.validate(p)  # a bad grammar queues nothing
 
     def _submit_all(
-        self, token_lists: list[list[int]], params: list[SamplingParams], cache_salt=None
+        self,
+        token_lists: list[list[int]],
+        params: list[SamplingParams],
+        cache_salt=None,
+        lps: list[LogprobOptions] | None = None,
     ) -> list[str]:
         rids: list[str] = []
+        lps = lps or [LogprobOptions()] * len(token_lists)
         try:
-            for index, (ids, p) in enumerate(zip(token_lists, params)):
+            for index, (ids, p, lp) in enumerate(zip(token_lists, params, lps)):
                 rid = f"req-{next(self._rid_counter)}"
-                req = Req(rid=rid, input_ids=ids, params=p, extra_key=cache_salt)
+                req = Req(
+                    rid=rid,
+                    input_ids=ids,
+                    params=p,
+                    extra_key=cache_salt,
+                    return_logprob=lp.return_logprob,
+                    logprob_start_len=lp.logprob_start_len,
+                    top_logprobs_num=lp.top_logprobs_num,
+                )
                 self.scheduler.add_request(req)  # may raise QueueFullError
-                self._tracked[rid] = _Tracked(index, self.tokenizer, p.stop)
+                self._tracked[rid] = _Tracked(index, rid, self.tokenizer, p, lp)
                 rids.append(rid)
         except BaseException:  # all or nothing: withdraw what this call queued
             self._abort(rids)
@@ -238,18 +286,22 @@ class Engine:
                 "text": text,
                 "output_ids": out.new_token_ids,
             }
+            delta = self._add_logprobs(t, out) if t.logprobs.return_logprob else {}
             if finished:
                 t.final = out
-                chunk.update(self._meta(out))
+                chunk.update(self._meta(t))
+                chunk["meta_info"].update(delta)  # chunks' logprob entries add up
+            elif delta:
+                chunk["meta_info"] = delta
             t.chunks.append(chunk)
 
     def _run_until_done(self, rids: list[str]) -> None:
         while any(self._tracked[r].final is None for r in rids):
             self._step()
 
-    def _stream(self, token_lists, params, cache_salt=None) -> Iterator[dict[str, Any]]:
+    def _stream(self, token_lists, params, cache_salt=None, lps=None) -> Iterator[dict[str, Any]]:
         self._check_open()
-        pending = self._submit_all(token_lists, params, cache_salt)
+        pending = self._submit_all(token_lists, params, cache_salt, lps)
         try:
             while pending:
                 self._check_open()
@@ -267,9 +319,36 @@ class Engine:
         finally:  # the consumer stopped early or the step failed: abort what is left
             self._abort(pending)
 
-    @staticmethod
-    def _meta(out: ReqOutput) -> dict[str, Any]:
+    def _decode_token(self, t: _Tracked) -> Any:
+        if not t.logprobs.return_text_in_logprobs:
+            return None
+        return lambda tok: self.tokenizer.decode([tok])
+
+    def _add_logprobs(self, t: _Tracked, out: ReqOutput) -> dict[str, list]:
+        """Accumulate this output's logprobs into `t`; return its meta_info delta."""
+        if out.input_logprobs is not None:
+            t.input_lp = out.input_logprobs
+        if out.output_logprobs is not None:
+            t.output_lp.extend(out.output_logprobs)
+        return logprob_info(out.input_logprobs, out.output_logprobs, self._decode_token(t))
+
+    def _meta(self, t: _Tracked) -> dict[str, Any]:
+        out = t.final
+        meta: dict[str, Any] = {
+            "id": t.rid,
+            "finish_reason": finish_reason_info(
+                out.finish_reason, out.matched_stop, out.completion_tokens
+            ),
+            "prompt_tokens": out.prompt_tokens,
+            "completion_tokens": out.completion_tokens,
+            "cached_tokens": out.cached_tokens,
+        }
+        spec = {"spec_accept_length": out.spec_accept_length} if out.spec_accept_length else {}
+        meta.update(spec)
+        if t.logprobs.return_logprob:
+            meta.update(logprob_info(t.input_lp, t.output_lp, self._decode_token(t)))
         return {
+            **spec,
             "finish_reason": out.finish_reason,
             "matched_stop": out.matched_stop,
             "usage": {
@@ -277,8 +356,18 @@ class Engine:
                 "completion_tokens": out.completion_tokens,
                 "cached_tokens": out.cached_tokens,
             },
+            "meta_info": meta,
         }
 
     def _result(self, t: _Tracked) -> dict[str, Any]:
         assert t.final is not None
-        return {"text": t.detok.text, "output_ids": list(t.output_ids), **self._meta(t.final)}
+        return {"text": t.detok.text, "output_ids": list(t.output_ids), **self._meta(t)}
+
+
+def _per_prompt(value: Any, n: int, name: str) -> list[Any]:
+    """One value per prompt: `value` repeated, or a list of exactly n values."""
+    if isinstance(value, list):
+        if len(value) != n:
+            raise InvalidRequestError(f"{len(value)} values of {name} for {n} prompts")
+        return list(value)
+    return [value] * n

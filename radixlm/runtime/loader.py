@@ -96,7 +96,8 @@ def check_request(
 ) -> None:
     """Reject a request that can never run.
 
-    Raises InvalidRequestError for an empty prompt or a token id outside [0, vocab_size);
+    Raises InvalidRequestError for an empty prompt or a token id (prompt, stop_token_ids,
+    logit_bias keys) outside [0, vocab_size);
     RequestTooLargeError (an InvalidRequestError) for a prompt of context_len tokens or
     more, or prompt + max_new_tokens (capped by the context) needing more KV slots than
     the whole pool holds.
@@ -107,6 +108,8 @@ def check_request(
         raise InvalidRequestError(f"token ids must be in [0, {vocab_size})")
     if any(t >= vocab_size for t in params.stop_token_ids):
         raise InvalidRequestError(f"stop_token_ids must be in [0, {vocab_size})")
+    if params.logit_bias and max(params.logit_bias) >= vocab_size:
+        raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {vocab_size})")
     check_fits(
         len(ids),
         params.max_new_tokens,

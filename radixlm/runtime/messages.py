@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from radixlm.runtime.logprobs import TokenLogprobs
 from radixlm.runtime.sampling import SamplingParams
 
 
@@ -25,12 +26,18 @@ class GenerateReq(msgspec.Struct, tag="generate", kw_only=True):
     input_ids: prompt token ids (non-empty, each in [0, vocab)).
     extra_key: prefix-cache namespace (e.g. a cache salt); requests in different
         namespaces never share cached KV.
+    return_logprob, logprob_start_len, top_logprobs_num: SGLang's logprob options (see
+        `Req`): output-token logprobs, prompt logprobs from that position (-1: none),
+        alternatives per position.
     """
 
     rid: str
     input_ids: list[int]
     params: SamplingParams
     extra_key: str | None = None
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
 
 
 class AbortReq(msgspec.Struct, tag="abort"):
@@ -86,11 +93,18 @@ class _BatchOut(msgspec.Struct):
 
 class BatchTokenOut(_BatchOut, tag="token_out"):
     """What one scheduler step produced. stops[i] are request i's stop strings (the
-    detokenizer cuts the text before them and holds back their possible starts).
+    detokenizer cuts the text before them and holds back their possible starts);
+    no_stop_trim[i] keeps the matched stop string (empty list: all False).
+    output_logprobs[i] / input_logprobs[i]: see `ReqOutput` (empty list: no request of
+    the step asked for logprobs).
     queue_times[i]: seconds request i waited before its first admission (-1: not admitted)."""
 
     stops: list[list[str]]
+    no_stop_trim: list[bool] = msgspec.field(default_factory=list)
+    output_logprobs: list[TokenLogprobs | None] = msgspec.field(default_factory=list)
+    input_logprobs: list[TokenLogprobs | None] = msgspec.field(default_factory=list)
     queue_times: list[float] = msgspec.field(default_factory=list)
+    spec_accept_lengths: list[float] = msgspec.field(default_factory=list)
 
 
 class BatchStrOut(_BatchOut, tag="str_out"):
@@ -99,7 +113,10 @@ class BatchStrOut(_BatchOut, tag="str_out"):
     queue_times: as in BatchTokenOut (empty when the sender did not report them)."""
 
     texts: list[str]
+    output_logprobs: list[TokenLogprobs | None] = msgspec.field(default_factory=list)
+    input_logprobs: list[TokenLogprobs | None] = msgspec.field(default_factory=list)
     queue_times: list[float] = msgspec.field(default_factory=list)
+    spec_accept_lengths: list[float] = msgspec.field(default_factory=list)
 
 
 class ProcessReady(msgspec.Struct, tag="ready"):

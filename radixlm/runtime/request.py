@@ -6,8 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import torch
-
+from radixlm.runtime.logprobs import TokenLogprobs
 from radixlm.runtime.sampling import SamplingParams
 
 
@@ -20,6 +19,12 @@ class Req:
     `row` of the request-to-token table. While kv_len < len(all_ids) - 1 the request is
     still prefilling (mid-chunk, or resumed after a retraction); `extra_key` is its
     cache namespace (e.g. a cache salt): prefixes are shared only within one namespace.
+
+    Sampling draws depend only on (`seed`, output position); the scheduler gives unseeded
+    requests a seed at admission. Logprobs (SGLang's fields): `return_logprob` asks for
+    the sampled tokens' logprobs (+ `top_logprobs_num` alternatives); with
+    `logprob_start_len` >= 0 also for the prompt tokens from that position on, gathered
+    in `input_logprobs` while the prompt is prefilled and sent with the first output.
     """
 
     rid: str
@@ -34,15 +39,40 @@ class Req:
     cached_tokens: int = 0
     finish_reason: str | None = None
     matched_stop: int | str | None = None
-    generator: torch.Generator | None = None
+    seed: int = 0
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    input_logprobs: TokenLogprobs | None = None
+    input_logprobs_sent: bool = False
     retractions: int = 0  # times retracted; >0 means output_ids are re-prefilled on resume
+    grammar: Any = None  # xgrammar GrammarMatcher that has accepted output_ids (grammar.py)
     arrival_time: float = field(default_factory=time.perf_counter)  # s, perf_counter clock
     queue_time: float = -1.0  # s from arrival to first admission; -1 until admitted
+    spec_verify_steps: int = 0  # speculative verify steps this request took part in
+    spec_emitted_tokens: int = 0  # tokens those steps emitted (accepted drafts + bonus)
 
     @property
     def all_ids(self) -> list[int]:
         """Prompt followed by the generated tokens."""
         return self.input_ids + self.output_ids
+
+    def prompt_logprobs_pending(self) -> bool:
+        """Whether prompt logprobs were asked for and not yet sent."""
+        return self.return_logprob and self.logprob_start_len >= 0 and not self.input_logprobs_sent
+
+    def match_limit(self) -> int:
+        """Tokens of `all_ids` the prefix cache may match: all but the last (it must run to
+        produce logits), and no further than ``logprob_start_len - 1`` while prompt
+        logprobs are pending (a cached position has no logits)."""
+        limit = len(self.all_ids) - 1
+        if self.prompt_logprobs_pending():
+            limit = min(limit, max(self.logprob_start_len - 1, 0))
+        return limit
+    def spec_accept_length(self) -> float:
+        """Mean tokens per speculative verify step (0.0 without speculation)."""
+        steps = self.spec_verify_steps
+        return self.spec_emitted_tokens / steps if steps else 0.0
 
     def remaining_new_tokens(self) -> int:
         """Tokens still allowed by max_new_tokens."""
@@ -55,7 +85,11 @@ class ReqOutput(NamedTuple):
     new_token_ids: tokens generated in this step (empty for a finished-without-token event).
     finish_reason: None while running, else "stop", "length" or "abort".
     matched_stop: the EOS / stop token id or the stop string that ended it, if any.
+    output_logprobs: logprobs of new_token_ids (requests with return_logprob), else None.
+    input_logprobs: prompt-token logprobs, on the first output after the prompt's prefill
+        (requests with logprob_start_len >= 0), else None.
     queue_time: seconds the request waited before its first admission (-1: never admitted).
+    spec_accept_length: mean tokens per speculative verify step so far (0.0: none ran).
     """
 
     rid: str
@@ -65,4 +99,7 @@ class ReqOutput(NamedTuple):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    output_logprobs: TokenLogprobs | None = None
+    input_logprobs: TokenLogprobs | None = None
     queue_time: float = -1.0
+    spec_accept_length: float = 0.0

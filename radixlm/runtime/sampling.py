@@ -1,4 +1,9 @@
-"""Sampling parameters and the batched sampler (greedy, temperature, top-k, top-p, min-p).
+"""Sampling parameters and the batched sampler.
+
+Per step and batch: logit processors (logit bias, penalties, min_new_tokens; see
+`penalties.py`), then greedy rows take the argmax, the other rows divide by their
+temperature, keep top-k / top-p / min-p, and draw with counter-based noise
+(`random_draw.py`: reproducible per seed and output position whatever the batch).
 
 Top-p is nucleus sampling (Holtzman et al. 2020): keep the smallest set of most probable
 tokens whose probability mass reaches p. Min-p keeps tokens with p >= min_p * p_max.
@@ -7,14 +12,20 @@ tokens whose probability mass reaches p. Min-p keeps tokens with p >= min_p * p_
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 import torch
 
 from radixlm.errors import InvalidRequestError
+from radixlm.runtime.penalties import apply_processors
+from radixlm.runtime.random_draw import inverse_cdf_draw
 
 _GREEDY_TEMPERATURE = 1e-5
+
+# Grammar constraints (runtime/grammar.py); a request sets at most one of them.
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 class SamplingParams(msgspec.Struct, kw_only=True):
@@ -30,6 +41,16 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             output text is cut before it.
         stop_token_ids: extra token ids that end generation (as EOS does).
         ignore_eos: keep generating past EOS.
+        frequency_penalty, presence_penalty: OpenAI penalties in [-2, 2] over the
+            generated tokens (see penalties.py).
+        repetition_penalty: > 0; CTRL-style penalty over prompt + output (1 = off).
+        logit_bias: token id -> bias added to its logit (in [-100, 100]).
+        min_new_tokens: EOS, stop token ids and stop strings do not end the request
+            before this many tokens.
+        no_stop_trim: keep the matched stop string at the end of the output text.
+        json_schema / regex / ebnf / structural_tag: a grammar the output must match (a
+            JSON schema as a string, a regular expression, a GBNF grammar with rule
+            ``root``, an xgrammar structural tag as JSON); at most one (runtime/grammar.py).
     """
 
     max_new_tokens: int = 128
@@ -41,6 +62,16 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     stop: list[str] = msgspec.field(default_factory=list)
     stop_token_ids: list[int] = msgspec.field(default_factory=list)
     ignore_eos: bool = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    min_new_tokens: int = 0
+    no_stop_trim: bool = False
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
 
     @classmethod
     def from_any(cls, value: SamplingParams | dict[str, Any] | None) -> SamplingParams:
@@ -58,6 +89,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         unknown = set(value) - set(cls.__struct_fields__)
         if unknown:
             raise InvalidRequestError(f"unknown sampling parameters: {sorted(unknown)}")
+        if isinstance(value.get("logit_bias"), dict):
+            value = {**value, "logit_bias": _int_keys(value["logit_bias"])}
         try:
             params = msgspec.convert(value, cls)
         except msgspec.ValidationError as e:
@@ -67,7 +100,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
 
     def validate(self) -> None:
         """Raise InvalidRequestError when a value is out of range."""
-        for name in ("temperature", "top_p", "min_p"):
+        floats = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty")
+        for name in (*floats, "repetition_penalty"):
             if not math.isfinite(getattr(self, name)):
                 raise InvalidRequestError(f"{name} must be finite, got {getattr(self, name)}")
         if self.max_new_tokens < 0:
@@ -86,6 +120,23 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             raise InvalidRequestError("stop strings must be non-empty")
         if any(not 0 <= t < 2**31 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids must be token ids >= 0")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise InvalidRequestError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if self.repetition_penalty <= 0:
+            raise InvalidRequestError(
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}"
+            )
+        if self.min_new_tokens < 0:
+            raise InvalidRequestError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
+        for tok, bias in (self.logit_bias or {}).items():
+            if not 0 <= tok < 2**31:
+                raise InvalidRequestError(f"logit_bias keys must be token ids >= 0, got {tok}")
+            if not (math.isfinite(bias) and -100 <= bias <= 100):
+                raise InvalidRequestError(f"logit_bias values must be in [-100, 100], got {bias}")
+        grammars = [f for f in GRAMMAR_FIELDS if getattr(self, f) is not None]
+        if len(grammars) > 1:
+            raise InvalidRequestError(f"set at most one of {', '.join(grammars)}")
 
     @property
     def is_greedy(self) -> bool:
@@ -93,44 +144,74 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         return self.temperature < _GREEDY_TEMPERATURE or self.top_k == 1
 
 
-class Sampler:
-    """Picks the next token of each row of a logits batch."""
+def _int_keys(bias: dict) -> dict:
+    """logit_bias with integer keys (JSON object keys are strings: "50256" -> 50256)."""
+    out = {}
+    for key, value in bias.items():
+        if isinstance(key, str):
+            try:
+                key = int(key)
+            except ValueError:
+                raise InvalidRequestError(
+                    f"logit_bias keys must be token ids, got {key!r}"
+                ) from None
+        out[key] = value
+    return out
 
-    def sample(
-        self,
-        logits: torch.Tensor,
-        params: list[SamplingParams],
-        generators: list[torch.Generator | None],
-    ) -> torch.Tensor:
+
+class Sampler:
+    """Picks the next token of each row of a logits batch.
+
+    Args:
+        eos_token_ids: ids that min_new_tokens masks (unless a request ignores EOS).
+    """
+
+    def __init__(self, eos_token_ids: Sequence[int] = ()):
+        self.eos_token_ids = list(eos_token_ids)
+
+    def sample(self, logits: torch.Tensor, reqs: Sequence[Any]) -> torch.Tensor:
         """Sample one token per row.
 
         Args:
-            logits: float32 [B, vocab].
-            params: B sampling settings. generators: B per-request RNGs (None for greedy).
+            logits: float32 [B, vocab], raw model logits (not modified).
+            reqs: B objects with ``params`` (SamplingParams), ``seed`` (int in
+                [0, 2**63)), ``input_ids`` and ``output_ids`` (lists of ints); the draw of
+                row b is a function of its processed logits, seed and len(output_ids).
         Returns:
-            int64 [B] token ids.
+            int64 [B] token ids. Greedy rows are exactly the argmax of the processed logits.
         """
+        logits = apply_processors(logits, reqs, self.eos_token_ids)
         out = torch.argmax(logits, dim=-1)
-        rows = [i for i, p in enumerate(params) if not p.is_greedy]
+        rows = [i for i, r in enumerate(reqs) if not r.params.is_greedy]
         if not rows:
             return out
-        idx = torch.tensor(rows)
+        sub_reqs = [reqs[i] for i in rows]
+        idx = torch.tensor(rows, device=logits.device)
         sub = logits[idx]
-        temps = torch.tensor([params[i].temperature for i in rows], dtype=sub.dtype)
-        probs = self._filter(sub / temps[:, None], [params[i] for i in rows])
-        for j, i in enumerate(rows):
-            out[i] = torch.multinomial(probs[j], 1, generator=generators[i])[0]
+        temps = torch.tensor([r.params.temperature for r in sub_reqs], dtype=sub.dtype)
+        probs = self._filter(sub / temps[:, None].to(sub.device), [r.params for r in sub_reqs])
+        seeds = torch.tensor([r.seed for r in sub_reqs], dtype=torch.int64)
+        steps = torch.tensor([len(r.output_ids) for r in sub_reqs], dtype=torch.int64)
+        drawn = inverse_cdf_draw(probs, seeds.to(probs.device), steps.to(probs.device))
+        out[idx] = drawn
         return out
 
     @staticmethod
     def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-        """Softmax after top-k, top-p and min-p masks; returns probabilities [R, vocab]."""
+        """Softmax after top-k, top-p and min-p masks; returns probabilities [R, vocab].
+
+        Rows without any filter skip the sort (one softmax for the whole batch then)."""
+        if all(p.top_k < 0 and p.top_p >= 1 and p.min_p <= 0 for p in params):
+            return torch.softmax(logits, dim=-1)
         vocab = logits.shape[-1]
-        top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params])
-        top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype)
-        min_p = torch.tensor([p.min_p for p in params], dtype=logits.dtype)
+        device = logits.device
+        top_k = torch.tensor(
+            [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=device
+        )
+        top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=device)
+        min_p = torch.tensor([p.min_p for p in params], dtype=logits.dtype, device=device)
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        ranks = torch.arange(vocab)[None, :]
+        ranks = torch.arange(vocab, device=device)[None, :]
         sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], float("-inf"))
         probs = torch.softmax(sorted_logits, dim=-1)
         mass_before = torch.cumsum(probs, dim=-1) - probs

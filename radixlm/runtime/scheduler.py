@@ -37,6 +37,9 @@ from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.radix import make_prefix_cache
 from radixlm.radix.policy import make_policy
 from radixlm.runtime.admission import Added, Plan, PrefillAdder
+from radixlm.runtime.decode_strategy import make_decode_strategy
+from radixlm.runtime.grammar import GrammarBackend, GrammarCompiler
+from radixlm.runtime.logprobs import LogitsSelection, initial_input_logprobs, output_logprobs
 from radixlm.runtime.memory import PagedAllocator, check_fits
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.request import Req, ReqOutput
@@ -73,7 +76,10 @@ class Scheduler:
         self.ratio = NewTokenRatio(args.schedule_conservativeness)
         self.counters = SchedulerCounters()
         self.stop = StopChecker(eos_token_ids, runner.context_len, tokenizer)
-        self.sampler = Sampler()
+        self.sampler = Sampler(eos_token_ids)
+        vocab = runner.config.vocab_size
+        self.grammars = GrammarBackend(GrammarCompiler(tokenizer, vocab, eos_token_ids))
+        self.decoder = make_decode_strategy(args, runner)  # plain or speculative decode
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the request mid-chunk (holds a row, not running)
@@ -103,11 +109,11 @@ class Scheduler:
             raise QueueFullError(
                 f"waiting queue is full ({self.args.max_queued_requests} requests); retry later"
             )
-        if not req.params.is_greedy:
-            seed = req.params.seed
-            if seed is None:  # reproducible per engine: drawn in arrival order
-                seed = self._seed_rng.getrandbits(63)
-            req.generator = torch.Generator().manual_seed(seed)
+        self.grammars.prepare(req)  # compiles (cached); InvalidRequestError if it cannot
+        seed = req.params.seed
+        if seed is None:  # reproducible per engine: drawn in arrival order
+            seed = self._seed_rng.getrandbits(63)
+        req.seed = seed
         self.waiting.append(req)
 
     def _queue_capacity(self) -> int:
@@ -164,7 +170,7 @@ class Scheduler:
             outputs = self._run(plan, list(self.running) if mixed else [])
         elif self.running:
             self._make_room_for_decode()
-            outputs = self._run([], list(self.running))
+            outputs = self.decoder.decode(self, list(self.running))
         else:
             outputs, self._pending = self._pending, []
         self._last_extend = bool(plan)
@@ -214,6 +220,9 @@ class Scheduler:
         req.last_node = match.last_node
         req.row = self.req_pool.alloc()
         self.table[req.row, :prefix_len] = match.kv_indices.to(torch.int32)
+        if req.prompt_logprobs_pending():  # (re)computed from logprob_start_len on
+            start = req.logprob_start_len
+            req.input_logprobs = initial_input_logprobs(req.input_ids, start, req.top_logprobs_num)
         if req.retractions == 0:  # usage and hit rate describe the original prompt
             req.queue_time = time.perf_counter() - req.arrival_time
             req.cached_tokens = prefix_len
@@ -226,8 +235,10 @@ class Scheduler:
         mode = ForwardMode.EXTEND if plan else ForwardMode.DECODE
         batch = [r for r, _ in plan] + decodes
         ids, positions, locs, ext_lens, pre_lens = [], [], [], [], []
+        items = plan + [(r, 0) for r in decodes]
+        select = LogitsSelection([(r, max(n, 1)) for r, n in items])
         try:
-            for req, n in plan + [(r, 0) for r in decodes]:
+            for req, n in items:
                 start = req.kv_len
                 locs.append(self._alloc(req, start, max(n, 1)))
                 ids.extend(req.all_ids[start : start + n] if n else [req.output_ids[-1]])
@@ -235,12 +246,15 @@ class Scheduler:
                 ext_lens.append(max(n, 1))
                 pre_lens.append(start)
             fb = self._forward_batch(mode, batch, ids, positions, locs, pre_lens, ext_lens)
-            # Rows whose prompt is complete sample a token; a partial chunk samples
-            # nothing (its RNG must not advance).
+            fb.logits_indices = select.indices
+            out = self.runner.forward(fb)
+            select.collect_prompt_logprobs(out)
+            # Rows whose prompt is complete sample a token; a partial chunk samples nothing.
             done = [i for i, r in enumerate(batch) if r.kv_len == len(r.all_ids)]
-            logits = self.runner.forward(fb)[done]
+            logits = out[[select.last_rows[i] for i in done]]
             sampled = [batch[i] for i in done]
-            next_ids = self._sample(logits, sampled)
+            next_ids, logprobs = self._sample(logits, sampled)
+            self.decoder.after_forward(fb, batch, dict(zip(sampled, next_ids)))
         except Exception:
             self._fail(batch)
             raise
@@ -254,17 +268,19 @@ class Scheduler:
             self.ratio.on_decode_step()
             if c.decode_steps % 100 == 0:
                 logger.info("decode: %s", self._log_line())
-        outputs = self._process(sampled, next_ids)
+        outputs = self._process(sampled, next_ids, logprobs)
         if plan:
             self._cache_prefilled([r for r, _ in plan if r.finish_reason is None])
             self._log_extend(plan)
         return outputs
 
-    def _sample(self, logits: torch.Tensor, reqs: list[Req]) -> list[int]:
+    def _sample(self, logits: torch.Tensor, reqs: list[Req]) -> tuple[list[int], list]:
+        """Next token of each request, and its logprobs (None unless return_logprob)."""
         if not reqs:
-            return []
-        params, gens = [r.params for r in reqs], [r.generator for r in reqs]
-        return self.sampler.sample(logits, params, gens).tolist()
+            return [], []
+        self.grammars.apply(logits, reqs)
+        next_ids = self.sampler.sample(logits, reqs)
+        return next_ids.tolist(), output_logprobs(logits, next_ids, reqs)
 
     def _cache_prefilled(self, reqs: list[Req]) -> None:
         """Insert freshly prefilled prompts (or chunks) into the cache while they keep
@@ -383,34 +399,45 @@ class Scheduler:
             req_to_token=self.table,
         )
 
-    def _process(self, batch: list[Req], next_ids: list[int]) -> list[ReqOutput]:
+    def _process(self, batch: list[Req], next_ids: list[int], logprobs: list) -> list[ReqOutput]:
         outputs, self._pending = self._pending, []
         still_running = [r for r in self.running if r not in batch]
-        for req, tok in zip(batch, next_ids):
+        for req, tok, lp in zip(batch, next_ids, logprobs):
             if req.params.max_new_tokens == 0:
                 outputs.append(self._finish(req, "length"))
                 continue
             req.output_ids.append(tok)
+            grammar_done = self.grammars.accept(req, tok)
             reason = self.stop.check(req, tok)
+            if grammar_done:
+                reason = "stop"
             if reason is None:
                 still_running.append(req)
-                outputs.append(self._output(req, [tok]))
+                outputs.append(self._output(req, [tok], lp))
             else:
-                outputs.append(self._finish(req, reason, new_ids=[tok]))
+                outputs.append(self._finish(req, reason, new_ids=[tok], logprobs=lp))
         self.running = still_running
         return outputs
 
-    def _finish(self, req: Req, reason: str, new_ids=(), release: bool = True) -> ReqOutput:
+    def _finish(
+        self, req: Req, reason: str, new_ids=(), release: bool = True, logprobs=None
+    ) -> ReqOutput:
         req.finish_reason = reason
         if release:
             self._release(req)
-        out = self._output(req, list(new_ids))
+        out = self._output(req, list(new_ids), logprobs)
         if reason == "abort":
             self.counters.aborted += 1
             self._pending.append(out)
         return out
 
-    def _output(self, req: Req, new_ids: list[int]) -> ReqOutput:
+    def _output(self, req: Req, new_ids: list[int], logprobs=None) -> ReqOutput:
+        """The request's step record; prompt logprobs ride on its first one after prefill."""
+        input_lp = None
+        prefilled = req.kv_len >= len(req.input_ids)
+        if req.input_logprobs is not None and not req.input_logprobs_sent and prefilled:
+            input_lp, req.input_logprobs = req.input_logprobs, None
+            req.input_logprobs_sent = True
         return ReqOutput(
             req.rid,
             new_ids,
@@ -419,7 +446,10 @@ class Scheduler:
             len(req.input_ids),
             len(req.output_ids),
             req.cached_tokens,
+            logprobs,
+            input_lp,
             req.queue_time,
+            req.spec_accept_length(),
         )
 
     # ---- introspection ------------------------------------------------------------------
@@ -451,6 +481,7 @@ class Scheduler:
             "new_token_ratio": round(self.ratio.value, 4),
             "token_usage": (mem["total"] - mem["free"] - mem["evictable"]) / mem["total"],
             **self.counters.as_dict(),
+            **self.decoder.stats(),
             **mem,
         }
 

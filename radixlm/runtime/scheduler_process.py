@@ -50,6 +50,7 @@ class SchedulerLoop:
         self.recv = recv
         self.send = send
         self._stops: dict[str, list[str]] = {}
+        self._keep_stop: set[str] = set()
         self._after_failure = False
 
     def run_forever(self) -> None:
@@ -97,7 +98,13 @@ class SchedulerLoop:
     def _add(self, msg: GenerateReq) -> None:
         try:
             req = Req(
-                rid=msg.rid, input_ids=msg.input_ids, params=msg.params, extra_key=msg.extra_key
+                rid=msg.rid,
+                input_ids=msg.input_ids,
+                params=msg.params,
+                extra_key=msg.extra_key,
+                return_logprob=msg.return_logprob,
+                logprob_start_len=msg.logprob_start_len,
+                top_logprobs_num=msg.top_logprobs_num,
             )
             self.scheduler.add_request(req)
         except QueueFullError as e:
@@ -108,14 +115,20 @@ class SchedulerLoop:
             return
         if msg.params.stop:
             self._stops[msg.rid] = msg.params.stop
+        if msg.params.no_stop_trim:
+            self._keep_stop.add(msg.rid)
 
     def _batch(self, outputs: list[ReqOutput]) -> BatchTokenOut:
-        stops = []
+        stops, keep = [], []
         for o in outputs:
+            keep.append(o.rid in self._keep_stop)
             if o.finish_reason is None:
                 stops.append(self._stops.get(o.rid, []))
             else:
                 stops.append(self._stops.pop(o.rid, []))
+                self._keep_stop.discard(o.rid)
+        out_lp = [o.output_logprobs for o in outputs]
+        in_lp = [o.input_logprobs for o in outputs]
         return BatchTokenOut(
             rids=[o.rid for o in outputs],
             new_token_ids=[o.new_token_ids for o in outputs],
@@ -125,7 +138,11 @@ class SchedulerLoop:
             completion_tokens=[o.completion_tokens for o in outputs],
             cached_tokens=[o.cached_tokens for o in outputs],
             stops=stops,
+            no_stop_trim=keep if any(keep) else [],
+            output_logprobs=out_lp if any(x is not None for x in out_lp) else [],
+            input_logprobs=in_lp if any(x is not None for x in in_lp) else [],
             queue_times=[o.queue_time for o in outputs],
+            spec_accept_lengths=[o.spec_accept_length for o in outputs],
         )
 
 

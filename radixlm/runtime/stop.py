@@ -23,12 +23,17 @@ class StopChecker:
         """Finish reason ("stop" | "length") after `tok` was appended, else None; sets
         `req.matched_stop` for a stop token or string."""
         p = req.params
+        if len(req.output_ids) < p.min_new_tokens:  # only length and context end it early
+            return self._length(req)
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
             req.matched_stop = tok
             return "stop"
         if p.stop and self.matched_stop_str(req) is not None:
             return "stop"
-        if len(req.output_ids) >= p.max_new_tokens or req.kv_len + 1 >= self.context_len:
+        return self._length(req)
+
+    def _length(self, req: Req) -> str | None:
+        if len(req.output_ids) >= req.params.max_new_tokens or req.kv_len + 1 >= self.context_len:
             return "length"
         return None
 

@@ -25,8 +25,10 @@ from radixlm.errors import (
     RequestTooLargeError,
     ServerError,
 )
+from radixlm.runtime.grammar import GrammarCompiler
 from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket
 from radixlm.runtime.loader import check_request, load_tokenizer
+from radixlm.runtime.logprobs import LogprobOptions
 from radixlm.runtime.messages import (
     AbortReq,
     BatchStrOut,
@@ -79,6 +81,11 @@ class TokenizerManager:
         self.context_len = facts["context_length"]
         self.max_total_tokens = facts["max_total_tokens"]
         self.max_prompt_chars = self.context_len * _longest_token_chars(self.tokenizer)
+        # Grammars are compiled here too (cached), so a bad one is a 400 before queuing.
+        eos = self.tokenizer.eos_token_id
+        self.grammars = GrammarCompiler(
+            self.tokenizer, self.vocab_size, [] if eos is None else [eos]
+        )
         self._ctx = zmq.asyncio.Context()
         self._ipc = ipc
         self._send: zmq.asyncio.Socket | None = None
@@ -133,8 +140,13 @@ class TokenizerManager:
                 f"{self.context_len} tokens can hold"
             )
 
-    def validate(self, input_ids: list[int], params: SamplingParams) -> None:
-        """Raise InvalidRequestError for a request that can never run (see check_request)."""
+    def validate(
+        self, input_ids: list[int], params: SamplingParams, logprobs: LogprobOptions | None = None
+    ) -> None:
+        """Raise InvalidRequestError for a request that can never run (see check_request)
+        bad logprob options, or a grammar that does not compile."""
+        if logprobs is not None:
+            logprobs.validate(self.vocab_size)
         check_request(
             input_ids,
             params,
@@ -143,6 +155,7 @@ class TokenizerManager:
             max_total_tokens=self.max_total_tokens,
             page_size=self.args.page_size,
         )
+        self.grammars.validate(params)
 
     async def generate(
         self,
@@ -151,18 +164,22 @@ class TokenizerManager:
         *,
         rid: str | None = None,
         extra_key: str | None = None,
+        logprobs: LogprobOptions | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Run one request; yield its chunks as they arrive.
 
         Each chunk: ``rid``, ``text`` (new text), ``output_ids`` (new token ids),
-        ``finish_reason`` (None, "stop", "length", "abort") and ``matched_stop``; the last
-        chunk also has ``usage`` {prompt_tokens, completion_tokens, cached_tokens}.
+        ``finish_reason`` (None, "stop", "length", "abort"), ``matched_stop``, and
+        ``output_logprobs`` / ``input_logprobs`` (`TokenLogprobs` or None; see
+        `ReqOutput`); the last chunk also has ``usage`` {prompt_tokens,
+        completion_tokens, cached_tokens}.
 
         Raises InvalidRequestError (bad request, checked before anything is sent, or a
         duplicate rid), QueueFullError (scheduler queue full), ServerError (shutdown).
         Closing the iterator before the last chunk aborts the request.
         """
-        self.validate(input_ids, params)
+        lp = logprobs or LogprobOptions()
+        self.validate(input_ids, params, lp)
         rid = rid or uuid.uuid4().hex
         if rid in self._states:
             raise InvalidRequestError(f"request id {rid!r} is already in use")
@@ -170,7 +187,15 @@ class TokenizerManager:
             raise ServerError("the tokenizer manager is not started")
         state = self._states[rid] = _ReqState()
         try:
-            msg = GenerateReq(rid=rid, input_ids=input_ids, params=params, extra_key=extra_key)
+            msg = GenerateReq(
+                rid=rid,
+                input_ids=input_ids,
+                params=params,
+                extra_key=extra_key,
+                return_logprob=lp.return_logprob,
+                logprob_start_len=lp.logprob_start_len,
+                top_logprobs_num=lp.top_logprobs_num,
+            )
             self.observer.on_submit(rid, time.perf_counter())
             await self._send.send(encode(msg))
             while True:
@@ -256,6 +281,8 @@ class TokenizerManager:
                 "output_ids": b.new_token_ids[i],
                 "finish_reason": reason,
                 "matched_stop": b.matched_stops[i],
+                "output_logprobs": b.output_logprobs[i] if b.output_logprobs else None,
+                "input_logprobs": b.input_logprobs[i] if b.input_logprobs else None,
             }
             if reason is not None:
                 state.finished = True
@@ -264,6 +291,8 @@ class TokenizerManager:
                     "completion_tokens": b.completion_tokens[i],
                     "cached_tokens": b.cached_tokens[i],
                 }
+                if b.spec_accept_lengths and b.spec_accept_lengths[i]:
+                    chunk["usage"]["spec_accept_length"] = b.spec_accept_lengths[i]
             state.chunks.append(chunk)
             state.event.set()
 

@@ -6,6 +6,7 @@ import msgspec
 import pytest
 
 from radixlm.runtime import messages as m
+from radixlm.runtime.logprobs import TokenLogprobs
 from radixlm.runtime.sampling import SamplingParams
 
 SAMPLES = [
@@ -24,6 +25,27 @@ SAMPLES = [
         ["a", "b"], [[5], []], [None, "stop"], [None, "END"], [3, 4], [1, 2], [0, 4], [[], ["END"]]
     ),
     m.BatchStrOut(["a"], [[5]], ["length"], [2], [3], [1], [0], ["hi"], queue_times=[0.5]),
+    m.GenerateReq(
+        rid="b",
+        input_ids=[4],
+        params=SamplingParams(logit_bias={7: -1.5}, frequency_penalty=0.5, no_stop_trim=True),
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=2,
+    ),
+    m.BatchTokenOut(
+        ["a", "b"],
+        [[5], [6]],
+        [None, None],
+        [None, None],
+        [3, 4],
+        [1, 1],
+        [0, 0],
+        [[], []],
+        no_stop_trim=[False, True],
+        output_logprobs=[None, TokenLogprobs([-0.5], [6], [[-0.5, -1.0]], [[6, 9]])],
+        input_logprobs=[None, TokenLogprobs([None, -2.0], [1, 4])],
+    ),
     m.ProcessReady("scheduler", {"vocab_size": 10}),
     m.ProcessFailed("scheduler", "Traceback ..."),
 ]

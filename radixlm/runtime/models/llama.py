@@ -151,6 +151,10 @@ class LlamaForCausalLM(nn.Module):
     """
 
     qkv_bias_default = False
+    #: When True, `forward` keeps the normed last hidden states of every new token
+    #: (float [T, hidden]) in `last_hidden` (EAGLE drafting reads them).
+    capture_hidden = False
+    last_hidden: torch.Tensor | None = None
 
     def __init__(self, config):
         super().__init__()
@@ -164,7 +168,8 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
         """Run one step. Returns float32 logits of each request's last new token [B, vocab]
-        (EXTEND, DECODE) or of every new token [T, vocab] (TARGET_VERIFY).
+        (EXTEND, DECODE; in EXTEND of the tokens `fb.logits_index()` selects, [R, vocab])
+        or of every new token [T, vocab] (TARGET_VERIFY).
 
         The caller has run `backend.init_forward_metadata(fb)` for this step (outside any
         CUDA graph that captures this call).
@@ -173,8 +178,13 @@ class LlamaForCausalLM(nn.Module):
         rope = self.model.rotary_emb(fb.positions, x.dtype)
         for layer in self.model.layers:
             x = layer(x, rope, backend, fb)
+        if self.capture_hidden:  # speculative drafters read every token's final state
+            x = self.last_hidden = self.model.norm(x)
+            if fb.mode is ForwardMode.EXTEND:
+                x = x[fb.logits_index()]
+            return self.lm_head(x).float()
         if fb.mode is ForwardMode.EXTEND:
-            x = x[fb.last_token_index()]
+            x = x[fb.logits_index()]
         x = self.model.norm(x)
         return self.lm_head(x).float()
 

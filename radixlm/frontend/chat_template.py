@@ -1,0 +1,108 @@
+"""Chat messages -> prompt token ids through the tokenizer's chat template.
+
+Messages are normalised first: text content parts are joined with newlines (other part
+types are refused), ``developer`` becomes ``system``, assistant ``tool_calls`` are
+checked (``{"id", "type": "function", "function": {"name", "arguments": str}}``) and
+``tool`` messages need their content. Tools are rendered by `tool_prompt.render_chat`.
+The template writes BOS itself when the model has one; no special tokens are added on
+top (no double BOS).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from radixlm.frontend.errors import invalid_request
+from radixlm.frontend.protocol import ChatMessage
+from radixlm.frontend.tool_prompt import ToolSetup, render_chat, template_knows_tools
+
+
+def normalise_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """{role, content (str), tool_calls?, tool_call_id?} dicts. Raises APIError (400)."""
+    return [_message(i, m) for i, m in enumerate(messages)]
+
+
+def rendered_chars(messages: list[dict[str, Any]], setup: ToolSetup) -> int:
+    """Characters of text the template will render (contents, call arguments, tools):
+    a bound checked before tokenizing."""
+    n = sum(len(m["content"]) for m in messages)
+    n += sum(len(c["function"]["arguments"]) for m in messages for c in m.get("tool_calls", ()))
+    return n + (len(json.dumps(setup.tools)) if setup.active else 0)
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict[str, Any]], setup: ToolSetup) -> list[int]:
+    """Token ids of the rendered chat with the assistant turn opened.
+
+    Raises APIError (400) when the template refuses the messages.
+    """
+    rendered, extra = render_chat(messages, setup, template_knows_tools(tokenizer))
+    try:
+        ids = tokenizer.apply_chat_template(
+            rendered, add_generation_prompt=True, tokenize=True, return_dict=False, **extra
+        )
+    except Exception as e:  # jinja errors: the template refused these messages
+        raise invalid_request(f"the chat template failed: {e}", param="messages") from None
+    return list(ids)
+
+
+def _message(index: int, m: ChatMessage) -> dict[str, Any]:
+    if m.function_call or m.role == "function":
+        raise invalid_request(
+            "legacy function messages are not supported; use tool_calls and role 'tool'",
+            param=f"messages.{index}",
+            code="unsupported_parameter",
+        )
+    out: dict[str, Any] = {
+        "role": "system" if m.role == "developer" else m.role,
+        "content": _text(index, m),
+    }
+    if m.tool_calls:
+        if m.role != "assistant":
+            raise invalid_request(
+                "only assistant messages carry tool_calls", param=f"messages.{index}.tool_calls"
+            )
+        out["tool_calls"] = [_tool_call(index, j, c) for j, c in enumerate(m.tool_calls)]
+    if m.role == "tool":
+        if m.content is None:
+            raise invalid_request(
+                "a tool message needs 'content'", param=f"messages.{index}.content"
+            )
+        if m.tool_call_id is not None:
+            out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+def _text(index: int, m: ChatMessage) -> str:
+    if not isinstance(m.content, list):
+        return m.content or ""
+    texts = []
+    for j, part in enumerate(m.content):
+        if part.type != "text" or part.text is None:
+            raise invalid_request(
+                f"content parts of type {part.type!r} are not supported (text only)",
+                param=f"messages.{index}.content.{j}",
+                code="unsupported_parameter",
+            )
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def _tool_call(index: int, j: int, call: dict[str, Any]) -> dict[str, Any]:
+    fn = call.get("function")
+    if (
+        call.get("type", "function") != "function"
+        or not isinstance(fn, dict)
+        or not isinstance(fn.get("name"), str)
+        or not isinstance(fn.get("arguments"), str)
+    ):
+        raise invalid_request(
+            'a tool call must be {"id", "type": "function", "function": {"name": str, '
+            '"arguments": str}}',
+            param=f"messages.{index}.tool_calls.{j}",
+        )
+    return {
+        "id": call.get("id"),
+        "type": "function",
+        "function": {"name": fn["name"], "arguments": fn["arguments"]},
+    }

@@ -1,0 +1,244 @@
+"""Grammar-constrained decoding with xgrammar: JSON schema, regex, EBNF, structural tags.
+
+A request carries at most one grammar spec in its `SamplingParams` (`json_schema`,
+`regex`, `ebnf` or `structural_tag`, SGLang's names). `GrammarCompiler` turns a spec
+into an xgrammar `CompiledGrammar` (cached by ``(kind, spec)``); `GrammarBackend` is the
+scheduler's strategy object: it gives each constrained request its own
+`xgrammar.GrammarMatcher`, masks the logits rows of constrained requests before
+sampling (the vocabulary bitmask of Dong et al. 2024, "XGrammar: Flexible and
+Efficient Structured Generation Engine for Large Language Models"), and advances the
+matcher with each sampled token. Requests without a grammar cost one attribute check
+per step.
+
+Invariant: a request's matcher has accepted exactly its ``output_ids``. A retracted
+request keeps its matcher and re-prefills prompt + output without sampling, so the
+invariant holds when it resumes; an aborted request simply drops its matcher.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from radixlm.errors import InvalidRequestError
+from radixlm.runtime.sampling import GRAMMAR_FIELDS, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+# A xgrammar error message starts with "[hh:mm:ss] /path/file.cc:line: ".
+_XGR_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
+
+
+def grammar_spec(params: SamplingParams) -> tuple[str, str] | None:
+    """``(kind, spec)`` of the request's grammar (kind is a `GRAMMAR_FIELDS` name), or None.
+
+    SamplingParams.validate guarantees at most one of the fields is set.
+    """
+    for kind in GRAMMAR_FIELDS:
+        spec = getattr(params, kind)
+        if spec is not None:
+            return kind, spec
+    return None
+
+
+def check_json_schema(spec: str) -> dict[str, Any] | bool:
+    """Parse a JSON schema string and check it against its metaschema (jsonschema).
+
+    Returns the schema. Raises InvalidRequestError when `spec` is not JSON, not an object
+    or boolean, or not a valid schema of its declared draft (default 2020-12).
+    """
+    import jsonschema
+
+    try:
+        schema = json.loads(spec)
+    except json.JSONDecodeError as e:
+        raise InvalidRequestError(f"json_schema is not valid JSON: {e}") from None
+    if not isinstance(schema, dict | bool):
+        raise InvalidRequestError("json_schema must be a JSON object (or a boolean)")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        path = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        message = f"json_schema is not a valid JSON schema at {path}: {e.message}"
+        raise InvalidRequestError(message) from None
+    return schema
+
+
+class GrammarCompiler:
+    """Compiles grammar specs for one tokenizer with xgrammar, with an LRU cache.
+
+    Args:
+        tokenizer: the model's Hugging Face tokenizer.
+        vocab_size: width of the model's logits (may exceed the tokenizer's vocabulary;
+            the extra ids are never allowed by a grammar).
+        stop_token_ids: tokens that end a completed grammar (the model's EOS ids).
+        max_entries: compiled grammars (and compile errors) kept.
+        max_threads: xgrammar compiler threads.
+        tokenizer_info: a ready `xgrammar.TokenizerInfo` to use instead of building one
+            from `tokenizer` (tests use raw vocabularies).
+
+    The xgrammar `TokenizerInfo` (about 0.25 s for a 49k vocabulary) is built on the first
+    compile, so a process that never sees a grammar never pays for it. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        vocab_size: int,
+        stop_token_ids: list[int],
+        max_entries: int = 256,
+        max_threads: int = 1,
+        tokenizer_info=None,
+    ):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.stop_token_ids = list(stop_token_ids)
+        self.max_entries = max_entries
+        self.max_threads = max_threads
+        self._info = tokenizer_info
+        self._compiler = None
+        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def compile(self, kind: str, spec: str):
+        """The `xgrammar.CompiledGrammar` of `spec`.
+
+        kind: "json_schema" (a JSON schema as a string), "regex", "ebnf" (GBNF, root rule
+        ``root``) or "structural_tag" (xgrammar's structural-tag JSON).
+        Raises InvalidRequestError naming the field when the spec is invalid or not
+        supported by xgrammar (the error is cached too).
+        """
+        key = (kind, spec)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+            else:
+                hit = self._compile(kind, spec)
+                self._cache[key] = hit
+                if len(self._cache) > self.max_entries:
+                    self._cache.popitem(last=False)
+        if isinstance(hit, InvalidRequestError):
+            raise InvalidRequestError(str(hit))
+        return hit
+
+    def validate(self, params: SamplingParams) -> None:
+        """Compile the request's grammar, if any. Raises InvalidRequestError."""
+        spec = grammar_spec(params)
+        if spec is not None:
+            self.compile(*spec)
+
+    def _compile(self, kind: str, spec: str):
+        """Compile once; returns the grammar, or the InvalidRequestError to raise."""
+        if kind not in GRAMMAR_FIELDS:
+            raise ValueError(f"unknown grammar kind {kind!r}")
+        try:
+            if kind == "json_schema":
+                check_json_schema(spec)
+            compiler = self._get_compiler()
+            if kind == "json_schema":
+                # One-line JSON (", " and ": " separators): weak models otherwise tend to
+                # emit whitespace forever where any whitespace is allowed.
+                return compiler.compile_json_schema(spec, any_whitespace=False)
+            if kind == "regex":
+                return compiler.compile_regex(spec)
+            if kind == "ebnf":
+                return compiler.compile_grammar(spec)
+            return compiler.compile_structural_tag(spec)
+        except InvalidRequestError as e:
+            return e
+        except (RuntimeError, ValueError, TypeError) as e:  # xgrammar parse/convert errors
+            message = _XGR_PREFIX.sub("", str(e).strip().splitlines()[0] if str(e) else "")
+            return InvalidRequestError(f"invalid {kind}: {message or type(e).__name__}")
+
+    def _get_compiler(self):
+        if self._compiler is None:
+            import xgrammar as xgr
+
+            if self._info is None:
+                self._info = xgr.TokenizerInfo.from_huggingface(
+                    self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
+                )
+            self._compiler = xgr.GrammarCompiler(self._info, max_threads=self.max_threads)
+        return self._compiler
+
+
+class GrammarBackend:
+    """The scheduler's grammar strategy: per-request matchers, logits masks, token accept.
+
+    Args:
+        compiler: compiles (and caches) the requests' grammars.
+    """
+
+    def __init__(self, compiler: GrammarCompiler):
+        self.compiler = compiler
+        self._bitmask: torch.Tensor | None = None  # int32 [rows, ceil(vocab / 32)]
+
+    def prepare(self, req) -> None:
+        """Give a constrained request its matcher (`req.grammar`); no-op without a grammar.
+
+        Raises InvalidRequestError when the grammar does not compile.
+        """
+        spec = grammar_spec(req.params)
+        if spec is None:
+            return
+        import xgrammar as xgr
+
+        req.grammar = xgr.GrammarMatcher(self.compiler.compile(*spec))
+
+    def apply(self, logits: torch.Tensor, reqs: list) -> None:
+        """Set to -inf, in place, the logits of tokens each constrained request's grammar
+        forbids next.
+
+        Args:
+            logits: float [B, vocab] (CPU or CUDA), row i belongs to reqs[i].
+            reqs: the B requests about to sample.
+        """
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            return
+        import xgrammar as xgr
+
+        bitmask = self._rows(len(reqs))
+        for i in rows:
+            reqs[i].grammar.fill_next_token_bitmask(bitmask, i)
+        if bitmask.device != logits.device:
+            bitmask = bitmask.to(logits.device, non_blocking=True)
+        xgr.apply_token_bitmask_inplace(
+            logits, bitmask, vocab_size=self.compiler.vocab_size, indices=rows
+        )
+
+    def accept(self, req, token: int) -> bool:
+        """Advance the request's matcher by its newly sampled `token`.
+
+        Returns True when the grammar has terminated (it accepted a stop token after a
+        complete match), so the request must finish with reason "stop"; False otherwise
+        and for unconstrained requests. A token the grammar rejects (possible only when
+        every allowed token had a -inf logit) also ends the request, with a warning.
+        """
+        matcher = req.grammar
+        if matcher is None:
+            return False
+        if not matcher.accept_token(token):
+            logger.warning("request %s: grammar rejected token %d; finishing", req.rid, token)
+            return True
+        if matcher.is_terminated():
+            if req.matched_stop is None:
+                req.matched_stop = token
+            return True
+        return False
+
+    def _rows(self, n: int) -> torch.Tensor:
+        """A bitmask buffer of at least `n` rows (each constrained row is fully rewritten by
+        its matcher; the other rows are not read)."""
+        import xgrammar as xgr
+
+        if self._bitmask is None or self._bitmask.shape[0] < n:
+            self._bitmask = xgr.allocate_token_bitmask(max(n, 8), self.compiler.vocab_size)
+        return self._bitmask[:n]

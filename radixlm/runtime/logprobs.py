@@ -1,0 +1,192 @@
+"""Token log-probabilities: output tokens (+ top-k) and prompt tokens (echo / scoring).
+
+Values are ``log_softmax`` of the model's *raw* logits -- before logit bias, penalties,
+temperature and top-k/p filters -- so they describe the model, are comparable across
+requests with different sampling settings, and equal a transformers forward pass of the
+same tokens (within float32 rounding). SGLang's default (``return_logprob`` without
+``--enable-...-processed-logprobs``) and vLLM's default ``logprobs_mode`` make the same
+choice.
+
+Prompt logprobs need the logits of every prompt position, which a cached prefix does not
+have: a request asking for them from prompt position ``logprob_start_len`` matches the
+prefix cache only up to ``logprob_start_len - 1`` tokens (as SGLang does), and the extend
+step returns logits for its positions from there (`LogitsSelection`). Requests that do not
+ask pay nothing: the step then returns one logits row per request, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import torch
+
+
+class TokenLogprobs(msgspec.Struct, array_like=True):
+    """Logprobs of consecutive tokens of one request (sent over IPC).
+
+    logprobs[i]: log-probability of token_ids[i] given the tokens before it (None for the
+    very first prompt token, which has no context). top_logprobs[i] / top_ids[i]: the k
+    most likely tokens at that position, best first (empty where logprobs[i] is None);
+    None when no top-k was asked for.
+    """
+
+    logprobs: list[float | None]
+    token_ids: list[int]
+    top_logprobs: list[list[float]] | None = None
+    top_ids: list[list[int]] | None = None
+
+    def extend(self, other: TokenLogprobs) -> None:
+        """Append `other`'s positions (both with or both without top-k)."""
+        self.logprobs.extend(other.logprobs)
+        self.token_ids.extend(other.token_ids)
+        if self.top_logprobs is not None and other.top_logprobs is not None:
+            self.top_logprobs.extend(other.top_logprobs)
+            self.top_ids.extend(other.top_ids)
+
+
+def empty_logprobs(top_k: int) -> TokenLogprobs:
+    """No positions yet; with top-k lists when top_k > 0."""
+    return TokenLogprobs([], [], [] if top_k > 0 else None, [] if top_k > 0 else None)
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, top_k: int) -> TokenLogprobs:
+    """Logprobs of `token_ids` under each row of `logits`.
+
+    Args:
+        logits: float32 [P, vocab] raw logits; row i predicts token_ids[i].
+        token_ids: int64 [P].
+        top_k: also return the top_k most likely tokens of each row (0: none).
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logp.gather(-1, token_ids[:, None].to(logp.device))[:, 0]
+    out = TokenLogprobs(chosen.tolist(), token_ids.tolist())
+    if top_k > 0:
+        vals, ids = torch.topk(logp, min(top_k, logp.shape[-1]), dim=-1)
+        out.top_logprobs, out.top_ids = vals.tolist(), ids.tolist()
+    return out
+
+
+def output_logprobs(
+    logits: torch.Tensor, next_ids: torch.Tensor, reqs: Sequence[Any]
+) -> list[TokenLogprobs | None]:
+    """Per request, the logprob (+ top-k) of the token it just sampled; None for requests
+    without ``return_logprob``. One log_softmax over only the rows that ask.
+
+    Args:
+        logits: float32 [B, vocab] raw logits of this step. next_ids: int64 [B].
+        reqs: B requests (``return_logprob``, ``top_logprobs_num``).
+    """
+    rows = [i for i, r in enumerate(reqs) if r.return_logprob]
+    out: list[TokenLogprobs | None] = [None] * len(reqs)
+    if not rows:
+        return out
+    idx = torch.tensor(rows, dtype=torch.int64)
+    top_k = max(reqs[i].top_logprobs_num for i in rows)
+    lp = token_logprobs(logits[idx.to(logits.device)], next_ids[idx], top_k)
+    for j, i in enumerate(rows):
+        k = reqs[i].top_logprobs_num
+        one = TokenLogprobs([lp.logprobs[j]], [lp.token_ids[j]])
+        if k > 0:
+            one.top_logprobs, one.top_ids = [lp.top_logprobs[j][:k]], [lp.top_ids[j][:k]]
+        out[i] = one
+    return out
+
+
+class _Span(msgspec.Struct):
+    """Rows [row, row + count) of the step's logits predict prompt tokens pos+1.. of req."""
+
+    req: Any
+    row: int
+    pos: int
+    count: int
+
+
+class LogitsSelection:
+    """Which token positions of one forward step return logits.
+
+    Built before the step from its (request, new tokens) list, where each request's new
+    tokens start at its current ``kv_len``. Requests with pending prompt logprobs get a
+    row per new position from ``logprob_start_len - 1`` on (up to the last prompt token);
+    every request gets its last new token's row, which the sampler reads.
+
+    Attributes:
+        indices: int64 [R] indices into the step's new tokens, or None when every request
+            needs only its last token (the model's default).
+        last_rows: row of each request's last token in the returned logits [R, vocab].
+    """
+
+    def __init__(self, items: Sequence[tuple[Any, int]]):
+        self.spans: list[_Span] = []
+        self.last_rows: list[int] = []
+        indices: list[int] = []
+        offset = 0
+        for req, n in items:
+            start = req.kv_len
+            if req.prompt_logprobs_pending():
+                lo = max(start, max(req.logprob_start_len - 1, 0))
+                hi = min(start + n, len(req.input_ids) - 1)
+                if hi > lo:
+                    self.spans.append(_Span(req, len(indices), lo, hi - lo))
+                    indices.extend(range(offset + lo - start, offset + hi - start))
+            if not indices or indices[-1] != offset + n - 1:
+                indices.append(offset + n - 1)
+            self.last_rows.append(len(indices) - 1)
+            offset += n
+        self.indices = torch.tensor(indices, dtype=torch.int64) if self.spans else None
+        if not self.spans:
+            self.last_rows = list(range(len(items)))
+
+    def collect_prompt_logprobs(self, logits: torch.Tensor) -> None:
+        """Append each span's prompt-token logprobs to its request's ``input_logprobs``.
+
+        logits: float32 [R, vocab], the step's rows in `indices` order.
+        """
+        for s in self.spans:
+            req = s.req
+            targets = torch.tensor(req.input_ids[s.pos + 1 : s.pos + 1 + s.count])
+            part = token_logprobs(logits[s.row : s.row + s.count], targets, req.top_logprobs_num)
+            req.input_logprobs.extend(part)
+
+
+def initial_input_logprobs(input_ids: list[int], start: int, top_k: int) -> TokenLogprobs:
+    """The accumulator of a request's prompt logprobs from prompt position `start`: with
+    start 0 it holds the first prompt token's entry (logprob None, no top-k)."""
+    acc = empty_logprobs(top_k)
+    if start == 0:
+        acc.logprobs.append(None)
+        acc.token_ids.append(input_ids[0])
+        if top_k > 0:
+            acc.top_logprobs.append([])
+            acc.top_ids.append([])
+    return acc
+
+
+class LogprobOptions(msgspec.Struct, frozen=True):
+    """A request's logprob settings (SGLang's names, see `Req`); return_text_in_logprobs
+    only matters to the client side that formats the result."""
+
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+
+    def validate(self, vocab_size: int) -> None:
+        """Raise InvalidRequestError for wrong types or out-of-range values."""
+        from radixlm.errors import InvalidRequestError
+
+        if not isinstance(self.return_logprob, bool):
+            raise InvalidRequestError("return_logprob must be a bool")
+        for name in ("logprob_start_len", "top_logprobs_num"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidRequestError(f"{name} must be an int, got {value!r}")
+        if self.logprob_start_len < -1:
+            raise InvalidRequestError(
+                f"logprob_start_len must be >= -1, got {self.logprob_start_len}"
+            )
+        if not 0 <= self.top_logprobs_num <= vocab_size:
+            raise InvalidRequestError(
+                f"top_logprobs_num must be in [0, {vocab_size}], got {self.top_logprobs_num}"
+            )

@@ -1,0 +1,63 @@
+"""SGLang's ``meta_info`` result fields, shared by `Engine.generate` and ``POST /generate``.
+
+Logprob fields (with ``return_logprob``), one entry per token, text None unless
+``return_text_in_logprobs``:
+
+    input_token_logprobs:  [[logprob | None, token_id, text], ...]   prompt tokens from
+                           logprob_start_len (the very first prompt token has None)
+    output_token_logprobs: [[logprob, token_id, text], ...]
+    input_top_logprobs / output_top_logprobs: per position a list of
+                           [logprob, token_id, text] (best first), None for the very
+                           first prompt token
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from radixlm.runtime.logprobs import TokenLogprobs
+
+Decode = Callable[[int], str] | None
+
+
+def finish_reason_info(
+    reason: str | None, matched_stop: Any, completion_tokens: int | None
+) -> dict[str, Any] | None:
+    """SGLang's finish_reason object: {"type": "stop", "matched": id | str},
+    {"type": "length", "length": n}, {"type": "abort"}, or None while running."""
+    if reason == "stop":
+        return {"type": "stop", "matched": matched_stop}
+    if reason == "length":
+        return {"type": "length", "length": completion_tokens}
+    return None if reason is None else {"type": reason}
+
+
+def _entries(lp: TokenLogprobs | None, decode: Decode) -> list[list[Any]]:
+    if lp is None:
+        return []
+    return [[v, t, decode(t) if decode else None] for v, t in zip(lp.logprobs, lp.token_ids)]
+
+
+def _tops(lp: TokenLogprobs | None, decode: Decode) -> list[list[list[Any]] | None]:
+    if lp is None:
+        return []
+    if lp.top_logprobs is None:
+        return [None if v is None else [] for v in lp.logprobs]
+    return [
+        None if v is None else [[x, t, decode(t) if decode else None] for x, t in zip(vals, ids)]
+        for v, vals, ids in zip(lp.logprobs, lp.top_logprobs, lp.top_ids)
+    ]
+
+
+def logprob_info(
+    input_lp: TokenLogprobs | None, output_lp: TokenLogprobs | None, decode: Decode = None
+) -> dict[str, list]:
+    """The four logprob lists of meta_info (see module doc); `decode` maps a token id to
+    its text (return_text_in_logprobs), None leaves texts None."""
+    return {
+        "input_token_logprobs": _entries(input_lp, decode),
+        "output_token_logprobs": _entries(output_lp, decode),
+        "input_top_logprobs": _tops(input_lp, decode),
+        "output_top_logprobs": _tops(output_lp, decode),
+    }

@@ -1,0 +1,311 @@
+"""The speculative decode step: draft, verify the trees in one target forward, commit.
+
+One step over the running requests (when there are at most --speculative-max-batch-size
+of them and each can speculate; otherwise the plain decode step runs):
+
+1. Budget: each request may draft n_i <= --speculative-num-draft-tokens tokens, capped so
+   that it cannot pass max_new_tokens or the context, and dropped to 0 when the KV pool
+   (free + evictable) cannot hold every request's n_i + 1 slots.
+2. Allocate n_i + 1 slots at positions kv_len .. kv_len + n_i of each row (root + drafts).
+3. Draft (`Drafter.draft`), then one TARGET_VERIFY forward over [root, drafts] with the
+   tree mask (prefix fully visible, drafts see their ancestors), positions kv_len + depth.
+4. Accept (`accept.py`): greedy matching or exact rejection sampling; emit the accepted
+   tokens and the bonus token one by one through the StopChecker, stopping at the first
+   stop (EOS, stop ids, stop string, length, context): nothing after it is emitted.
+5. Commit: the KV of the m kept nodes (root + accepted drafts, m = tokens emitted) moves
+   to positions kv_len .. kv_len + m - 1 (a copy only when a tree path is not the first
+   branch), kv_len advances by m, and every page past the new length is freed, so the
+   pool invariant holds and later caching sees an ordinary sequence.
+
+Invariant between steps (as for plain decode): kv_len == len(all_ids) - 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.config import ServerArgs
+from radixlm.kernels import ForwardBatch, ForwardMode
+from radixlm.kernels.forward_batch import tree_mask_indptr
+from radixlm.runtime.memory import PagedAllocator
+from radixlm.runtime.random_draw import row_keys
+from radixlm.runtime.request import Req, ReqOutput
+from radixlm.runtime.speculative.accept import accept_greedy, accept_sampled
+from radixlm.runtime.speculative.base import DraftContext, Drafter, DraftTree, Verified
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SpecCounters:
+    """Totals since start. verify_steps counts request-steps (one request, one verify)."""
+
+    verify_steps: int = 0
+    emitted_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_drafts: int = 0
+    plain_steps: int = 0
+    draft_seconds: float = 0.0
+    step_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, int | float]:
+        """spec_accept_length = tokens emitted per request-step (accepted drafts + bonus);
+        spec_accept_rate = accepted / proposed draft tokens; spec_draft_time_share = time
+        in the drafter / time in speculative steps."""
+        v = self.verify_steps
+        return {
+            "spec_verify_steps_total": v,
+            "spec_plain_decode_steps_total": self.plain_steps,
+            "spec_draft_tokens_total": self.draft_tokens,
+            "spec_accepted_tokens_total": self.accepted_drafts,
+            "spec_accept_length": self.emitted_tokens / v if v else 0.0,
+            "spec_accept_rate": self.accepted_drafts / self.draft_tokens
+            if self.draft_tokens
+            else 0.0,
+            "spec_draft_time_share": self.draft_seconds / self.step_seconds
+            if self.step_seconds
+            else 0.0,
+        }
+
+
+def speculatable(req: Req) -> bool:
+    """Whether the request's next tokens depend only on the target logits at each node
+    (penalties, logprobs and grammars track per-token state along one path and run
+    the plain decode step instead)."""
+    p = req.params
+    return (
+        p.frequency_penalty == 0.0
+        and p.presence_penalty == 0.0
+        and p.repetition_penalty == 1.0
+        and not p.logit_bias
+        and len(req.output_ids) >= p.min_new_tokens
+        and not req.return_logprob
+        and req.grammar is None
+    )
+
+
+class SpeculativeDecode:
+    """Decode strategy that drafts with `drafter` and verifies with the target.
+
+    Args:
+        args: --speculative-* settings. runner: the target ModelRunner.
+        drafter: the `Drafter` proposing trees.
+    """
+
+    def __init__(self, args: ServerArgs, runner, drafter: Drafter):
+        self.runner = runner
+        self.drafter = drafter
+        self.num_draft = args.speculative_num_draft_tokens
+        self.max_batch_size = args.speculative_max_batch_size
+        self.counters = SpecCounters()
+        if drafter.needs_hidden:  # every target forward must leave its hidden states
+            runner.model.capture_hidden = True
+            runner.graph_runner = None  # a replayed CUDA graph would not record them
+
+    # ---- hooks called by the scheduler ----------------------------------------------
+
+    def after_forward(self, fb: ForwardBatch, reqs: list[Req], next_ids: dict) -> None:
+        """Keep the drafter in sync after a forward the scheduler ran itself."""
+        self.drafter.observe(fb, reqs, next_ids, self._hidden())
+
+    def stats(self) -> dict[str, int | float]:
+        """Speculation counters for `Scheduler.stats()`."""
+        return {**self.counters.as_dict(), **self.drafter.stats()}
+
+    def decode(self, sched, reqs: list[Req]) -> list[ReqOutput]:
+        """One decode step over the running requests `reqs` (see the module docstring)."""
+        if len(reqs) > self.max_batch_size or not all(speculatable(r) for r in reqs):
+            self.counters.plain_steps += 1
+            return sched._run([], reqs)
+        t0 = time.perf_counter()
+        starts = [r.kv_len for r in reqs]
+        budgets = self._budgets(sched, reqs)
+        allocated: list[Req] = []
+        try:
+            for req, n in zip(reqs, budgets):
+                sched._alloc(req, req.kv_len, n + 1)
+                allocated.append(req)
+            t1 = time.perf_counter()
+            trees = self.drafter.draft(DraftContext(reqs, budgets, sched.table))
+            trees = [_clip(t, n) for t, n in zip(trees, budgets)]
+            t2 = time.perf_counter()
+            fb = self._verify_batch(sched.table, reqs, trees)
+            logits = self.runner.forward(fb)
+            accepted = self._accept(reqs, trees, logits)
+        except Exception:
+            for req, start, n in zip(allocated, starts, budgets):
+                self._truncate(sched, req, start + n + 1)
+            sched._fail(reqs)
+            raise
+        outputs = self._commit(sched, reqs, starts, budgets, trees, accepted)
+        c = self.counters
+        c.draft_seconds += (t2 - t1) + self._observe_seconds
+        c.step_seconds += time.perf_counter() - t0
+        return outputs
+
+    # ---- steps -------------------------------------------------------------------------
+
+    def _budgets(self, sched, reqs: list[Req]) -> list[int]:
+        """Draft tokens per request: capped by max_new_tokens and the context, and 0 for
+        requests whose extra slots the pool cannot supply (one slot each is reserved)."""
+        ps = sched.page_size
+        context = self.runner.context_len
+        room = sched.allocator.available() + sched.tree.evictable_size()
+        room -= sum(PagedAllocator.pages_needed(ps, r.kv_len, 1) for r in reqs) * ps
+        budgets = []
+        for req in reqs:
+            seq = len(req.input_ids) + len(req.output_ids)
+            n = min(self.num_draft, req.remaining_new_tokens() - 1, context - seq - 1)
+            n = max(n, 0)
+            extra = PagedAllocator.pages_needed(ps, req.kv_len, n + 1)
+            extra = (extra - PagedAllocator.pages_needed(ps, req.kv_len, 1)) * ps
+            if extra > room:
+                n, extra = 0, 0
+            room -= extra
+            budgets.append(n)
+        return budgets
+
+    def _verify_batch(self, table, reqs: list[Req], trees: list[DraftTree]) -> ForwardBatch:
+        ids, pos, locs, masks, pre, ext = [], [], [], [], [], []
+        for req, tree in zip(reqs, trees):
+            start, n = req.kv_len, len(tree)
+            ids.append(req.output_ids[-1])
+            ids.extend(tree.tokens)
+            pos.extend(start + d for d in tree.depths())
+            locs.append(table[req.row, start : start + n + 1].to(torch.int64))
+            mask = torch.ones(n + 1, start + n + 1, dtype=torch.bool)
+            mask[:, start:] = tree.ancestor_mask()
+            masks.append(mask.flatten())
+            pre.append(start)
+            ext.append(n + 1)
+        pre_t = torch.tensor(pre, dtype=torch.int64)
+        ext_t = torch.tensor(ext, dtype=torch.int64)
+        return ForwardBatch(
+            mode=ForwardMode.TARGET_VERIFY,
+            input_ids=torch.tensor(ids, dtype=torch.int64),
+            positions=torch.tensor(pos, dtype=torch.int64),
+            out_cache_loc=torch.cat(locs),
+            req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int64),
+            seq_lens=pre_t + ext_t,
+            extend_prefix_lens=pre_t,
+            extend_seq_lens=ext_t,
+            req_to_token=table,
+            custom_mask=torch.cat(masks),
+            mask_indptr=tree_mask_indptr(ext_t, pre_t + ext_t),
+        )
+
+    def _accept(self, reqs, trees, logits: torch.Tensor) -> list[tuple[list[int], int, int]]:
+        """(accepted path, bonus token, first logits row) per request."""
+        argmax = torch.argmax(logits, dim=-1).tolist()
+        out, row = [], 0
+        for req, tree in zip(reqs, trees):
+            n = len(tree) + 1
+            if req.params.is_greedy:
+                path, bonus = accept_greedy(tree, argmax[row : row + n])
+            else:
+                path, bonus = accept_sampled(
+                    tree, logits[row : row + n], req.params, _step_generator(req)
+                )
+            out.append((path, bonus, row))
+            row += n
+        return out
+
+    def _commit(self, sched, reqs, starts, budgets, trees, accepted) -> list[ReqOutput]:
+        outputs, sched._pending = sched._pending, []
+        c = self.counters
+        finished: dict[Req, tuple[str, list[int]]] = {}
+        verified: list[Verified] = []
+        emitted_all: list[list[int]] = []
+        src, dst = [], []
+        for req, start, tree, (path, bonus, row) in zip(reqs, starts, trees, accepted):
+            tokens = [tree.tokens[j - 1] for j in path[1:]] + [bonus]
+            emitted, reason = self._emit(sched, req, tokens)
+            m = len(emitted)
+            keep = path[:m]
+            for d in range(1, m):
+                if keep[d] != d:
+                    src.append(int(sched.table[req.row, start + keep[d]]))
+                    dst.append(int(sched.table[req.row, start + d]))
+            emitted_all.append(emitted)
+            c.verify_steps += 1
+            c.emitted_tokens += m
+            c.draft_tokens += len(tree)
+            c.accepted_drafts += len(path) - 1
+            req.spec_verify_steps += 1
+            req.spec_emitted_tokens += m
+            if reason is not None:
+                finished[req] = (reason, emitted)
+            else:
+                verified.append(Verified(req, start, keep, tree, [row + j for j in keep]))
+        if src:
+            self._copy_kv(torch.tensor(src), torch.tensor(dst))
+        for req, start, n in zip(reqs, starts, budgets):
+            self._truncate(sched, req, start + n + 1)
+        t0 = time.perf_counter()
+        self.drafter.after_verify(verified, self._hidden())
+        self._observe_seconds = time.perf_counter() - t0
+        sched.counters.decode_steps += 1
+        sched.counters.decode_tokens += sum(len(e) for e in emitted_all)
+        sched.ratio.on_decode_step()
+        sched.running = [r for r in sched.running if r not in finished]
+        for req, emitted in zip(reqs, emitted_all):
+            if req in finished:
+                outputs.append(sched._finish(req, finished[req][0], new_ids=emitted))
+            else:
+                outputs.append(sched._output(req, emitted))
+        return outputs
+
+    _observe_seconds = 0.0
+
+    @staticmethod
+    def _emit(sched, req: Req, tokens: list[int]) -> tuple[list[int], str | None]:
+        """Append tokens one by one until a stop condition; kv_len follows the invariant
+        kv_len == len(all_ids) - 1 at every check (the context limit reads it)."""
+        emitted: list[int] = []
+        for tok in tokens:
+            req.output_ids.append(tok)
+            req.kv_len = len(req.input_ids) + len(req.output_ids) - 1
+            emitted.append(tok)
+            reason = sched.stop.check(req, tok)
+            if reason is not None:
+                return emitted, reason
+        return emitted, None
+
+    @staticmethod
+    def _truncate(sched, req: Req, end: int) -> None:
+        """Free the pages of positions [ceil_page(kv_len), end) of the request's row (the
+        slots allocated for this step that hold no kept token)."""
+        ps = sched.page_size
+        first = -(-req.kv_len // ps) * ps
+        if end > first:
+            sched.allocator.free(sched.table[req.row, first:end].to(torch.int64))
+
+    def _copy_kv(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Move accepted tree nodes' K/V (target and drafter) from `src` to `dst` slots."""
+        pool = self.runner.kv_pool
+        src_d, dst_d = src.to(pool.k_buffer[0].device), dst.to(pool.k_buffer[0].device)
+        for buf in pool.k_buffer + pool.v_buffer:
+            buf.index_copy_(0, dst_d, buf.index_select(0, src_d))
+        self.drafter.copy_slots(src, dst)
+
+    def _hidden(self):
+        if not self.drafter.needs_hidden:
+            return None
+        return getattr(self.runner.model, "last_hidden", None)
+
+
+def _clip(tree: DraftTree, n: int) -> DraftTree:
+    """The first n nodes of `tree` (still a tree: parents precede children)."""
+    return tree if len(tree) <= n else DraftTree(tree.tokens[:n], tree.parents[:n])
+
+
+def _step_generator(req: Req) -> torch.Generator:
+    """The RNG of one speculative step: a function of the request's seed and output
+    position (as the plain sampler's draws are), so a seeded request is reproducible."""
+    seeds = torch.tensor([req.seed], dtype=torch.int64)
+    positions = torch.tensor([len(req.output_ids)], dtype=torch.int64)
+    return torch.Generator().manual_seed(int(row_keys(seeds, positions)[0]))

@@ -1,0 +1,105 @@
+"""Draft trees, the n-gram drafter, and acceptance: greedy matching and exact rejection
+sampling (chi-square against the target distribution with a fixed seed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixlm.config import ServerArgs
+from radixlm.runtime.request import Req
+from radixlm.runtime.sampling import SamplingParams
+from radixlm.runtime.speculative.accept import accept_greedy, accept_sampled, target_probs
+from radixlm.runtime.speculative.base import DraftTree
+from radixlm.runtime.speculative.ngram import NgramDrafter
+
+
+def test_trie_merges_shared_prefixes_breadth_first():
+    t = DraftTree.from_sequences([[1, 2, 3], [1, 4], [5]], max_nodes=10)
+    assert t.tokens == [1, 5, 2, 4, 3] and t.parents == [0, 0, 1, 1, 3]
+    assert t.depths() == [0, 1, 1, 2, 2, 3]
+    assert t.children() == [[1, 2], [3, 4], [], [5], [], []]
+    mask = t.ancestor_mask()
+    assert mask[5].tolist() == [True, True, False, True, False, True]
+    assert DraftTree.from_sequences([[1, 2, 3], [1, 4], [5]], max_nodes=3).tokens == [1, 5, 2]
+
+
+def test_ngram_proposes_most_recent_continuations():
+    d = NgramDrafter(num_steps=3, topk=2)
+    req = Req("r", [1, 2, 3, 4, 9, 2, 3, 5, 7, 2, 3], SamplingParams())
+    assert d.candidates(req) == [[5, 7, 2], [4, 9, 2]]
+    req.output_ids.append(5)  # the index is extended incrementally
+    assert d.candidates(req) == [[7, 2, 3]]
+    assert d.candidates(Req("s", [8, 9], SamplingParams())) == []
+
+
+def test_greedy_accepts_longest_matching_path_plus_bonus():
+    tree = DraftTree([5, 6, 7], [0, 0, 1])  # root -> 5 -> 7, root -> 6
+    assert accept_greedy(tree, [5, 7, 3, 1]) == ([0, 1, 3], 1)
+    assert accept_greedy(tree, [6, 0, 2, 0]) == ([0, 2], 2)
+    assert accept_greedy(tree, [9, 0, 0, 0]) == ([0], 9)
+
+
+def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    keep = expected > 0
+    stat = float((((counts - expected) ** 2)[keep] / expected[keep]).sum())
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2), torch.tensor(stat / 2)))
+
+
+def test_rejection_sampling_matches_target_joint_distribution():
+    """Tree: root -> a (-> c), root -> b. Emitted (x, y) must follow p0(x) * p_x(y) where
+    a second token exists exactly when x is a or b (a leaf's bonus)."""
+    vocab, a, b, c = 6, 1, 3, 4
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, vocab, generator=gen) * 1.5  # nodes root, a, b, c
+    tree = DraftTree([a, b, c], [0, 0, 1])
+    params = SamplingParams(temperature=0.9, top_k=5)
+    p = [target_probs(logits[i], params) for i in range(4)]
+    # categories: (x, y) for x in {a, b}; (x, end) otherwise
+    cats = {}
+    for x in range(vocab):
+        if x in (a, b):
+            node = 1 if x == a else 2
+            for y in range(vocab):
+                cats[(x, y)] = float(p[0][x] * p[node][y])
+        else:
+            cats[(x, None)] = float(p[0][x])
+    index = {k: i for i, k in enumerate(cats)}
+    counts = torch.zeros(len(cats), dtype=torch.float64)
+    rng = torch.Generator().manual_seed(1234)
+    trials = 12000
+    for _ in range(trials):
+        path, bonus = accept_sampled(tree, logits, params, rng)
+        toks = [tree.tokens[j - 1] for j in path[1:]] + [bonus]
+        key = (toks[0], toks[1] if toks[0] in (a, b) else None)
+        assert len(toks) == (2 if toks[0] in (a, b) else 1)
+        counts[index[key]] += 1
+    probs = torch.tensor(list(cats.values()), dtype=torch.float64)
+    assert abs(float(probs.sum()) - 1) < 1e-6
+    assert _chi2_pvalue(counts, probs) > 0.01
+    # top_k=5 removed the least likely token at the root: never emitted first
+    banned = int(torch.argmin(logits[0]))
+    assert all(counts[index[k]] == 0 for k in cats if k[0] == banned)
+
+
+def test_rejection_sampling_without_drafts_is_plain_sampling():
+    logits = torch.tensor([[0.0, 1.0, 2.0]])
+    params = SamplingParams(temperature=1.0)
+    rng = torch.Generator().manual_seed(7)
+    counts = torch.zeros(3, dtype=torch.float64)
+    for _ in range(6000):
+        path, bonus = accept_sampled(DraftTree(), logits, params, rng)
+        assert path == [0]
+        counts[bonus] += 1
+    assert _chi2_pvalue(counts, torch.softmax(logits[0].double(), -1)) > 0.01
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="speculative-draft-path"):
+        ServerArgs(speculative_algorithm="eagle")
+    with pytest.raises(ValueError, match="speculative_algorithm"):
+        ServerArgs(speculative_algorithm="medusa")
+    with pytest.raises(ValueError, match="speculative_num_draft_tokens"):
+        ServerArgs(speculative_algorithm="ngram", speculative_num_draft_tokens=0)

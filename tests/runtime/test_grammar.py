@@ -1,0 +1,161 @@
+"""Grammar compiler and backend on a tiny raw vocabulary (no model)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from radixlm.errors import InvalidRequestError
+from radixlm.runtime.grammar import GrammarBackend, GrammarCompiler, grammar_spec
+from radixlm.runtime.request import Req
+from radixlm.runtime.sampling import SamplingParams
+
+EOS = 0
+VOCAB = ["<eos>", "{", "}", '"', "a", "b", ":", ",", " ", "1", "2", "ab", '{"a"', "yes", "no", "x"]
+LOGITS_WIDTH = 20  # wider than the vocabulary, as a model's padded logits can be
+
+
+@pytest.fixture
+def compiler() -> GrammarCompiler:
+    import xgrammar as xgr
+
+    info = xgr.TokenizerInfo(VOCAB, vocab_size=LOGITS_WIDTH, stop_token_ids=[EOS])
+    return GrammarCompiler(None, LOGITS_WIDTH, [EOS], max_entries=2, tokenizer_info=info)
+
+
+def _req(**grammar) -> Req:
+    params = SamplingParams.from_any({"temperature": 0, **grammar})
+    return Req(rid="r", input_ids=[1], params=params)
+
+
+def _allowed(compiler, **grammar) -> list[list[str]]:
+    """Tokens allowed at each step of greedy decoding over a fixed preference order."""
+    backend = GrammarBackend(compiler)
+    req = _req(**grammar)
+    backend.prepare(req)
+    steps = []
+    for _ in range(20):
+        logits = torch.arange(LOGITS_WIDTH, dtype=torch.float32)[None, :].flip(-1).clone()
+        backend.apply(logits, [req])
+        allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+        steps.append([VOCAB[t] for t in allowed])
+        tok = int(torch.argmax(logits[0]))
+        req.output_ids.append(tok)
+        if backend.accept(req, tok):
+            return steps
+    raise AssertionError("grammar did not terminate")
+
+
+def test_ebnf_masks_then_terminates_on_eos(compiler):
+    steps = _allowed(compiler, ebnf='root ::= "yes" | "no"')
+    assert steps == [["yes", "no"], ["<eos>"]]
+
+
+def test_regex_drives_greedy_output(compiler):
+    backend = GrammarBackend(compiler)
+    req = _req(regex="(ab)+x")
+    backend.prepare(req)
+    # Preference: "x" first, then "a": the grammar forces "ab"/"a" before any "x".
+    prefer = torch.full((LOGITS_WIDTH,), -5.0)
+    prefer[VOCAB.index("x")], prefer[VOCAB.index("a")] = 3.0, 2.0
+    prefer[16:] = 10.0  # padding ids beyond the vocabulary must be masked too
+    out = []
+    for _ in range(10):
+        logits = prefer.clone()[None, :]
+        backend.apply(logits, [req])
+        tok = int(torch.argmax(logits[0]))
+        out.append(tok)
+        req.output_ids.append(tok)
+        if backend.accept(req, tok):
+            break
+    assert [VOCAB[t] for t in out] == ["a", "b", "x", "<eos>"]
+    assert req.matched_stop == EOS
+
+
+def test_json_schema_output_parses(compiler):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    backend = GrammarBackend(compiler)
+    req = _req(json_schema=json.dumps(schema))
+    backend.prepare(req)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        logits = torch.randn(1, LOGITS_WIDTH, generator=gen)
+        backend.apply(logits, [req])
+        tok = int(torch.argmax(logits[0]))
+        req.output_ids.append(tok)
+        if backend.accept(req, tok):
+            break
+    assert req.output_ids[-1] == EOS
+    text = "".join(VOCAB[t] for t in req.output_ids[:-1])
+    assert isinstance(json.loads(text)["a"], int)
+
+
+def test_mixed_batch_leaves_unconstrained_rows_untouched(compiler):
+    backend = GrammarBackend(compiler)
+    free, bound, free2 = _req(), _req(ebnf='root ::= "no"'), _req()
+    backend.prepare(free)
+    backend.prepare(bound)
+    assert free.grammar is None and bound.grammar is not None
+    logits = torch.randn(3, LOGITS_WIDTH)
+    before = logits.clone()
+    backend.apply(logits, [free, bound, free2])
+    assert torch.equal(logits[0], before[0]) and torch.equal(logits[2], before[2])
+    assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [VOCAB.index("no")]
+    assert backend.accept(free, 5) is False  # unconstrained: never ends by grammar
+
+
+def test_unconstrained_batch_costs_no_mask(compiler):
+    backend = GrammarBackend(compiler)
+    logits = torch.randn(2, LOGITS_WIDTH)
+    before = logits.clone()
+    backend.apply(logits, [_req(), _req()])
+    assert torch.equal(logits, before)
+    assert backend._bitmask is None and compiler._compiler is None  # nothing built
+
+
+def test_compile_cache_hits_and_evicts(compiler):
+    a = compiler.compile("regex", "ab")
+    assert compiler.compile("regex", "ab") is a
+    compiler.compile("regex", "b")
+    compiler.compile("regex", "x")  # max_entries=2: "ab" is evicted
+    assert ("regex", "ab") not in compiler._cache
+    assert compiler.compile("regex", "ab") is not a
+
+
+@pytest.mark.parametrize(
+    "kind, spec, message",
+    [
+        ("json_schema", "{not json", "json_schema is not valid JSON"),
+        ("json_schema", "[1]", "must be a JSON object"),
+        ("json_schema", '{"type": 5}', "not a valid JSON schema at type"),
+        ("json_schema", '{"minLength": -1}', "not a valid JSON schema at minLength"),
+        ("regex", "[a-", "invalid regex: Regex parsing error"),
+        (
+            "ebnf",
+            "root ::= foo",
+            'invalid ebnf: EBNF parser error at line 1, column 10: Rule "foo"',
+        ),
+        ("structural_tag", "{}", "invalid structural_tag"),
+    ],
+)
+def test_invalid_specs_raise_and_are_cached(compiler, kind, spec, message):
+    for _ in range(2):  # the second raise comes from the cache
+        with pytest.raises(InvalidRequestError, match=message.replace("(", r"\(")):
+            compiler.compile(kind, spec)
+    assert isinstance(compiler._cache[(kind, spec)], InvalidRequestError)
+
+
+def test_prepare_raises_for_bad_grammar(compiler):
+    with pytest.raises(InvalidRequestError, match="invalid regex"):
+        GrammarBackend(compiler).prepare(_req(regex="(("))
+
+
+def test_at_most_one_grammar_field():
+    with pytest.raises(InvalidRequestError, match="at most one of json_schema, regex"):
+        SamplingParams.from_any({"json_schema": "{}", "regex": "a"})
+    with pytest.raises(InvalidRequestError, match="invalid sampling parameters"):
+        SamplingParams.from_any({"regex": 3})
+    assert grammar_spec(SamplingParams(ebnf="root ::= x")) == ("ebnf", "root ::= x")
+    assert grammar_spec(SamplingParams()) is None
