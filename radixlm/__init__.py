@@ -1,6 +1,7 @@
 """radixlm: an agent-oriented LLM serving runtime (radix-tree prefix cache, continuous batching).
 
-Public API: `Engine` (in-process generation) and `SamplingParams`.
+Public API: `Engine` (in-process generation), `SamplingParams`, and the language
+(`radixlm.lang`): `function`, `gen`, `select`, roles, `set_default_backend`, backends.
 """
 
 from __future__ import annotations
@@ -8,7 +9,30 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["Engine", "SamplingParams", "__version__"]
+# Re-exported lazily from radixlm.lang (the names programs use as `rl.<name>`).
+_LANG_NAMES = (
+    "OpenAI",
+    "ProgramState",
+    "RuntimeEndpoint",
+    "assistant",
+    "assistant_begin",
+    "assistant_end",
+    "flush_cache",
+    "function",
+    "gen",
+    "gen_int",
+    "gen_string",
+    "get_server_info",
+    "select",
+    "set_default_backend",
+    "system",
+    "system_begin",
+    "system_end",
+    "user",
+    "user_begin",
+    "user_end",
+)
+__all__ = ["Engine", "SamplingParams", "__version__", *_LANG_NAMES]
 
 if TYPE_CHECKING:
     from radixlm.runtime.engine import Engine
@@ -25,4 +49,8 @@ def __getattr__(name: str):
         from radixlm.runtime.sampling import SamplingParams
 
         return SamplingParams
+    if name in _LANG_NAMES:
+        import radixlm.lang
+
+        return getattr(radixlm.lang, name)
     raise AttributeError(f"module 'radixlm' has no attribute {name!r}")

@@ -35,7 +35,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from radixlm.errors import InvalidRequestError
-from radixlm.frontend.chat_template import chat_prompt_ids, normalise_messages
+from radixlm.frontend.chat_template import chat_prompt_ids, normalise_messages, rendered_chars
 from radixlm.frontend.errors import APIError, from_exception, invalid_request, log_failure
 from radixlm.frontend.formats import ChatFormat, CompletionFormat, OutputFormat, Usage
 from radixlm.frontend.logprob_format import TokenTexts, cumulative_logprob
@@ -223,22 +223,25 @@ class OpenAIServing:
     def _chat_prompt(self, messages: list[ChatMessage], tools: ToolSetup) -> list[int]:
         """Token ids of the chat template (tools rendered) with the assistant turn opened."""
         rendered = normalise_messages(messages)
-        self.tm.check_chars(sum(len(m["content"]) for m in rendered))
+        self.tm.check_chars(rendered_chars(rendered, tools))
         return chat_prompt_ids(self.tm.tokenizer, rendered, tools)
 
     def _chat_grammar(self, req: ChatCompletionRequest, tools: ToolSetup) -> dict[str, str]:
-        """Grammar fields from response_format, regex / ebnf or a forced tool choice (one)."""
+        """Grammar fields from response_format, regex / ebnf or the tools (see
+        ToolSetup.grammar); a forced tool choice excludes the others."""
         grammar = request_grammar(req, self.tm.grammars)
-        forced = tools.grammar()
-        if forced is None:
+        calls = tools.grammar()
+        if calls is None:
             return grammar
-        if grammar:
+        if grammar and tools.forced is not None:
             raise invalid_request(
                 "a forced 'tool_choice' cannot be combined with 'response_format', 'regex' "
                 "or 'ebnf'",
                 param="tool_choice",
             )
-        fields = {"structural_tag": forced}
+        if grammar:  # auto: the requested format wins; no call can start
+            return grammar
+        fields = {"structural_tag": calls}
         check_grammar(fields, self.tm.grammars, "tools")
         return fields
 

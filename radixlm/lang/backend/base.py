@@ -1,0 +1,233 @@
+"""The backend interface the interpreter calls, and the shared logic of radixlm's own
+backends (in-process Engine and the native HTTP route), which speak SGLang's /generate
+protocol:
+
+    request:  {"text" | "input_ids": [...], "sampling_params": {...},
+               "return_logprob", "logprob_start_len", "top_logprobs_num",
+               "return_text_in_logprobs"}
+    result:   {"text": str, "output_ids": [int], "meta_info": {"id", "finish_reason",
+               "prompt_tokens", "completion_tokens", "cached_tokens",
+               "input_token_logprobs": [[logprob | None, token_id, text | None], ...], ...}}
+
+`select` (all choices in one batched request) is written once here on top of that.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from radixlm.errors import RadixLMError
+from radixlm.lang import choices as choices_mod
+from radixlm.lang.chat_template import ChatTemplate
+from radixlm.lang.ir import SamplingOptions
+
+logger = logging.getLogger(__name__)
+
+# Prompt positions before the end of the shared prefix whose logprobs `select` asks for:
+# a choice's first characters may merge with the prompt's last tokens when tokenized.
+SELECT_LOOKBACK = 2
+
+OnDelta = Callable[[str], None]
+
+
+class UnsupportedByBackendError(RadixLMError, NotImplementedError):
+    """The backend's API cannot express a primitive or option (e.g. select on OpenAI)."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What a gen continues: the state's text, its finished chat messages, the open role
+    (None outside roles) and the text written inside that role so far."""
+
+    text: str
+    messages: list[dict[str, str]]
+    role: str | None = None
+    role_text: str | None = None
+
+
+class Backend(ABC):
+    """Where a program's gens and selects are executed. Methods may be called from many
+    threads at once (one per running program state)."""
+
+    _chat_template: ChatTemplate | None = None
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        """Role markers (loaded once, on first use)."""
+        if self._chat_template is None:
+            self._chat_template = self._load_chat_template()
+        return self._chat_template
+
+    @abstractmethod
+    def _load_chat_template(self) -> ChatTemplate: ...
+
+    @abstractmethod
+    def generate(
+        self, prompt: Prompt, options: SamplingOptions, on_delta: OnDelta | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Continue `prompt`; returns (text, meta_info). With `on_delta`, text pieces are
+        passed to it as they arrive (their concatenation is a prefix of the result)."""
+
+    def select(
+        self,
+        prompt: str,
+        choices: list[str],
+        temperature: float,
+        method: choices_mod.ChoicesSamplingMethod,
+        rng: random.Random | None = None,
+    ) -> choices_mod.ChoicesDecision:
+        """Pick one of `choices` to continue `prompt` (see `NativeBackend.select`)."""
+        raise UnsupportedByBackendError(f"{type(self).__name__} cannot run select")
+
+    def cache_prefix(self, text: str) -> int | None:
+        """Put `text` into the server's prefix cache; returns its prompt tokens (None
+        when the backend has no cache to fill)."""
+        return None
+
+    def flush_cache(self) -> bool:
+        """Drop the server's prefix cache; False when refused."""
+        raise UnsupportedByBackendError(f"{type(self).__name__} cannot flush a cache")
+
+    def get_server_info(self) -> dict[str, Any]:
+        raise UnsupportedByBackendError(f"{type(self).__name__} has no server info")
+
+    def shutdown(self) -> None:  # noqa: B027 - optional hook; most backends hold nothing
+        """Release resources held for programs (idempotent)."""
+
+
+def check_choices(choices: Any) -> list[str]:
+    """The choices as a list of non-empty strings; raises ValueError / TypeError."""
+    if isinstance(choices, str) or not choices:
+        raise ValueError("select needs a non-empty list of choice strings")
+    out = list(choices)
+    for c in out:
+        if not isinstance(c, str):
+            raise TypeError(f"select choices must be strings, got {type(c).__name__}")
+        if not c:
+            raise ValueError("select choices must be non-empty strings")
+    return out
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class NativeBackend(Backend):
+    """A backend that speaks SGLang's /generate protocol (see the module docstring)."""
+
+    @abstractmethod
+    def request(
+        self,
+        *,
+        text: list[str] | None = None,
+        input_ids: list[list[int]] | None = None,
+        sampling_params: dict[str, Any],
+        logprob: dict[str, Any] | None = None,
+    ) -> list[dict[str, Any]]:
+        """One batched /generate request; one result per prompt, in order.
+
+        Raises InvalidRequestError for a request the server refuses, ServerError when it
+        fails.
+        """
+
+    @abstractmethod
+    def request_stream(
+        self, text: str, sampling_params: dict[str, Any], on_delta: OnDelta
+    ) -> dict[str, Any]:
+        """Stream one request, passing text deltas to `on_delta`; returns the result."""
+
+    def generate(
+        self, prompt: Prompt, options: SamplingOptions, on_delta: OnDelta | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        params = options.to_sampling_params()
+        logprob = options.logprob_args()
+        if on_delta is None or logprob is not None:
+            result = self.request(text=[prompt.text], sampling_params=params, logprob=logprob)[0]
+            return result["text"], result["meta_info"]
+        result = self.request_stream(prompt.text, params, on_delta)
+        return result["text"], result["meta_info"]
+
+    def cache_prefix(self, text: str) -> int | None:
+        result = self.request(text=[text], sampling_params={"max_new_tokens": 0})[0]
+        return result["meta_info"]["prompt_tokens"]
+
+    def select(
+        self,
+        prompt: str,
+        choices: list[str],
+        temperature: float,
+        method: choices_mod.ChoicesSamplingMethod,
+        rng: random.Random | None = None,
+    ) -> choices_mod.ChoicesDecision:
+        """Score every choice as a continuation of `prompt` in one batched request.
+
+        1. `prompt` is cached (a max_new_tokens=0 request), which also gives its length L.
+        2. One batch scores `prompt` and `prompt + choice` for each choice with prompt
+           logprobs from position L - SELECT_LOOKBACK (max_new_tokens=0). A choice's
+           tokens are those after the longest token prefix it shares with `prompt`'s
+           own tokens, so tokens merged across the boundary count for the choice.
+        3. With `method.requires_unconditional_logprobs`, one more batch scores each
+           choice's tokens alone.
+        Then `method` decides (temperature > 0: sample ∝ exp(score / temperature)).
+
+        Raises ValueError for empty or non-string choices.
+        """
+        choices = check_choices(choices)
+        start = max(self.cache_prefix(prompt) - SELECT_LOOKBACK, 0) if prompt else 0
+        logprob = {
+            "return_logprob": True,
+            "logprob_start_len": start,
+            "return_text_in_logprobs": True,
+        }
+        texts = ([prompt] if prompt else []) + [prompt + c for c in choices]
+        results = self.request(
+            text=texts, sampling_params={"max_new_tokens": 0, "temperature": 0}, logprob=logprob
+        )
+        base_ids = [e[1] for e in results[0]["meta_info"]["input_token_logprobs"]] if prompt else []
+        per_choice = []
+        for r in results[len(results) - len(choices) :]:
+            entries = r["meta_info"]["input_token_logprobs"]
+            keep = _common_prefix(base_ids, [e[1] for e in entries])
+            per_choice.append([list(e) for e in entries[min(keep, len(entries) - 1) :]])
+        normalized = [
+            choices_mod._mean([float(e[0]) for e in entries if e[0] is not None])
+            for entries in per_choice
+        ]
+        uncond = None
+        if method.requires_unconditional_logprobs:
+            ids = [[e[1] for e in entries] for entries in per_choice]
+            scored = self.request(
+                input_ids=ids,
+                sampling_params={"max_new_tokens": 0, "temperature": 0},
+                logprob={
+                    "return_logprob": True,
+                    "logprob_start_len": 0,
+                    "return_text_in_logprobs": True,
+                },
+            )
+            uncond = [r["meta_info"]["input_token_logprobs"] for r in scored]
+        kw = {
+            "choices": choices,
+            "normalized_prompt_logprobs": normalized,
+            "input_token_logprobs": per_choice,
+            "output_token_logprobs": [[] for _ in choices],
+            "unconditional_token_logprobs": uncond,
+        }
+        if temperature <= 1e-5:
+            return method(**kw)
+        decision = method(**kw)
+        index = choices_mod.softmax_sample(
+            method.scores(**kw), temperature, (rng or random).random()
+        )
+        decision.decision = choices[index]
+        return decision

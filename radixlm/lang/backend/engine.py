@@ -1,0 +1,266 @@
+"""Backend over an in-process `radixlm.Engine`.
+
+`Engine` is single-threaded, while programs call their backend from many threads. One
+driver thread therefore owns every engine call; program threads queue jobs and wait on
+futures. Each round the driver merges every newly queued request (gens, select scoring,
+prefix commits; each with its own sampling and logprob settings) into one streamed
+`engine.generate` call, so requests that arrive together are admitted and prefilled
+together, then advances all open streams: one scheduler step serves all of them
+(continuous batching), and a request queued mid-step joins the next round. A job
+finishes as soon as its own prompts do. Other calls (server info, flush) run between
+rounds.
+
+The driver thread exists only while jobs are pending. While programs run, call the
+engine only through the program API (`engine_call`, `flush_cache`, `get_server_info`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+from radixlm.lang import chat_template as templates
+from radixlm.lang.backend.base import NativeBackend, OnDelta
+
+logger = logging.getLogger(__name__)
+
+_LOGPROB_LISTS = (
+    "input_token_logprobs",
+    "output_token_logprobs",
+    "input_top_logprobs",
+    "output_top_logprobs",
+)
+
+
+def native_meta(result: dict[str, Any]) -> dict[str, Any]:
+    """/generate-style meta_info for an Engine result (or a stream's last chunk)."""
+    if result.get("meta_info") and "finish_reason" in result["meta_info"]:
+        return dict(result["meta_info"])
+    usage = result.get("usage") or {}
+    reason = result.get("finish_reason")
+    if reason == "stop":
+        finish = {"type": "stop", "matched": result.get("matched_stop")}
+    elif reason == "length":
+        finish = {"type": "length", "length": usage.get("completion_tokens")}
+    else:
+        finish = None if reason is None else {"type": reason}
+    return {
+        "id": None,
+        "finish_reason": finish,
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+        "cached_tokens": usage.get("cached_tokens"),
+    }
+
+
+class _Job:
+    """One backend request (one or more prompts) and its accumulating results."""
+
+    def __init__(
+        self,
+        prompts: list[str | list[int]],
+        sampling_params: dict[str, Any],
+        logprob: dict[str, Any] | None,
+        on_delta: OnDelta | None,
+    ):
+        self.prompts = prompts
+        self.sampling_params = sampling_params
+        self.logprob = logprob or {}
+        self.on_delta = on_delta
+        self.future: Future = Future()
+        self.results = [{"text": "", "output_ids": [], "meta_info": {}} for _ in prompts]
+        self.unfinished = len(prompts)
+
+    @property
+    def text_in_logprobs(self) -> bool:
+        return bool(self.logprob.get("return_text_in_logprobs"))
+
+    def add(self, index: int, chunk: dict[str, Any]) -> None:
+        """Fold a chunk of prompt `index` in; completes the future after the last one."""
+        r = self.results[index]
+        r["text"] += chunk["text"]
+        r["output_ids"] += list(chunk["output_ids"])
+        meta = r["meta_info"]
+        for key, value in (chunk.get("meta_info") or {}).items():
+            if key in _LOGPROB_LISTS:  # each chunk carries only its own entries
+                meta[key] = meta.get(key, []) + list(value)
+            else:
+                meta[key] = value
+        if self.on_delta is not None and chunk["text"]:
+            self.on_delta(chunk["text"])
+        if chunk.get("finish_reason") is not None:
+            meta.update({k: v for k, v in native_meta(chunk).items() if k not in meta})
+            self.unfinished -= 1
+            if self.unfinished == 0:
+                self.future.set_result(self.results)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+class _Merged:
+    """One streamed `engine.generate` call serving several jobs."""
+
+    def __init__(self, stream: Iterator[dict[str, Any]], jobs: list[_Job]):
+        self.stream = stream
+        self.slots = [(job, i) for job in jobs for i in range(len(job.prompts))]
+        self.jobs = jobs
+
+    def advance(self) -> bool:
+        """Take one chunk (stepping the engine when none is ready); False when done."""
+        try:
+            chunk = next(self.stream)
+        except StopIteration:
+            for job in self.jobs:  # normally all done; an aborted request ends here
+                job.fail(RuntimeError("the engine ended the request without a result"))
+            return False
+        except BaseException as e:  # noqa: BLE001 - fails the jobs still running
+            for job in self.jobs:
+                job.fail(e)
+            return False
+        job, index = self.slots[chunk.get("index", 0)]
+        try:
+            job.add(index, chunk)
+        except BaseException as e:  # noqa: BLE001 - a consumer's failure ends its job only
+            job.fail(e)
+        return True
+
+
+def _start(engine, jobs: list[_Job]) -> Iterator[dict[str, Any]]:
+    """engine.generate(stream=True) over all prompts of `jobs` (validated at once)."""
+    prompts, params, ret, start, top = [], [], [], [], []
+    for job in jobs:
+        for p in job.prompts:
+            prompts.append(p)
+            params.append(job.sampling_params)
+            ret.append(bool(job.logprob.get("return_logprob")))
+            start.append(job.logprob.get("logprob_start_len", -1))
+            top.append(job.logprob.get("top_logprobs_num", 0))
+    kwargs: dict[str, Any] = {}
+    if any(ret):  # older engines without logprob arguments still serve plain gens
+        kwargs = {
+            "return_logprob": ret,
+            "logprob_start_len": start,
+            "top_logprobs_num": top,
+            "return_text_in_logprobs": jobs[0].text_in_logprobs,
+        }
+    return engine.generate(prompts, params, stream=True, **kwargs)
+
+
+class _Driver:
+    """Runs every call of one Engine on a single thread (started on demand)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._queue: deque[_Job | Callable[[], None]] = deque()
+        self._lock = threading.Lock()
+        self._running = False
+
+    def call(self, fn: Callable[[Any], Any]) -> Any:
+        """Run `fn(engine)` on the driver thread; returns its result or raises its error."""
+        future: Future = Future()
+
+        def task() -> None:
+            try:
+                future.set_result(fn(self.engine))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                future.set_exception(e)
+
+        self._put(task)
+        return future.result()
+
+    def generate(self, job: _Job) -> list[dict[str, Any]]:
+        """Serve `job` alongside the others; one result dict per prompt."""
+        self._put(job)
+        return job.future.result()
+
+    def _put(self, item) -> None:
+        with self._lock:
+            self._queue.append(item)
+            if not self._running:
+                self._running = True
+                threading.Thread(
+                    target=self._loop, name="radixlm-engine-driver", daemon=True
+                ).start()
+
+    def _loop(self) -> None:
+        active: list[_Merged] = []
+        while True:
+            with self._lock:
+                items = list(self._queue)
+                self._queue.clear()
+                if not items and not active:
+                    self._running = False
+                    return
+            jobs = [item for item in items if isinstance(item, _Job)]
+            for item in items:
+                if not isinstance(item, _Job):
+                    item()
+            for flag in (False, True):  # return_text_in_logprobs is one flag per call
+                group = [job for job in jobs if job.text_in_logprobs == flag]
+                if group:
+                    active.extend(self._open(group))
+            active = [m for m in active if m.advance()]
+
+    def _open(self, jobs: list[_Job]) -> list[_Merged]:
+        """Start `jobs` as one merged stream; if the engine refuses it (one bad prompt
+        refuses the whole call), start each job alone so only the bad ones fail."""
+        try:
+            return [_Merged(_start(self.engine, jobs), jobs)]
+        except BaseException as e:  # noqa: BLE001 - handed to the jobs
+            if len(jobs) == 1:
+                jobs[0].fail(e)
+                return []
+        return [m for job in jobs for m in self._open([job])]
+
+
+class EngineBackend(NativeBackend):
+    """Programs on an in-process `radixlm.Engine` (use `for_engine` to share one per engine).
+
+    Args:
+        engine: a `radixlm.Engine`.
+        chat_template: role markers; default: derived from the engine's tokenizer.
+    """
+
+    def __init__(self, engine, chat_template: templates.ChatTemplate | None = None):
+        self.engine = engine
+        self._driver = _Driver(engine)
+        self._chat_template = chat_template
+
+    @classmethod
+    def for_engine(cls, engine) -> EngineBackend:
+        """The backend attached to `engine` (created on first use)."""
+        backend = engine.__dict__.get("_radixlm_lang_backend")
+        if backend is None:
+            backend = cls(engine)
+            engine.__dict__["_radixlm_lang_backend"] = backend
+        return backend
+
+    def _load_chat_template(self) -> templates.ChatTemplate:
+        return templates.from_tokenizer(self.engine.tokenizer)
+
+    def request(self, *, text=None, input_ids=None, sampling_params, logprob=None):
+        return self._generate(text, input_ids, sampling_params, logprob, None)
+
+    def request_stream(self, text, sampling_params, on_delta):
+        return self._generate([text], None, sampling_params, None, on_delta)[0]
+
+    def _generate(self, text, input_ids, sampling_params, logprob, on_delta):
+        prompts = list(text) if text is not None else [list(ids) for ids in input_ids]
+        return self._driver.generate(_Job(prompts, sampling_params, logprob, on_delta))
+
+    def engine_call(self, fn: Callable[[Any], Any]) -> Any:
+        """Run `fn(engine)` on the thread that owns the engine (safe while programs run);
+        returns its result or raises its exception."""
+        return self._driver.call(fn)
+
+    def flush_cache(self) -> bool:
+        return self._driver.call(lambda engine: engine.flush_cache())
+
+    def get_server_info(self) -> dict[str, Any]:
+        return self._driver.call(lambda engine: engine.get_server_info())

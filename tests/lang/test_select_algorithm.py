@@ -1,0 +1,102 @@
+"""select's request plan and the choice methods, on the model-free backend (char tokens)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import radixlm as rl
+from radixlm.lang import choices as ch
+from tests.lang.fake_backend import FakeBackend, char_logprob
+
+CHOICES = ["yes", "no", "maybe"]
+
+
+def mean_logprob(text: str) -> float:
+    return sum(char_logprob(c) for c in text) / len(text)
+
+
+@pytest.fixture
+def fake() -> FakeBackend:
+    return FakeBackend()
+
+
+def run_select(fake, **kw):
+    @rl.function
+    def prog(s):
+        s += "Answer: "
+        s += rl.select("pick", choices=CHOICES, **kw)
+
+    return prog.run(backend=fake)
+
+
+def test_token_length_normalized_picks_best_mean_in_one_batch(fake):
+    state = run_select(fake)
+    best = max(CHOICES, key=mean_logprob)
+    assert state["pick"] == best
+    assert state.text() == "Answer: " + best
+    meta = state.get_meta_info("pick")
+    assert meta["normalized_prompt_logprobs"] == pytest.approx([mean_logprob(c) for c in CHOICES])
+    assert [[e[2] for e in entries] for entries in meta["input_token_logprobs"]] == [
+        list(c) for c in CHOICES
+    ]
+    # 1) cache the prompt, 2) one batch: the prompt and prompt + each choice.
+    (k1, commit), (k2, batch) = fake.calls
+    assert commit["prompts"] == ["Answer: "] and commit["sampling_params"]["max_new_tokens"] == 0
+    assert batch["prompts"] == ["Answer: "] + ["Answer: " + c for c in CHOICES]
+    assert batch["sampling_params"] == {"max_new_tokens": 0, "temperature": 0}
+    assert batch["logprob"]["logprob_start_len"] == len("Answer: ") - 2
+
+
+def test_greedy_token_selection_follows_first_token(fake):
+    state = run_select(fake, choices_method=ch.greedy_token_selection)
+    rows = {c: [char_logprob(x) for x in c] for c in CHOICES}
+    assert state["pick"] == max(CHOICES, key=lambda c: rows[c][0])
+
+
+def test_unconditional_likelihood_normalized(fake):
+    state = run_select(fake, choices_method=ch.unconditional_likelihood_normalized)
+
+    def score(c):
+        uncond = [char_logprob(x) for x in c[1:]]
+        return mean_logprob(c) - (sum(uncond) / len(uncond) if uncond else 0.0)
+
+    assert state["pick"] == max(CHOICES, key=score)
+    assert fake.calls[-1][1]["prompts"] == [[ord(x) for x in c] for c in CHOICES]
+
+
+def test_gen_with_choices_is_select(fake):
+    @rl.function
+    def prog(s):
+        s += "Answer: " + rl.gen("pick", choices=CHOICES)
+
+    assert prog.run(backend=fake)["pick"] == max(CHOICES, key=mean_logprob)
+
+
+def test_temperature_samples_all_choices():
+    entries = [[[-1.0, 1, "a"]], [[-1.2, 2, "b"]]]
+    kw = {
+        "choices": ["a", "b"],
+        "normalized_prompt_logprobs": [-1.0, -1.2],
+        "input_token_logprobs": entries,
+        "output_token_logprobs": [[], []],
+    }
+    assert ch.token_length_normalized(**kw).decision == "a"
+    rng = random.Random(0)
+    picks = {ch.softmax_sample([-1.0, -1.2], 1.0, rng.random()) for _ in range(200)}
+    assert picks == {0, 1}
+    assert ch.softmax_sample([0.0, -50.0], 0.01, 0.999) == 0
+
+
+def test_greedy_ties_and_exhausted_choices():
+    m = ch.greedy_token_selection
+    rows = [[[-0.5, 1, "a"]], [[-0.5, 1, "a"], [-0.1, 2, "b"]], [[-0.9, 3, "c"]]]
+    kw = {
+        "choices": ["a", "ab", "c"],
+        "normalized_prompt_logprobs": [-0.5, -0.3, -0.9],
+        "input_token_logprobs": rows,
+        "output_token_logprobs": [[], [], []],
+    }
+    # "a" and "ab" tie on the first token; "a" then competes with its mean (-0.5) < -0.1.
+    assert m(**kw).decision == "ab"
