@@ -145,7 +145,7 @@ class OpenAIServing:
         req = ChatCompletionRequest.model_validate_json(await request.body())
         self._check_common(req)
         n, _ = self._copies(req)
-        if req.top_logprobs is not None and not req.logprobs:
+        if req.top_logprobs and not req.logprobs:
             raise invalid_request(
                 "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs"
             )

@@ -275,12 +275,15 @@ class Scheduler:
         return outputs
 
     def _sample(self, logits: torch.Tensor, reqs: list[Req]) -> tuple[list[int], list]:
-        """Next token of each request, and its logprobs (None unless return_logprob)."""
+        """Next token of each request, and its logprobs (None unless return_logprob) from
+        the raw logits: a grammar mask (applied in place) must not reach them."""
         if not reqs:
             return [], []
+        masked_logprobs = any(r.return_logprob and r.grammar is not None for r in reqs)
+        raw = logits.clone() if masked_logprobs else logits
         self.grammars.apply(logits, reqs)
         next_ids = self.sampler.sample(logits, reqs)
-        return next_ids.tolist(), output_logprobs(logits, next_ids, reqs)
+        return next_ids.tolist(), output_logprobs(raw, next_ids, reqs)
 
     def _cache_prefilled(self, reqs: list[Req]) -> None:
         """Insert freshly prefilled prompts (or chunks) into the cache while they keep

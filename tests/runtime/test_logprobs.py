@@ -220,3 +220,21 @@ def test_retraction_keeps_logprobs_exact(engine, prompts):
         assert len(a["meta_info"]["input_token_logprobs"]) == len(ids)
         assert len(a["meta_info"]["output_token_logprobs"]) == len(a["output_ids"])
         _same(a["meta_info"], b["meta_info"])
+
+
+def test_grammar_constrained_logprobs_are_raw(engine):
+    """A grammar masks the sampler's logits, not the reported logprobs: the model's own
+    top token (outside the grammar) still leads the top list."""
+    out = engine.generate(
+        PROMPT,
+        {**greedy(4), "regex": "(red|green|blue)"},
+        return_logprob=True,
+        top_logprobs_num=1,
+        return_text_in_logprobs=True,
+    )
+    assert out["text"] in ("red", "green", "blue")
+    meta = out["meta_info"]
+    first_value, first_tok, _ = meta["output_token_logprobs"][0]
+    top_value, top_tok, top_text = meta["output_top_logprobs"][0][0]
+    assert top_text not in ("red", "green", "blue") and top_tok != first_tok
+    assert first_value < top_value
