@@ -143,7 +143,7 @@ def markdown_table(table: dict[str, Any], engines: list[EngineSpec]) -> str:
             for e in engines:
                 row = by_engine.get(e.name)
                 if row is None or "status" in row:
-                    status = "not run" if row is None else row["status"]
+                    status = "not run" if row is None else row["status"].split(" (")[0]
                     lines.append(f"| {threads} | {wl} | {e.name} | {status} | | | | |")
                     continue
                 ref = by_engine.get(e.reference, {}) if e.reference else {}

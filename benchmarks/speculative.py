@@ -3,8 +3,10 @@ batch size on the bundled model, next to the planner's prediction (`radixlm.plan
 
 Method
 ------
-* Prompts: the held-out chat prompts of `radixlm.runtime.speculative.prompts` (topics
-  absent from EAGLE training), chat-templated, cycled to fill a batch of B.
+* Prompts (``--workload``): ``chat`` = the held-out chat prompts of
+  `radixlm.runtime.speculative.prompts` (topics absent from EAGLE training); ``copy`` =
+  code-editing requests that repeat a snippet (where n-gram lookup pays). Chat-templated,
+  cycled to fill a batch of B.
 * Greedy, EOS ignored (every request emits exactly N tokens). For each engine and B:
   one run with max_new_tokens=1 (prefill + first token, t_1) and one with N
   (``--decode-tokens``, t_N), both after flushing the prefix cache; then
@@ -45,8 +47,30 @@ from radixlm.runtime.speculative.prompts import heldout_prompts  # noqa: E402
 DEFAULT_EAGLE = ROOT / "radixlm" / "runtime" / "speculative" / "heads" / "smollm2-135m"
 
 
+_SNIPPET = '''def moving_average(values, window):
+    """Average of each run of `window` consecutive values."""
+    if window <= 0:
+        raise ValueError("window must be positive")
+    out = []
+    total = sum(values[:window])
+    out.append(total / window)
+    for i in range(window, len(values)):
+        total += values[i] - values[i - window]
+        out.append(total / window)
+    return out
+'''
+
+COPY_PROMPTS = [
+    f"Rename the function below to `rolling_mean` and return the full code.\n\n{_SNIPPET}",
+    f"Add type hints to this function and return the full code.\n\n{_SNIPPET}",
+    f"Repeat this code exactly, then explain it in one sentence.\n\n{_SNIPPET}",
+    f"Rename the argument `values` to `xs` and return the full code.\n\n{_SNIPPET}",
+]
+WORKLOAD = "chat"
+
+
 def _prompts(tokenizer, n: int) -> list[list[int]]:
-    texts = heldout_prompts()
+    texts = heldout_prompts() if WORKLOAD == "chat" else COPY_PROMPTS
     return [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": texts[i % len(texts)]}],
@@ -126,9 +150,13 @@ def main() -> int:
     p.add_argument("--num-draft-tokens", type=int, default=4)
     p.add_argument("--topk", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--workload", choices=["chat", "copy"], default="chat",
+                   help="held-out chat prompts, or code edits that copy text")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="batch 1 and 4, 24 tokens")
     p.add_argument("--output", default=str(ROOT / "benchmarks/results/speculative.json"))
     args = p.parse_args()
+    global WORKLOAD
+    WORKLOAD = args.workload
     if args.quick:
         args.batch_sizes, args.decode_tokens = [1, 4], 24
     torch.set_num_threads(args.threads)

@@ -10,6 +10,7 @@ top (no double BOS).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from radixlm.frontend.errors import invalid_request
@@ -20,6 +21,14 @@ from radixlm.frontend.tool_prompt import ToolSetup, render_chat, template_knows_
 def normalise_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """{role, content (str), tool_calls?, tool_call_id?} dicts. Raises APIError (400)."""
     return [_message(i, m) for i, m in enumerate(messages)]
+
+
+def rendered_chars(messages: list[dict[str, Any]], setup: ToolSetup) -> int:
+    """Characters of text the template will render (contents, call arguments, tools):
+    a bound checked before tokenizing."""
+    n = sum(len(m["content"]) for m in messages)
+    n += sum(len(c["function"]["arguments"]) for m in messages for c in m.get("tool_calls", ()))
+    return n + (len(json.dumps(setup.tools)) if setup.active else 0)
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict[str, Any]], setup: ToolSetup) -> list[int]:

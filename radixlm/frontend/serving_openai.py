@@ -11,12 +11,14 @@ completions max_tokens 16, chat max_tokens up to the context (capped, see
 
 ``n`` / ``best_of``: each prompt runs as that many requests (copies). The scheduler's
 in-batch prefix guard holds the copies back one round, so the prompt is prefilled once
-and the others hit the radix cache. With a seed, copy i draws with
-`derive_seed(seed, i)` (copy 0 keeps the seed: n=1 and n>1 agree on choice 0). Usage
-counts each prompt's tokens once and every copy's completion tokens (OpenAI's rule;
-best_of copies that are not returned are counted too, as OpenAI bills them). ``best_of``
-> n keeps the n copies with the highest cumulative logprob of their sampled tokens
-(vLLM's rule; raw-logit logprobs, see runtime/logprobs.py) and cannot be streamed.
+and the others hit the radix cache (prompts shorter than the guard's 32-token threshold
+may be prefilled per copy: waiting a round would cost more than they do). With a seed,
+copy i draws with `derive_seed(seed, i)` (copy 0 keeps the seed: n=1 and n>1 agree on
+choice 0). Usage counts each prompt's tokens once and every copy's completion tokens
+(OpenAI's rule; best_of copies that are not returned are counted too, as OpenAI bills
+them). ``best_of`` > n keeps the n copies with the highest cumulative logprob of their
+sampled tokens (vLLM's rule; raw-logit logprobs, see runtime/logprobs.py) and cannot be
+streamed.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from radixlm.errors import InvalidRequestError
-from radixlm.frontend.chat_template import chat_prompt_ids, normalise_messages
+from radixlm.frontend.chat_template import chat_prompt_ids, normalise_messages, rendered_chars
 from radixlm.frontend.errors import APIError, from_exception, invalid_request, log_failure
 from radixlm.frontend.formats import ChatFormat, CompletionFormat, OutputFormat, Usage
 from radixlm.frontend.logprob_format import TokenTexts, cumulative_logprob
@@ -127,7 +129,9 @@ class OpenAIServing:
             top_logprobs_num=req.logprobs or 0,
         )
         params = [
-            self._params(req, req.max_tokens, len(p), DEFAULT_COMPLETION_MAX_TOKENS, "prompt")
+            self._params(
+                req, req.max_tokens, len(p), DEFAULT_COMPLETION_MAX_TOKENS, "prompt", copies
+            )
             for p in prompts
         ]
         grammar = request_grammar(req, self.tm.grammars)
@@ -160,7 +164,7 @@ class OpenAIServing:
         logprobs = LogprobOptions(
             return_logprob=bool(req.logprobs), top_logprobs_num=req.top_logprobs or 0
         )
-        params = self._params(req, requested, len(ids), DEFAULT_CHAT_MAX_TOKENS, "messages")
+        params = self._params(req, requested, len(ids), DEFAULT_CHAT_MAX_TOKENS, "messages", n)
         if grammar:
             params = msgspec.structs.replace(params, **grammar)
         job = self._job(fmt, [ids], [params], req, "messages", logprobs, n, n)
@@ -219,22 +223,25 @@ class OpenAIServing:
     def _chat_prompt(self, messages: list[ChatMessage], tools: ToolSetup) -> list[int]:
         """Token ids of the chat template (tools rendered) with the assistant turn opened."""
         rendered = normalise_messages(messages)
-        self.tm.check_chars(sum(len(m["content"]) for m in rendered))
+        self.tm.check_chars(rendered_chars(rendered, tools))
         return chat_prompt_ids(self.tm.tokenizer, rendered, tools)
 
     def _chat_grammar(self, req: ChatCompletionRequest, tools: ToolSetup) -> dict[str, str]:
-        """Grammar fields from response_format, regex / ebnf or a forced tool choice (one)."""
+        """Grammar fields from response_format, regex / ebnf or the tools (see
+        ToolSetup.grammar); a forced tool choice excludes the others."""
         grammar = request_grammar(req, self.tm.grammars)
-        forced = tools.grammar()
-        if forced is None:
+        calls = tools.grammar()
+        if calls is None:
             return grammar
-        if grammar:
+        if grammar and tools.forced is not None:
             raise invalid_request(
                 "a forced 'tool_choice' cannot be combined with 'response_format', 'regex' "
                 "or 'ebnf'",
                 param="tool_choice",
             )
-        fields = {"structural_tag": forced}
+        if grammar:  # auto: the requested format wins; no call can start
+            return grammar
+        fields = {"structural_tag": calls}
         check_grammar(fields, self.tm.grammars, "tools")
         return fields
 
@@ -245,8 +252,11 @@ class OpenAIServing:
         prompt_len: int,
         default: int,
         prompt_param: str,
+        copies: int = 1,
     ) -> SamplingParams:
-        """SamplingParams for one prompt; 400 when the prompt or max_tokens exceed the context."""
+        """SamplingParams for one prompt; 400 when the prompt or max_tokens exceed the context.
+        An unset max_tokens defaults to what `copies` completions of the prompt leave of
+        the context and the KV pool (at most `default`)."""
         ctx = self.tm.context_len
         if prompt_len >= ctx:
             raise invalid_request(
@@ -266,7 +276,8 @@ class OpenAIServing:
         if requested is None:
             ps = self.tm.args.page_size
             pool = self.tm.max_total_tokens // ps * ps
-            requested = max(1, min(default, ctx - prompt_len, pool - prompt_len))
+            per_copy = (pool - prompt_len) // copies
+            requested = max(1, min(default, ctx - prompt_len, per_copy))
         values: dict[str, Any] = {"max_new_tokens": requested}
         names = (
             "temperature",

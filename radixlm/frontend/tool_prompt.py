@@ -11,7 +11,8 @@
   and tool results become ``<tool_response>`` user turns.
 * ``required`` / named choices are enforced with an xgrammar structural tag: the output
   is one ``<tool_call>`` (several when ``parallel_tool_calls`` is true) whose name is one
-  of the allowed tools and whose arguments match that tool's parameter schema.
+  of the allowed tools and whose arguments match that tool's parameter schema. With
+  ``auto`` the text is free, but a call, once started, is constrained the same way.
   ``none`` renders no tools and parses nothing.
 """
 
@@ -69,7 +70,7 @@ class ToolSetup:
     Attributes:
         tools: the validated tools (OpenAI dicts), empty when none are rendered.
         forced: names a forcing grammar allows (all tools for ``required``, one for a
-            named choice), or None (``auto``: the model chooses freely).
+            named choice), or None (``auto``: the model chooses whether to call).
         parallel: several calls allowed in a forced answer.
     """
 
@@ -106,8 +107,15 @@ class ToolSetup:
         return cls(checked, forced, bool(parallel))
 
     def grammar(self) -> str | None:
-        """The structural tag (JSON) forcing a call, or None when the choice is free."""
-        if self.forced is None:
+        """The structural tag (JSON) for this request's calls, or None without tools.
+
+        Forced choices: the output is the call(s) of allowed tools and nothing else.
+        ``auto``: free text, but once the model writes ``<tool_call>`` the call must
+        name a tool and match its parameters (xgrammar triggered tags), so every call
+        parses. Either way a call's arguments match the tool's ``parameters`` schema,
+        and only one call is allowed unless `parallel`.
+        """
+        if not self.tools:
             return None
         by_name = {t["function"]["name"]: t["function"] for t in self.tools}
         tags = [
@@ -120,15 +128,14 @@ class ToolSetup:
                 },
                 "end": f"}}\n{CALL_END}",
             }
-            for name in self.forced
+            for name in (self.forced if self.forced is not None else by_name)
         ]
-        fmt = {
-            "type": "tags_with_separator",
-            "tags": tags,
-            "separator": "\n",
-            "at_least_one": True,
-            "stop_after_first": not self.parallel,
-        }
+        common = {"tags": tags, "stop_after_first": not self.parallel}
+        if self.forced is None:
+            fmt = {"type": "triggered_tags", "triggers": [CALL_START], **common}
+        else:
+            fmt = {"type": "tags_with_separator", "separator": "\n", "at_least_one": True}
+            fmt.update(common)
         return json.dumps({"type": "structural_tag", "format": fmt})
 
 

