@@ -22,7 +22,8 @@ def city_card(s, city):
     with s.var_scope("json"):
         s += "{\n"
         s += f'  "name": "{city}",\n'
-        s += '  "country": ' + rl.gen("country", regex=r'"[A-Z][a-zA-Z ]{1,24}"', max_tokens=12) + ",\n"
+        country = rl.gen("country", regex=r'"[A-Z][a-zA-Z ]{1,24}"', max_tokens=12)
+        s += '  "country": ' + country + ",\n"
         s += '  "population_millions": ' + rl.gen_int("population", max_tokens=4) + ",\n"
         s += '  "is_capital": ' + rl.gen("capital", regex=r"(true|false)", max_tokens=3) + "\n"
         s += "}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import jsonschema
 import pytest
 import torch
 
@@ -225,8 +226,12 @@ def test_select_methods_and_control_flow(backend):
 def test_constrained_gens(backend):
     schema = {
         "type": "object",
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-        "required": ["name", "age"],
+        "properties": {
+            "name": {"enum": ["Alice", "Bob", "Carol"]},
+            "adult": {"type": "boolean"},
+        },
+        "required": ["name", "adult"],
+        "additionalProperties": False,
     }
 
     @rl.function
@@ -242,8 +247,7 @@ def test_constrained_gens(backend):
     assert re.fullmatch(r"[-+]?[0-9]+[ \n]*", st["age"]), st["age"]
     assert st["color"] in ("red", "green", "blue")
     assert re.fullmatch(r"\"[\w\d\s]*\"", st["word"]), st["word"]
-    person = json.loads(st["person"])
-    assert isinstance(person["name"], str) and isinstance(person["age"], int)
+    jsonschema.validate(json.loads(st["person"]), schema)
 
 
 def test_gen_logprobs_in_meta_info(backend):
@@ -295,3 +299,14 @@ def test_server_info_and_flush(backend):
     info = rl.get_server_info(backend)
     assert info["scheduler"]["prompt_tokens_total"] > 0
     assert rl.flush_cache(backend) is True
+
+
+def test_engine_as_default_backend(engine_backend):
+    previous = rl.lang.get_default_backend()
+    try:
+        rl.set_default_backend(engine_backend.engine)  # an Engine is wrapped once
+        assert rl.lang.get_default_backend() is engine_backend
+        st = multi_turn.run(questions=["Hi"], max_new_tokens=3, temperature=0)
+        assert st.error() is None and st["a0"]
+    finally:
+        rl.lang.program._default_backend = previous
