@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from radixlm import Engine  # noqa: E402
 from radixlm.runtime.speculative.prompts import heldout_prompts  # noqa: E402
 
-DEFAULT_EAGLE = ROOT / "radixlm" / "runtime" / "speculative" / "heads" / "smollm2-135m"
+DEFAULT_EAGLE = "smollm2-135m"  # the bundled head (radixlm/runtime/speculative/heads/)
 
 
 _SNIPPET = '''def moving_average(values, window):

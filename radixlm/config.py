@@ -121,7 +121,9 @@ class ServerArgs:
         None, "draft model (draft: a model like --model) or EAGLE head directory (eagle)"
     )
     speculative_max_batch_size: int = _opt(
-        8, "running requests above which decode steps run without speculation"
+        16,
+        "running requests above which decode steps run without speculation (measured on "
+        "CPU: full-acceptance n-gram drafts gave 2.9x at batch 16 and 1.0x at 64)",
     )
     served_model_name: str | None = _opt(
         None, "model name reported by /v1/models and accepted in requests (none: --model)"

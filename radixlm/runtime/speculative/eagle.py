@@ -35,14 +35,27 @@ from radixlm.runtime.speculative.tree_draft import ModelTreeDrafter, _Growing
 logger = logging.getLogger(__name__)
 
 
+#: Heads shipped with radixlm, by target name (`--speculative-draft-path smollm2-135m`).
+BUNDLED_HEADS = Path(__file__).resolve().parent / "heads"
+
+
+def resolve_head_path(path: str | Path) -> Path:
+    """A directory holding eagle.json, or the bundled head named `path`."""
+    p = Path(path)
+    if not p.is_dir() and (BUNDLED_HEADS / str(path)).is_dir():
+        return BUNDLED_HEADS / str(path)
+    return p
+
+
 def load_eagle_head(path: str | Path, target) -> EagleHead:
-    """Load a head saved by `radixlm train-eagle` for the radixlm model `target`.
+    """Load a head saved by `radixlm train-eagle` (or a bundled head's name) for the
+    radixlm model `target`.
 
     Raises FileNotFoundError (no eagle.json / weights) or ValueError (shape mismatch).
     """
     from safetensors.torch import load_file
 
-    path = Path(path)
+    path = resolve_head_path(path)
     cfg = EagleConfig.read(path)
     tcfg = target.config
     if cfg.hidden_size != tcfg.hidden_size:
