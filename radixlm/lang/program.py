@@ -155,7 +155,7 @@ class Program:
         return_text_in_logprobs: bool | None = None,
         backend: Any = None,
         num_threads: int | str = "auto",
-        progress_bar: bool = False,
+        progress_bar: bool = True,
         generator_style: bool = False,
     ) -> list[ProgramState] | Iterator[ProgramState]:
         """Run the program once per argument dict, concurrently; returns the finished
