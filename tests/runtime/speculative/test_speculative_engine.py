@@ -77,13 +77,14 @@ CONFIGS = {
         {"speculative_draft_path": MODEL, "speculative_topk": 2, "speculative_num_draft_tokens": 6},
     ),  # fmt: skip
     "eagle-tree": ("eagle", {"speculative_topk": 2, "speculative_num_draft_tokens": 5}),
+    "eagle-bundled": ("eagle", {"speculative_draft_path": MODEL}),  # the committed head
 }
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_greedy_equals_reference(name, engine, eagle_dir, prompts, reference):
     algo, spec = CONFIGS[name]
-    if algo == "eagle":
+    if algo == "eagle" and "speculative_draft_path" not in spec:
         spec = {**spec, "speculative_draft_path": eagle_dir}
     use(engine, algo, **spec)
     batched = engine.generate(input_ids=prompts, sampling_params=greedy())
@@ -97,6 +98,8 @@ def test_greedy_equals_reference(name, engine, eagle_dir, prompts, reference):
     if name == "draft-chain":  # the target drafting for itself: every draft is accepted
         assert stats["spec_accept_rate"] == 1.0
         assert stats["spec_accept_length"] > 3.0
+    if name == "eagle-bundled":  # the trained head drafts better than chance
+        assert stats["spec_accept_length"] > 1.2
     check_pool(engine.scheduler, idle=True)
 
 
