@@ -164,9 +164,11 @@ class SchedulerStatsCollector:
     """Exposes the latest `Scheduler.stats()` snapshot as gauges and counters.
 
     Gauges: num_running_reqs, num_queue_reqs, token_usage ((total - free - evictable) /
-    total KV tokens), cache_hit_rate (cached / prompt tokens since start), and
-    max_total_tokens. Counters: retractions_total, aborts_total (scheduler-side counts,
-    which include client disconnects and failed steps).
+    total KV tokens), cache_hit_rate (cached / prompt tokens since start),
+    max_total_tokens, and the speculative-decoding figures spec_accept_length,
+    spec_accept_rate, spec_draft_time_share (0 without speculation). Counters:
+    retractions_total, aborts_total (scheduler-side counts, which include client
+    disconnects and failed steps).
     """
 
     _GAUGES = (
@@ -175,6 +177,21 @@ class SchedulerStatsCollector:
         ("token_usage", "token_usage", "Fraction of KV slots held (not free or evictable)."),
         ("cache_hit_rate", "cache_hit_rate", "Cached / prompt tokens since start."),
         ("max_total_tokens", "total", "KV pool size in tokens."),
+        (
+            "spec_accept_length",
+            "spec_accept_length",
+            "Speculative decoding: tokens emitted per request per verify step (0: off).",
+        ),
+        (
+            "spec_accept_rate",
+            "spec_accept_rate",
+            "Speculative decoding: accepted / proposed draft tokens.",
+        ),
+        (
+            "spec_draft_time_share",
+            "spec_draft_time_share",
+            "Speculative decoding: time in the drafter / time in speculative steps.",
+        ),
     )
     _COUNTERS = (
         ("retractions", "num_retracted_total", "Requests retracted under KV pressure."),

@@ -69,6 +69,7 @@ class Req:
         if self.prompt_logprobs_pending():
             limit = min(limit, max(self.logprob_start_len - 1, 0))
         return limit
+
     def spec_accept_length(self) -> float:
         """Mean tokens per speculative verify step (0.0 without speculation)."""
         steps = self.spec_verify_steps

@@ -32,3 +32,18 @@ def test_generate_reports_acceptance_and_matches_engine(spec_http, engine_ref):
     stats = spec_http.get("/get_server_info").json()["scheduler"]
     assert stats["spec_verify_steps_total"] > 0
     assert stats["spec_accept_length"] >= 1.0 and 0.0 <= stats["spec_accept_rate"] <= 1.0
+    # /metrics exposes the same scheduler figures as gauges.
+    metrics = _gauges(spec_http.get("/metrics").text)
+    assert metrics["radixlm:spec_accept_length"] == pytest.approx(stats["spec_accept_length"])
+    assert metrics["radixlm:spec_accept_rate"] == pytest.approx(stats["spec_accept_rate"])
+    assert 0.0 <= metrics["radixlm:spec_draft_time_share"] <= 1.0
+
+
+def _gauges(text: str) -> dict[str, float]:
+    """Unlabelled samples of a Prometheus text exposition: name -> value."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, value = line.split()[:2]
+            out[name] = float(value)
+    return out
