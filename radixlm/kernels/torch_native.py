@@ -30,7 +30,13 @@ class TorchNativeBackend(AttentionBackend):
         # (possibly non-finite) slots: masked scores are exactly 0, but 0 * NaN is not.
         slots = fb.req_to_token[rows, :max_len].to(torch.int64)
         self._slots = torch.where(valid, slots, 0)
-        self._decode_mask = valid[:, None, None, :]
+        # Additive float mask [B, 1, 1, L] built once per step (SDPA would convert a bool
+        # mask in every layer); None when no row is padded.
+        if min(self._seq_lens) == max_len:
+            self._decode_mask = None
+        else:
+            mask = torch.zeros(valid.shape, device=valid.device)
+            self._decode_mask = mask.masked_fill_(~valid, float("-inf"))[:, None, None, :]
 
     def forward_extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         return self._per_request(q, layer_id, lambda i, n, s, p: _causal_mask(n, s, p, q.device))
@@ -75,8 +81,11 @@ class TorchNativeBackend(AttentionBackend):
         k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
         k = k_buf.index_select(0, flat).view(shape).to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
         v = v_buf.index_select(0, flat).view(shape).to(q.dtype).transpose(1, 2)
+        mask = self._decode_mask
+        if mask is not None and mask.dtype != q.dtype:  # once per step (first layer)
+            mask = self._decode_mask = mask.to(q.dtype)
         o = F.scaled_dot_product_attention(
-            q.unsqueeze(2), k, v, attn_mask=self._decode_mask, scale=self.scaling, enable_gqa=True
+            q.unsqueeze(2), k, v, attn_mask=mask, scale=self.scaling, enable_gqa=True
         )  # [B, H, 1, D]
         return o.squeeze(2)
 

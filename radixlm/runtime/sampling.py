@@ -159,6 +159,19 @@ def _int_keys(bias: dict) -> dict:
     return out
 
 
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """int64 [B]: index of each row's maximum of float [B, V] logits, the first one on ties
+    (as `torch.argmax`).
+
+    On the CPU this goes through numpy's vectorized argmax, about 10x faster than
+    `torch.argmax` over a 49k vocabulary with torch 2.13 (measured by
+    benchmarks/step_overhead.py); other devices use `torch.argmax`.
+    """
+    if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.float64):
+        return torch.argmax(logits, dim=-1)
+    return torch.from_numpy(logits.detach().numpy().argmax(-1).astype("int64", copy=False))
+
+
 class Sampler:
     """Picks the next token of each row of a logits batch.
 
@@ -181,7 +194,7 @@ class Sampler:
             int64 [B] token ids. Greedy rows are exactly the argmax of the processed logits.
         """
         logits = apply_processors(logits, reqs, self.eos_token_ids)
-        out = torch.argmax(logits, dim=-1)
+        out = argmax_rows(logits)
         rows = [i for i, r in enumerate(reqs) if not r.params.is_greedy]
         if not rows:
             return out

@@ -251,7 +251,9 @@ class Scheduler:
             select.collect_prompt_logprobs(out)
             # Rows whose prompt is complete sample a token; a partial chunk samples nothing.
             done = [i for i, r in enumerate(batch) if r.kv_len == len(r.all_ids)]
-            logits = out[[select.last_rows[i] for i in done]]
+            rows = [select.last_rows[i] for i in done]
+            # A decode step samples every row in order: use the logits without a copy.
+            logits = out if rows == list(range(out.shape[0])) else out[rows]
             sampled = [batch[i] for i in done]
             next_ids, logprobs = self._sample(logits, sampled)
             self.decoder.after_forward(fb, batch, dict(zip(sampled, next_ids)))
