@@ -1,5 +1,6 @@
 """The `radixlm` command: `serve` (OpenAI-compatible HTTP server), `generate` (one completion
-in-process), `bench` (serving benchmark client) and `plan` (serving planner)."""
+in-process), `bench` (serving benchmark client), `train-eagle` (train an EAGLE
+speculative-decoding head) and `plan` (serving planner)."""
 
 from __future__ import annotations
 
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate answers with the model, read its hidden states, and train an "
         "EAGLE draft head on them; load it with --speculative-algorithm eagle "
         "--speculative-draft-path DIR.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     from radixlm.runtime.speculative.train_args import add_args as _train_args
 

@@ -15,7 +15,12 @@ from typing import Any
 
 import msgspec
 
-from radixlm.frontend.logprob_format import TokenTexts, chat_logprobs, completion_logprobs
+from radixlm.frontend.logprob_format import (
+    TokenTexts,
+    chat_logprobs,
+    clip_to_text,
+    completion_logprobs,
+)
 
 _encoder = msgspec.json.Encoder()
 
@@ -56,6 +61,24 @@ class OutputFormat:
         self.id = id
         self.created = created
         self.model = model
+        self.texts: TokenTexts | None = None
+        # streamed choice -> (output characters sent, characters of the logprob tokens sent)
+        self._shown: dict[int, tuple[int, int]] = {}
+
+    def _visible(self, index: int, chunk: dict[str, Any]) -> dict[str, Any]:
+        """`chunk` with its output logprobs limited to the tokens its text shows (see
+        `clip_to_text`). Streamed chunks are clipped on the last one only: before it,
+        text held back for a possible stop string may still be sent."""
+        lp = chunk.get("output_logprobs")
+        if self.texts is None or lp is None:
+            return chunk
+        sent, tok_chars = self._shown.get(index, (0, 0))
+        sent += len(chunk["text"])
+        if chunk["finish_reason"] is not None:
+            lp = clip_to_text(self.texts, lp, tok_chars, sent)
+        tok_chars += sum(len(self.texts.text(t)) for t in lp.token_ids)
+        self._shown[index] = (sent, tok_chars)
+        return {**chunk, "output_logprobs": lp}
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -136,6 +159,7 @@ class CompletionFormat(OutputFormat):
         first = index not in self._offsets
         if first and self.echo is not None:
             text = self.echo[index] + text
+        chunk = self._visible(index, chunk)
         logprobs, self._offsets[index] = self._logprobs(index, chunk, self._offsets.get(index, 0))
         if not text and reason is None and logprobs is None:
             return []
@@ -144,6 +168,7 @@ class CompletionFormat(OutputFormat):
 
     def full_choice(self, index: int, result: dict[str, Any]) -> dict[str, Any]:
         prefix = self.echo[index] if self.echo is not None else ""
+        result = self._visible(index, result)
         return {
             "index": index,
             "text": prefix + result["text"],
@@ -191,6 +216,7 @@ class ChatFormat(OutputFormat):
 
     def deltas(self, index: int, chunk: dict[str, Any], include_usage: bool) -> list[dict]:
         out = []
+        chunk = self._visible(index, chunk)
         logprobs = self._logprobs(chunk) if chunk.get("output_logprobs") is not None else None
         if chunk["text"] or logprobs is not None:
             choice = self._choice(index, {"content": chunk["text"]})
@@ -206,6 +232,7 @@ class ChatFormat(OutputFormat):
         return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
 
     def full_choice(self, index: int, result: dict[str, Any]) -> dict[str, Any]:
+        result = self._visible(index, result)
         return {
             "index": index,
             "message": {"role": "assistant", "content": result["text"], "refusal": None},

@@ -322,10 +322,13 @@ class OpenAIServing:
                 self.tm.validate(ids, p)  # nothing runs unless every prompt is valid
             except InvalidRequestError as e:
                 param = _tokens_param(req) if "max_new_tokens" in str(e) else prompt_param
-                if "logit_bias" in str(e):
-                    param = "logit_bias"
-                raise invalid_request(str(e), param=param) from None
+                code = None
+                for name in ("logit_bias", "stop_token_ids"):
+                    if name in str(e):
+                        param, code = name, "invalid_value"
+                raise invalid_request(str(e), param=param, code=code) from None
             self._check_copies_fit(len(ids), p.max_new_tokens, copies, req)
+        self._check_count(len(prompts) * copies, copies, req)
         opts = req.stream_options
         job = _Job(
             fmt,
@@ -339,6 +342,20 @@ class OpenAIServing:
         )
         job.rids = [f"{fmt.id}-{i}" for i in range(len(job.prompts))]
         return job
+
+    def _check_count(self, count: int, copies: int, req) -> None:
+        """400 when a request runs more sequences than the server can ever hold (running
+        rows + waiting queue), which retrying would not fix."""
+        args = self.tm.args
+        limit = args.max_running_requests + args.max_queued_requests
+        if count > limit:
+            name = "best_of" if copies > (req.n or 1) else "n"
+            raise invalid_request(
+                f"the request runs {count} sequences (prompts x {name}), more than the "
+                f"server can hold at once ({limit}: --max-running-requests + "
+                "--max-queued-requests)",
+                param=name if copies > 1 else None,
+            )
 
     def _check_copies_fit(self, prompt_len: int, max_new: int, copies: int, req) -> None:
         """400 when a prompt's copies cannot all fit the KV pool at once (the prompt is

@@ -153,7 +153,14 @@ def _check_tool(index: int, tool: Any) -> dict[str, Any]:
         raise invalid_request(
             f"tool type {parsed.type!r} is not supported (only 'function')", param=f"{param}.type"
         )
-    if parsed.function.parameters is not None:
+    params = parsed.function.parameters
+    if params is not None and params.get("type", "object") != "object":
+        raise invalid_request(
+            "a function's parameters must be a JSON schema of type 'object' (the call's "
+            f"arguments are a JSON object), got type {params.get('type')!r}",
+            param=f"{param}.function.parameters",
+        )
+    if params is not None:
         try:
             check_json_schema(json.dumps(parsed.function.parameters))
         except InvalidRequestError as e:

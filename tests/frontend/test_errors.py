@@ -39,7 +39,20 @@ BAD = [
     (CMPL, {"prompt": [10**8]}, "prompt", None),
     (CMPL, {"prompt": TOO_LONG}, "prompt", "context_length_exceeded"),
     (CMPL, {"prompt": HUGE}, None, None),  # refused before tokenizing
-    (CMPL, {"prompt": "x", "stop_token_ids": [10**9]}, None, None),
+    (CMPL, {"prompt": "x", "stop_token_ids": [10**9]}, "stop_token_ids", "invalid_value"),
+    # More sequences than running rows + queue could ever hold: 400, not 503 "retry".
+    (CMPL, {"prompt": ["x"] * 40, "n": 128, "max_tokens": 1}, "n", None),
+    (
+        CHAT,
+        {
+            "messages": USER,
+            "tools": [
+                {"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}
+            ],
+        },
+        "tools.0.function.parameters",
+        None,
+    ),
     (CMPL, {"prompt": "x", "model": "gpt-4o"}, "model", "model_not_found"),
     (CMPL, {"prompt": "x", "bogus": 1}, "bogus", "unknown_parameter"),
     (CMPL, {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", None),
