@@ -9,9 +9,10 @@ nodes concatenate with ``+`` (``"Q: " + gen("a")`` is a `Concat`), as in SGLang.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -302,3 +303,36 @@ def role_expr(role: str, expr: Any = None) -> Expr:
     if expr is None:
         return Concat([RoleBegin(role), RoleEnd(role)])
     return Concat([RoleBegin(role), to_expr(expr), RoleEnd(role)])
+
+
+class RoleMethods:
+    """``s.system/user/assistant``: with an argument, append that role's message; without,
+    a ``with`` block that opens and closes the role. Shared by `ProgramState` and the
+    tracer's `TraceState`; a subclass defines `_emit` (take one node)."""
+
+    def _emit(self, expr: Expr) -> None:
+        raise NotImplementedError
+
+    def _role(self, role: str, expr: Any) -> Any:
+        if expr is not None:
+            self._emit(role_expr(role, expr))
+            return None
+        return self._role_block(role)
+
+    @contextlib.contextmanager
+    def _role_block(self, role: str) -> Iterator[None]:
+        self._emit(RoleBegin(role))
+        yield
+        self._emit(RoleEnd(role))
+
+    def system(self, expr: Any = None):
+        """``s.system("...")`` appends a system message; ``with s.system():`` opens one."""
+        return self._role("system", expr)
+
+    def user(self, expr: Any = None):
+        """``s.user("...")`` appends a user message; ``with s.user():`` opens one."""
+        return self._role("user", expr)
+
+    def assistant(self, expr: Any = None):
+        """``s.assistant(gen("a"))`` appends an assistant turn; ``with s.assistant():``."""
+        return self._role("assistant", expr)

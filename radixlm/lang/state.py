@@ -15,7 +15,7 @@ from radixlm.lang import ir
 from radixlm.lang.executor import StreamExecutor
 
 
-class ProgramState:
+class ProgramState(ir.RoleMethods):
     """The state of one running program: its text, chat messages and variables.
 
     Errors raised while running the program's nodes (a refused request, a backend that
@@ -33,29 +33,8 @@ class ProgramState:
         self.stream_executor.submit(ir.to_expr(other))
         return self
 
-    def _role(self, role: str, expr: Any) -> Any:
-        if expr is not None:
-            self.stream_executor.submit(ir.role_expr(role, expr))
-            return None
-        return self._role_block(role)
-
-    @contextlib.contextmanager
-    def _role_block(self, role: str) -> Iterator[None]:
-        self.stream_executor.submit(ir.RoleBegin(role))
-        yield
-        self.stream_executor.submit(ir.RoleEnd(role))
-
-    def system(self, expr: Any = None):
-        """``s.system("...")`` appends a system message; ``with s.system():`` opens one."""
-        return self._role("system", expr)
-
-    def user(self, expr: Any = None):
-        """``s.user("...")`` appends a user message; ``with s.user():`` opens one."""
-        return self._role("user", expr)
-
-    def assistant(self, expr: Any = None):
-        """``s.assistant(gen("a"))`` appends an assistant turn; ``with s.assistant():``."""
-        return self._role("assistant", expr)
+    def _emit(self, expr: ir.Expr) -> None:
+        self.stream_executor.submit(expr)
 
     @contextlib.contextmanager
     def var_scope(self, name: str) -> Iterator[None]:

@@ -44,7 +44,7 @@ class Placeholder:
         raise TraceStop(name)
 
 
-class TraceState:
+class TraceState(ir.RoleMethods):
     """Records constant text; any other use of the state stops the trace."""
 
     def __init__(self, template: ChatTemplate):
@@ -72,26 +72,7 @@ class TraceState:
         else:
             raise TraceStop(type(expr).__name__)
 
-    def _role(self, role: str, expr: Any):
-        if expr is not None:
-            self._add(ir.role_expr(role, expr))
-            return None
-        return self._role_block(role)
-
-    @contextlib.contextmanager
-    def _role_block(self, role: str) -> Iterator[None]:
-        self._add(ir.RoleBegin(role))
-        yield
-        self._add(ir.RoleEnd(role))
-
-    def system(self, expr: Any = None):
-        return self._role("system", expr)
-
-    def user(self, expr: Any = None):
-        return self._role("user", expr)
-
-    def assistant(self, expr: Any = None):
-        return self._role("assistant", expr)
+    _emit = _add
 
     @contextlib.contextmanager
     def var_scope(self, name: str) -> Iterator[None]:

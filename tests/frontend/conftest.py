@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -91,15 +92,23 @@ def stop_server(proc: subprocess.Popen) -> int:
     return proc.returncode
 
 
-@pytest.fixture(scope="session")
-def server() -> Iterator[str]:
-    """Base URL of the shared server. It requires API_KEY, so every test also checks that
-    a correct key is accepted (test_errors checks the refusals)."""
-    proc, url = start_server("--api-key", API_KEY)
+@contextmanager
+def running_server(*extra_args: str) -> Iterator[str]:
+    """A server started with `extra_args` for the block; yields its base URL and stops
+    it on exit (see start_server/stop_server)."""
+    proc, url = start_server(*extra_args)
     try:
         yield url
     finally:
         stop_server(proc)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[str]:
+    """Base URL of the shared server. It requires API_KEY, so every test also checks that
+    a correct key is accepted (test_errors checks the refusals)."""
+    with running_server("--api-key", API_KEY) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

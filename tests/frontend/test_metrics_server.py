@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.frontend.conftest import MODEL, start_server, stop_server, wait_idle
+from tests.frontend.conftest import MODEL, running_server, wait_idle
 
 pytestmark = pytest.mark.slow
 
@@ -24,11 +24,8 @@ MAX_TOKENS = 5
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    proc, base = start_server()
-    try:
+    with running_server() as base:
         yield base
-    finally:
-        stop_server(proc)
 
 
 @pytest.fixture(scope="module")

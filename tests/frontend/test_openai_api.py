@@ -11,7 +11,7 @@ import httpx
 import pytest
 import torch
 
-from .conftest import MODEL, start_server, stop_server
+from .conftest import MODEL, running_server
 
 PROMPT = "Once upon a time"
 TOL = 1e-4
@@ -24,11 +24,8 @@ LONG_PROMPT = (
 
 @pytest.fixture(scope="module")
 def server():
-    proc, url = start_server()
-    try:
+    with running_server() as url:
         yield url
-    finally:
-        stop_server(proc)
 
 
 @pytest.fixture(scope="module")

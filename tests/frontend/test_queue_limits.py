@@ -9,16 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.frontend.conftest import start_server, stop_server, wait_idle
+from tests.frontend.conftest import running_server, wait_idle
 
 
 @pytest.fixture(scope="module")
 def small_server():
-    proc, url = start_server("--max-running-requests", "1", "--max-queued-requests", "1")
-    try:
+    with running_server("--max-running-requests", "1", "--max-queued-requests", "1") as url:
         yield url
-    finally:
-        stop_server(proc)
 
 
 def test_full_queue_is_503_and_accepted_requests_finish(small_server):

@@ -6,19 +6,16 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from .conftest import COMPLETION_MAX, COMPLETION_PROMPT, start_server, stop_server
+from .conftest import COMPLETION_MAX, COMPLETION_PROMPT, running_server
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def spec_http():
-    proc, url = start_server("--speculative-algorithm", "ngram", "--speculative-topk", "2")
-    try:
+    with running_server("--speculative-algorithm", "ngram", "--speculative-topk", "2") as url:
         with httpx.Client(base_url=url, timeout=120) as client:
             yield client
-    finally:
-        stop_server(proc)
 
 
 def test_generate_reports_acceptance_and_matches_engine(spec_http, engine_ref):

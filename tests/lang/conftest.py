@@ -27,13 +27,10 @@ def engine_backend():
 
 @pytest.fixture(scope="session")
 def server_url() -> Iterator[str]:
-    from tests.frontend.conftest import start_server, stop_server
+    from tests.frontend.conftest import running_server
 
-    proc, url = start_server("--api-key", API_KEY)
-    try:
+    with running_server("--api-key", API_KEY) as url:
         yield url
-    finally:
-        stop_server(proc)
 
 
 @pytest.fixture(scope="session")

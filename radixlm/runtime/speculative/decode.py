@@ -30,12 +30,17 @@ import torch
 
 from radixlm.config import ServerArgs
 from radixlm.kernels import ForwardBatch, ForwardMode
-from radixlm.kernels.forward_batch import tree_mask_indptr
 from radixlm.runtime.memory import PagedAllocator
 from radixlm.runtime.random_draw import row_keys
 from radixlm.runtime.request import Req, ReqOutput
 from radixlm.runtime.speculative.accept import accept_greedy, accept_sampled
-from radixlm.runtime.speculative.base import DraftContext, Drafter, DraftTree, Verified
+from radixlm.runtime.speculative.base import (
+    DraftContext,
+    Drafter,
+    DraftTree,
+    Verified,
+    extend_batch,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -182,21 +187,8 @@ class SpeculativeDecode:
             masks.append(mask.flatten())
             pre.append(start)
             ext.append(n + 1)
-        pre_t = torch.tensor(pre, dtype=torch.int64)
-        ext_t = torch.tensor(ext, dtype=torch.int64)
-        return ForwardBatch(
-            mode=ForwardMode.TARGET_VERIFY,
-            input_ids=torch.tensor(ids, dtype=torch.int64),
-            positions=torch.tensor(pos, dtype=torch.int64),
-            out_cache_loc=torch.cat(locs),
-            req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int64),
-            seq_lens=pre_t + ext_t,
-            extend_prefix_lens=pre_t,
-            extend_seq_lens=ext_t,
-            req_to_token=table,
-            custom_mask=torch.cat(masks),
-            mask_indptr=tree_mask_indptr(ext_t, pre_t + ext_t),
-        )
+        rows = [r.row for r in reqs]
+        return extend_batch(ForwardMode.TARGET_VERIFY, table, rows, ids, pos, locs, pre, ext, masks)
 
     def _accept(self, reqs, trees, logits: torch.Tensor) -> list[tuple[list[int], int, int]]:
         """(accepted path, bonus token, first logits row) per request."""

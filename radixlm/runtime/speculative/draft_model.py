@@ -24,11 +24,11 @@ import weakref
 import torch
 
 from radixlm.config import ServerArgs
-from radixlm.kernels import ForwardBatch, ForwardMode, create_attention_backend
+from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.runtime.memory import KVPool
 from radixlm.runtime.request import Req
-from radixlm.runtime.speculative.base import DraftContext, Verified
-from radixlm.runtime.speculative.tree_draft import ModelTreeDrafter, _Growing
+from radixlm.runtime.speculative.base import DraftContext, Verified, extend_batch
+from radixlm.runtime.speculative.tree_draft import ModelTreeDrafter, _Growing, draft_kv
 
 logger = logging.getLogger(__name__)
 
@@ -71,23 +71,7 @@ class DraftModelDrafter(ModelTreeDrafter):
             )
         model = load_model(hf_dir, config, runner.dtype, runner.device)
         attn = model.model.layers[0].self_attn
-        pool = KVPool(
-            runner.kv_pool.k_buffer[0].shape[0],
-            config.num_hidden_layers,
-            attn.num_kv_heads,
-            attn.head_dim,
-            runner.kv_pool.dtype,
-            runner.device,
-            padding_slots=args.page_size,
-        )
-        backend = create_attention_backend(
-            runner.attention_backend,
-            pool,
-            attn.head_dim**-0.5,
-            num_heads=attn.num_heads,
-            page_size=args.page_size,
-            dtype=runner.dtype,
-        )
+        pool, backend = draft_kv(args, runner, config.num_hidden_layers, attn)
         logger.info(
             "draft model %s: %d layers, KV %d bytes/token",
             args.speculative_draft_path,
@@ -125,19 +109,8 @@ class DraftModelDrafter(ModelTreeDrafter):
             locs.append(ctx.table[req.row, start:end].to(torch.int64))
             pre.append(start)
             ext.append(end - start)
-        pre_t = torch.tensor(pre, dtype=torch.int64)
-        ext_t = torch.tensor(ext, dtype=torch.int64)
-        fb = ForwardBatch(
-            mode=ForwardMode.EXTEND,
-            input_ids=torch.tensor(ids, dtype=torch.int64),
-            positions=torch.tensor(pos, dtype=torch.int64),
-            out_cache_loc=torch.cat(locs),
-            req_pool_indices=torch.tensor([g.req.row for g in grows], dtype=torch.int64),
-            seq_lens=pre_t + ext_t,
-            extend_prefix_lens=pre_t,
-            extend_seq_lens=ext_t,
-            req_to_token=ctx.table,
-        )
+        rows = [g.req.row for g in grows]
+        fb = extend_batch(ForwardMode.EXTEND, ctx.table, rows, ids, pos, locs, pre, ext)
         return self._forward(fb)
 
     def _node_logits(self, fb: ForwardBatch, grows, new) -> torch.Tensor:

@@ -25,12 +25,12 @@ from pathlib import Path
 import torch
 
 from radixlm.config import ServerArgs
-from radixlm.kernels import ForwardBatch, ForwardMode, create_attention_backend
+from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.runtime.memory import KVPool
 from radixlm.runtime.request import Req
 from radixlm.runtime.speculative.base import DraftContext, Verified
 from radixlm.runtime.speculative.eagle_head import WEIGHTS_NAME, EagleConfig, EagleHead
-from radixlm.runtime.speculative.tree_draft import ModelTreeDrafter, _Growing
+from radixlm.runtime.speculative.tree_draft import ModelTreeDrafter, _Growing, draft_kv
 
 logger = logging.getLogger(__name__)
 
@@ -92,23 +92,7 @@ class EagleDrafter(ModelTreeDrafter):
         """Load the head at --speculative-draft-path for the runner's model."""
         head = load_eagle_head(args.speculative_draft_path, runner.model)
         attn = head.layer.self_attn
-        pool = KVPool(
-            runner.kv_pool.k_buffer[0].shape[0],
-            1,
-            attn.num_kv_heads,
-            attn.head_dim,
-            runner.kv_pool.dtype,
-            runner.device,
-            padding_slots=args.page_size,
-        )
-        backend = create_attention_backend(
-            runner.attention_backend,
-            pool,
-            attn.head_dim**-0.5,
-            num_heads=attn.num_heads,
-            page_size=args.page_size,
-            dtype=runner.dtype,
-        )
+        pool, backend = draft_kv(args, runner, 1, attn)
         logger.info("EAGLE head %s loaded", args.speculative_draft_path)
         return cls(head, pool, backend, args.speculative_num_steps, args.speculative_topk)
 

@@ -17,9 +17,42 @@ import abc
 
 import torch
 
-from radixlm.kernels import ForwardBatch, ForwardMode
-from radixlm.kernels.forward_batch import tree_mask_indptr
-from radixlm.runtime.speculative.base import DraftContext, Drafter, DraftTree
+from radixlm.kernels import ForwardBatch, ForwardMode, create_attention_backend
+from radixlm.runtime.memory import KVPool
+from radixlm.runtime.speculative.base import DraftContext, Drafter, DraftTree, extend_batch
+
+
+def draft_kv(args, runner, num_layers: int, attn) -> tuple[KVPool, object]:
+    """A drafter's own K/V pool, slot-aligned with the target's, and its attention backend.
+
+    Args:
+        args: ServerArgs (page_size).
+        runner: the target's ModelRunner (pool size, KV dtype, device, backend name).
+        num_layers: the drafter's attention layers.
+        attn: one drafter attention module (num_heads, num_kv_heads, head_dim).
+
+    Returns:
+        (pool, backend): a KVPool with as many slots as the target's, and an attention
+        backend over it with scale head_dim**-0.5.
+    """
+    pool = KVPool(
+        runner.kv_pool.k_buffer[0].shape[0],
+        num_layers,
+        attn.num_kv_heads,
+        attn.head_dim,
+        runner.kv_pool.dtype,
+        runner.device,
+        padding_slots=args.page_size,
+    )
+    backend = create_attention_backend(
+        runner.attention_backend,
+        pool,
+        attn.head_dim**-0.5,
+        num_heads=attn.num_heads,
+        page_size=args.page_size,
+        dtype=runner.dtype,
+    )
+    return pool, backend
 
 
 class _Growing:
@@ -130,18 +163,7 @@ class ModelTreeDrafter(Drafter):
             masks.append(mask.flatten())
             pre.append(start + r.start)
             ext.append(len(r))
-        pre_t = torch.tensor(pre, dtype=torch.int64)
-        ext_t = torch.tensor(ext, dtype=torch.int64)
-        return ForwardBatch(
-            mode=ForwardMode.TARGET_VERIFY,
-            input_ids=torch.tensor(ids, dtype=torch.int64),
-            positions=torch.tensor(pos, dtype=torch.int64),
-            out_cache_loc=torch.cat(locs),
-            req_pool_indices=torch.tensor([g.req.row for g in grows], dtype=torch.int64),
-            seq_lens=pre_t + ext_t,
-            extend_prefix_lens=pre_t,
-            extend_seq_lens=ext_t,
-            req_to_token=ctx.table,
-            custom_mask=torch.cat(masks),
-            mask_indptr=tree_mask_indptr(ext_t, pre_t + ext_t),
+        rows = [g.req.row for g in grows]
+        return extend_batch(
+            ForwardMode.TARGET_VERIFY, ctx.table, rows, ids, pos, locs, pre, ext, masks
         )
