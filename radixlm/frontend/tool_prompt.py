@@ -154,18 +154,18 @@ def _check_tool(index: int, tool: Any) -> dict[str, Any]:
             f"tool type {parsed.type!r} is not supported (only 'function')", param=f"{param}.type"
         )
     params = parsed.function.parameters
-    if params is not None and params.get("type", "object") != "object":
-        raise invalid_request(
-            "a function's parameters must be a JSON schema of type 'object' (the call's "
-            f"arguments are a JSON object), got type {params.get('type')!r}",
-            param=f"{param}.function.parameters",
-        )
     if params is not None:
         try:
-            check_json_schema(json.dumps(parsed.function.parameters))
+            check_json_schema(json.dumps(params))
         except InvalidRequestError as e:
             message = str(e).replace("json_schema", "parameters", 1)
             raise invalid_request(message, param=f"{param}.function.parameters") from None
+        if params.get("type", "object") != "object":
+            raise invalid_request(
+                "a function's parameters must be a JSON schema of type 'object' (the "
+                f"call's arguments are a JSON object), got type {params.get('type')!r}",
+                param=f"{param}.function.parameters",
+            )
     return {"type": "function", "function": parsed.function.model_dump(exclude_none=True)}
 
 
