@@ -57,11 +57,17 @@ class OutputFormat:
     object_full = ""
     object_chunk = ""
 
-    def __init__(self, id: str, created: int, model: str):  # noqa: A002 - OpenAI's field name
+    def __init__(
+        self,
+        id: str,  # noqa: A002 - OpenAI's field name
+        created: int,
+        model: str,
+        texts: TokenTexts | None = None,
+    ):
         self.id = id
         self.created = created
         self.model = model
-        self.texts: TokenTexts | None = None
+        self.texts = texts  # None: logprobs not asked for
         # streamed choice -> (output characters sent, characters of the logprob tokens sent)
         self._shown: dict[int, tuple[int, int]] = {}
 
@@ -140,8 +146,7 @@ class CompletionFormat(OutputFormat):
         texts: TokenTexts | None = None,
         echo: list[str] | None = None,
     ):
-        super().__init__(id, created, model)
-        self.texts = texts
+        super().__init__(id, created, model, texts)
         self.echo = echo
         self._offsets: dict[int, int] = {}  # streamed choice -> text offset so far
 
@@ -196,8 +201,7 @@ class ChatFormat(OutputFormat):
         texts: TokenTexts | None = None,
         top_logprobs: int = 0,
     ):
-        super().__init__(id, created, model)
-        self.texts = texts  # None: logprobs not asked for
+        super().__init__(id, created, model, texts)
         self.top_logprobs = top_logprobs
 
     def _logprobs(self, result: dict[str, Any]) -> dict[str, Any] | None:
