@@ -22,6 +22,7 @@ from radixlm.runtime.memory import (
     kv_bytes_per_token,
     kv_capacity_tokens,
 )
+from radixlm.runtime.models.cpu_head import use_few_rows_head
 from radixlm.runtime.weights import load_model, weights_bytes
 
 logger = logging.getLogger(__name__)
@@ -33,8 +34,9 @@ class ModelRunner:
     """Owns the model, the KV pool, the allocator and the request-to-token table.
 
     Capacity: `max_total_tokens` if set, else
-    (available memory * mem_fraction - weights bytes) / KV bytes per token, rounded down
-    to a page. Raises ValueError when the budget leaves no room for a single page.
+    (available memory * mem_fraction - weights bytes - weight copy bytes) / KV bytes per
+    token, rounded down to a page (the copy: the CPU head's transposed layout). Raises
+    ValueError when the budget leaves no room for a single page.
     """
 
     def __init__(self, args: ServerArgs, hf_dir, config):
@@ -45,6 +47,9 @@ class ModelRunner:
         kv_dtype = self.dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
         self.model = load_model(hf_dir, config, self.dtype, self.device)
         self.weights_bytes = weights_bytes(self.model)
+        # CPU decode reads the head faster from a transposed copy (models/cpu_head.py);
+        # its bytes come out of the KV budget like the weights'.
+        self.weight_copy_bytes = use_few_rows_head(self.model) if self.device == "cpu" else 0
 
         attn = self.model.model.layers[0].self_attn
         num_layers = config.num_hidden_layers
@@ -55,7 +60,8 @@ class ModelRunner:
             self.max_total_tokens = args.max_total_tokens // args.page_size * args.page_size
             self.kv_budget_bytes = self.max_total_tokens * self.kv_bytes_per_token
         else:
-            budget = int(self._available_bytes() * args.mem_fraction) - self.weights_bytes
+            held = self.weights_bytes + self.weight_copy_bytes
+            budget = int(self._available_bytes() * args.mem_fraction) - held
             self.kv_budget_bytes = max(budget, 0)
             self.max_total_tokens = kv_capacity_tokens(
                 self.kv_budget_bytes, self.kv_bytes_per_token, args.page_size
