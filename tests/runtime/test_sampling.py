@@ -50,6 +50,24 @@ def test_filters_match_brute_force(params):
         torch.testing.assert_close(got[row], _brute(logits[row], params), atol=1e-6, rtol=1e-5)
 
 
+def test_filters_grow_the_candidate_set_and_mix_rows():
+    """A flat 1000-token distribution needs several candidate doublings (64 -> 1000)
+    for top-p 0.95 and min-p 0.01; rows with different filters share one batch."""
+    torch.manual_seed(3)
+    logits = torch.randn(5, 1000) * 0.3
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.95),
+        SamplingParams(temperature=1.0, min_p=0.01),
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=1.0, top_k=100, top_p=0.5),
+        SamplingParams(temperature=1.0, top_p=0.05),
+    ]
+    got = Sampler._filter(logits, params)
+    for row, p in enumerate(params):
+        torch.testing.assert_close(got[row], _brute(logits[row], p), atol=1e-6, rtol=1e-5)
+    assert (got[0] > 0).sum() > 64  # the nucleus really was wider than the first guess
+
+
 def _req(params: SamplingParams, seed: int = 0, input_ids=(5,), output_ids=()) -> Req:
     return Req(
         rid="r", input_ids=list(input_ids), params=params, output_ids=list(output_ids), seed=seed
