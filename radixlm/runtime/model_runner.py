@@ -22,7 +22,7 @@ from radixlm.runtime.memory import (
     kv_bytes_per_token,
     kv_capacity_tokens,
 )
-from radixlm.runtime.models.cpu_head import use_few_rows_head
+from radixlm.runtime.models.cpu_layout import use_cpu_layout
 from radixlm.runtime.weights import load_model, weights_bytes
 
 logger = logging.getLogger(__name__)
@@ -47,9 +47,9 @@ class ModelRunner:
         kv_dtype = self.dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
         self.model = load_model(hf_dir, config, self.dtype, self.device)
         self.weights_bytes = weights_bytes(self.model)
-        # CPU decode reads the head faster from a transposed copy (models/cpu_head.py);
-        # its bytes come out of the KV budget like the weights'.
-        self.weight_copy_bytes = use_few_rows_head(self.model) if self.device == "cpu" else 0
+        # CPU decode streams input-major weights faster (models/cpu_layout.py); the head's
+        # extra transposed copy comes out of the KV budget like the weights.
+        self.weight_copy_bytes = use_cpu_layout(self.model) if self.device == "cpu" else 0
 
         attn = self.model.model.layers[0].self_attn
         num_layers = config.num_hidden_layers

@@ -49,7 +49,7 @@ def engines():
 
     by_tokens = engine_cls(model="smollm2-135m", max_total_tokens=1000, page_size=16)
     # a fraction leaving roughly 64 MB of KV after the fp32 weights and, on CPU, the
-    # transposed copy of the 49152 x 576 head (radixlm/runtime/models/cpu_head.py)
+    # transposed copy of the 49152 x 576 head (radixlm/runtime/models/cpu_layout.py)
     weights = weights_bytes(load_model("smollm2-135m"), "fp32") + 49152 * 576 * 4
     fraction = (weights + 64e6) / _available_bytes()
     if not 0 < fraction < 1:
