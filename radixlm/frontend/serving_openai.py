@@ -9,16 +9,8 @@ Token counts are in tokens. Defaults follow OpenAI: temperature 1.0, top_p 1.0,
 completions max_tokens 16, chat max_tokens up to the context (capped, see
 `DEFAULT_CHAT_MAX_TOKENS`).
 
-``n`` / ``best_of``: each prompt runs as that many requests (copies). The scheduler's
-in-batch prefix guard holds the copies back one round, so the prompt is prefilled once
-and the others hit the radix cache (prompts shorter than the guard's 32-token threshold
-may be prefilled per copy: waiting a round would cost more than they do). With a seed,
-copy i draws with `derive_seed(seed, i)` (copy 0 keeps the seed: n=1 and n>1 agree on
-choice 0). Usage counts each prompt's tokens once and every copy's completion tokens
-(OpenAI's rule; best_of copies that are not returned are counted too, as OpenAI bills
-them). ``best_of`` > n keeps the n copies with the highest cumulative logprob of their
-sampled tokens (vLLM's rule; raw-logit logprobs, see runtime/logprobs.py) and cannot be
-streamed.
+``n`` / ``best_of`` (copies per prompt, their seeds, usage, best_of selection): see
+`frontend/fanout.py`.
 """
 
 from __future__ import annotations
@@ -37,8 +29,9 @@ from fastapi.responses import Response
 from radixlm.errors import InvalidRequestError
 from radixlm.frontend.chat_template import chat_prompt_ids, normalise_messages, rendered_chars
 from radixlm.frontend.errors import APIError, from_exception, invalid_request, log_failure
+from radixlm.frontend.fanout import Fanout
 from radixlm.frontend.formats import ChatFormat, CompletionFormat, OutputFormat, Usage
-from radixlm.frontend.logprob_format import TokenTexts, cumulative_logprob
+from radixlm.frontend.logprob_format import TokenTexts
 from radixlm.frontend.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -61,7 +54,6 @@ from radixlm.frontend.structured import check_grammar, request_grammar
 from radixlm.frontend.tool_calls import ToolChatFormat
 from radixlm.frontend.tool_prompt import ToolSetup
 from radixlm.runtime.logprobs import LogprobOptions
-from radixlm.runtime.random_draw import derive_seed
 from radixlm.runtime.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -74,9 +66,8 @@ DEFAULT_CHAT_MAX_TOKENS = 1024
 
 @dataclass
 class _Job:
-    """A parsed request: one prompt, sampling setting and logprob option per run; runs are
-    prompt-major (run p * copies + c is copy c of prompt p); `n` of the `copies` per
-    prompt are returned."""
+    """A parsed request: one prompt, sampling setting and rid per run (runs are the
+    prompts' copies, prompt-major: see `Fanout`)."""
 
     fmt: OutputFormat
     prompts: list[list[int]]
@@ -84,13 +75,8 @@ class _Job:
     stream: bool
     include_usage: bool
     logprobs: LogprobOptions
-    copies: int = 1
-    n: int = 1
+    fanout: Fanout = field(default_factory=Fanout)
     rids: list[str] = field(default_factory=list)
-
-    def counts_prompt(self, run: int) -> bool:
-        """Whether run `run` is the copy whose usage counts its prompt's tokens."""
-        return run % self.copies == 0
 
 
 class OpenAIServing:
@@ -106,7 +92,7 @@ class OpenAIServing:
         """POST /v1/completions. Raises APIError / pydantic ValidationError (HTTP 400)."""
         req = CompletionRequest.model_validate_json(await request.body())
         self._check_common(req)
-        n, copies = self._copies(req)
+        fanout = Fanout.of(req)
         if req.max_tokens == 0 and not req.echo:
             raise invalid_request(
                 "'max_tokens' must be >= 1 unless 'echo' is true", param="max_tokens"
@@ -115,7 +101,7 @@ class OpenAIServing:
         echo = None
         if req.echo:
             texts = self._prompt_texts(req.prompt, prompts)
-            echo = [t for t in texts for _ in range(n)]
+            echo = [t for t in texts for _ in range(fanout.n)]
         fmt = CompletionFormat(
             f"cmpl-{uuid.uuid4().hex}",
             int(time.time()),
@@ -124,27 +110,27 @@ class OpenAIServing:
             echo=echo,
         )
         logprobs = LogprobOptions(
-            return_logprob=req.logprobs is not None or copies > n,
+            return_logprob=req.logprobs is not None or fanout.selects,
             logprob_start_len=0 if req.echo and req.logprobs is not None else -1,
             top_logprobs_num=req.logprobs or 0,
         )
         params = [
             self._params(
-                req, req.max_tokens, len(p), DEFAULT_COMPLETION_MAX_TOKENS, "prompt", copies
+                req, req.max_tokens, len(p), DEFAULT_COMPLETION_MAX_TOKENS, "prompt", fanout.copies
             )
             for p in prompts
         ]
         grammar = request_grammar(req, self.tm.grammars)
         if grammar:
             params = [msgspec.structs.replace(p, **grammar) for p in params]
-        job = self._job(fmt, prompts, params, req, "prompt", logprobs, n, copies)
+        job = self._job(fmt, prompts, params, req, "prompt", logprobs, fanout)
         return await self._serve(request, job)
 
     async def chat(self, request: Request) -> Response:
         """POST /v1/chat/completions. Raises APIError / pydantic ValidationError (HTTP 400)."""
         req = ChatCompletionRequest.model_validate_json(await request.body())
         self._check_common(req)
-        n, _ = self._copies(req)
+        fanout = Fanout.of(req)  # chat has no best_of: copies == n
         if req.top_logprobs and not req.logprobs:
             raise invalid_request(
                 "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs"
@@ -164,10 +150,12 @@ class OpenAIServing:
         logprobs = LogprobOptions(
             return_logprob=bool(req.logprobs), top_logprobs_num=req.top_logprobs or 0
         )
-        params = self._params(req, requested, len(ids), DEFAULT_CHAT_MAX_TOKENS, "messages", n)
+        params = self._params(
+            req, requested, len(ids), DEFAULT_CHAT_MAX_TOKENS, "messages", fanout.copies
+        )
         if grammar:
             params = msgspec.structs.replace(params, **grammar)
-        job = self._job(fmt, [ids], [params], req, "messages", logprobs, n, n)
+        job = self._job(fmt, [ids], [params], req, "messages", logprobs, fanout)
         return await self._serve(request, job)
 
     # ---- request -> prompts and sampling ----------------------------------------------
@@ -185,17 +173,6 @@ class OpenAIServing:
             raise invalid_request(
                 "'stream_options' is only allowed when 'stream' is true", param="stream_options"
             )
-
-    @staticmethod
-    def _copies(req: SamplingFields) -> tuple[int, int]:
-        """(n returned, copies run) per prompt; refuses best_of < n and streamed best_of."""
-        n = req.n or 1
-        best_of = getattr(req, "best_of", None) or n
-        if best_of < n:
-            raise invalid_request(f"'best_of' ({best_of}) must be >= 'n' ({n})", param="best_of")
-        if best_of > n and req.stream:
-            raise invalid_request("'best_of' > 'n' cannot be streamed", param="best_of")
-        return n, best_of
 
     def _prompt_texts(self, prompt: str | list, prompts: list[list[int]]) -> list[str]:
         """The text of each prompt for echo (token-id prompts are decoded)."""
@@ -314,8 +291,7 @@ class OpenAIServing:
         req: SamplingFields,
         prompt_param: str,
         logprobs: LogprobOptions,
-        n: int = 1,
-        copies: int = 1,
+        fanout: Fanout,
     ) -> _Job:
         for ids, p in zip(prompts, params):
             try:
@@ -327,49 +303,21 @@ class OpenAIServing:
                     if name in str(e):
                         param, code = name, "invalid_value"
                 raise invalid_request(str(e), param=param, code=code) from None
-            self._check_copies_fit(len(ids), p.max_new_tokens, copies, req)
-        self._check_count(len(prompts) * copies, copies, req)
+            fanout.check_fits(len(ids), p.max_new_tokens, self.tm.max_total_tokens)
+        args = self.tm.args
+        fanout.check_count(len(prompts), args.max_running_requests + args.max_queued_requests)
         opts = req.stream_options
         job = _Job(
             fmt,
-            [ids for ids in prompts for _ in range(copies)],
-            [_copy_params(p, c) for p in params for c in range(copies)],
+            fanout.expand(prompts),
+            fanout.expand_params(params),
             bool(req.stream),
             bool(opts and opts.include_usage),
             logprobs,
-            copies,
-            n,
+            fanout,
         )
         job.rids = [f"{fmt.id}-{i}" for i in range(len(job.prompts))]
         return job
-
-    def _check_count(self, count: int, copies: int, req) -> None:
-        """400 when a request runs more sequences than the server can ever hold (running
-        rows + waiting queue), which retrying would not fix."""
-        args = self.tm.args
-        limit = args.max_running_requests + args.max_queued_requests
-        if count > limit:
-            name = "best_of" if copies > (req.n or 1) else "n"
-            raise invalid_request(
-                f"the request runs {count} sequences (prompts x {name}), more than the "
-                f"server can hold at once ({limit}: --max-running-requests + "
-                "--max-queued-requests)",
-                param=name if copies > 1 else None,
-            )
-
-    def _check_copies_fit(self, prompt_len: int, max_new: int, copies: int, req) -> None:
-        """400 when a prompt's copies cannot all fit the KV pool at once (the prompt is
-        shared, each copy owns its completion)."""
-        if copies == 1:
-            return
-        need = prompt_len + copies * max_new
-        if need > self.tm.max_total_tokens:
-            name = "best_of" if copies > (req.n or 1) else "n"
-            raise invalid_request(
-                f"{name} ({copies}) x max_tokens ({max_new}) + the prompt ({prompt_len}) "
-                f"need {need} KV tokens, more than the server's {self.tm.max_total_tokens}",
-                param=name,
-            )
 
     # ---- running ----------------------------------------------------------------------
 
@@ -393,9 +341,9 @@ class OpenAIServing:
         usage = Usage()
         for run, r in enumerate(results):
             _check_not_aborted(r["finish_reason"])
-            usage.add(r["usage"], count_prompt=job.counts_prompt(run))
-        if job.copies > job.n:
-            results = _best(results, job.copies, job.n)
+            usage.add(r["usage"], count_prompt=job.fanout.counts_prompt(run))
+        if job.fanout.selects:
+            results = job.fanout.best(results)
         return Response(job.fmt.encode_full(results, usage), media_type="application/json")
 
 
@@ -415,7 +363,7 @@ async def _stream_body(
             for payload in job.fmt.deltas(index, chunk, job.include_usage):
                 yield sse(payload)
             if chunk["finish_reason"] is not None:
-                usage.add(chunk.get("usage"), count_prompt=job.counts_prompt(index))
+                usage.add(chunk.get("usage"), count_prompt=job.fanout.counts_prompt(index))
             item = await anext(merged, None)
         if job.include_usage:
             yield sse(job.fmt.usage_chunk(usage))
@@ -426,23 +374,6 @@ async def _stream_body(
     finally:
         await merged.aclose()
     yield DONE
-
-
-def _copy_params(params: SamplingParams, copy: int) -> SamplingParams:
-    """Sampling settings of copy `copy` of a prompt: a derived seed when seeded."""
-    if copy == 0 or params.seed is None:
-        return params
-    return msgspec.structs.replace(params, seed=derive_seed(params.seed, copy))
-
-
-def _best(results: list[dict[str, Any]], copies: int, n: int) -> list[dict[str, Any]]:
-    """Per prompt, the n of its `copies` results with the highest cumulative logprob."""
-    out = []
-    for start in range(0, len(results), copies):
-        group = results[start : start + copies]
-        ranked = sorted(group, key=lambda r: -cumulative_logprob(r["output_logprobs"]))
-        out.extend(ranked[:n])
-    return out
 
 
 def _check_not_aborted(finish_reason: str | None) -> None:

@@ -79,6 +79,29 @@ class Req:
         """Tokens still allowed by max_new_tokens."""
         return max(self.params.max_new_tokens - len(self.output_ids), 0)
 
+    def step_output(self, new_ids: list[int], logprobs: TokenLogprobs | None = None) -> ReqOutput:
+        """This step's record of the request: `new_ids` (with their `logprobs`) and its
+        current state. Prompt logprobs ride on its first record once the prompt is
+        prefilled (kv_len >= len(input_ids)); they are handed over once (then marked sent)."""
+        input_lp = None
+        prefilled = self.kv_len >= len(self.input_ids)
+        if self.input_logprobs is not None and not self.input_logprobs_sent and prefilled:
+            input_lp, self.input_logprobs = self.input_logprobs, None
+            self.input_logprobs_sent = True
+        return ReqOutput(
+            self.rid,
+            new_ids,
+            self.finish_reason,
+            self.matched_stop,
+            len(self.input_ids),
+            len(self.output_ids),
+            self.cached_tokens,
+            logprobs,
+            input_lp,
+            self.queue_time,
+            self.spec_accept_length(),
+        )
+
 
 class ReqOutput(NamedTuple):
     """What one step produced for one request.

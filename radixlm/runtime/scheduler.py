@@ -19,8 +19,9 @@ Each `step()` runs one iteration (Orca-style iteration-level batching, Yu et al.
   and on resume they prefill prompt + generated tokens (mostly cache hits) and report
   only new tokens.
 
-KV ownership follows `radix/base.py`: a request holds its row and the slots past its
-cached prefix; `memory_accounting()` checks free + evictable + protected + held == total.
+KV ownership (rows, slots, cache insertion, reservations) is kept by `KVLedger`
+(`runtime/kv_ledger.py`); `memory_accounting()` checks free + evictable + protected +
+held == total.
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ from radixlm.radix.policy import make_policy
 from radixlm.runtime.admission import Added, Plan, PrefillAdder
 from radixlm.runtime.decode_strategy import make_decode_strategy
 from radixlm.runtime.grammar import GrammarBackend, GrammarCompiler
+from radixlm.runtime.kv_ledger import KVLedger
 from radixlm.runtime.logprobs import LogitsSelection, initial_input_logprobs, output_logprobs
-from radixlm.runtime.memory import PagedAllocator, check_fits
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.request import Req, ReqOutput
 from radixlm.runtime.retraction import NewTokenRatio, retraction_order
 from radixlm.runtime.sampling import Sampler
 from radixlm.runtime.scheduler_stats import SchedulerCounters, format_stats
+from radixlm.runtime.speculative.base import extend_batch
 from radixlm.runtime.stop import StopChecker
 
 logger = logging.getLogger(__name__)
@@ -66,7 +68,7 @@ class Scheduler:
         self.args = args
         self.runner = runner
         self.page_size = args.page_size
-        self.allocator: PagedAllocator = runner.allocator
+        self.allocator = runner.allocator
         self.req_pool = runner.req_to_token_pool
         self.table = self.req_pool.req_to_token
         self.tree = make_prefix_cache(args.disable_radix_cache, args.page_size, self.allocator.free)
@@ -74,6 +76,7 @@ class Scheduler:
             args.schedule_policy, self.tree, args.schedule_fallback_queue_len, args.random_seed
         )
         self.ratio = NewTokenRatio(args.schedule_conservativeness)
+        self.kv = KVLedger(runner, self.tree, self.ratio)  # rows, slots, reservations
         self.counters = SchedulerCounters()
         self.stop = StopChecker(eos_token_ids, runner.context_len, tokenizer)
         self.sampler = Sampler(eos_token_ids)
@@ -125,13 +128,7 @@ class Scheduler:
     def check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         """Raise RequestTooLargeError unless the prompt fits the context and prompt +
         max_new_tokens (capped by the context) fits the whole KV pool."""
-        check_fits(
-            prompt_len,
-            max_new_tokens,
-            context_len=self.runner.context_len,
-            total_tokens=self.allocator.total,
-            page_size=self.page_size,
-        )
+        self.kv.check_fits(prompt_len, max_new_tokens)
 
     def abort(self, rid: str) -> bool:
         """Stop request `rid` wherever it is (waiting, mid-chunk, decoding); its row and
@@ -183,12 +180,12 @@ class Scheduler:
         rem = self.step_prefill_tokens or self.args.max_prefill_tokens
         c = self.chunked
         if c is not None:
-            chunk = self._pages(c.kv_len, min(len(c.all_ids) - c.kv_len, rem)) * self.page_size
-            if chunk > self.allocator.available() + self.tree.evictable_size():
+            chunk = self.kv.pages(c.kv_len, min(len(c.all_ids) - c.kv_len, rem)) * self.page_size
+            if chunk > self.kv.room():
                 self._retract(c)  # decodes took its room; it resumes from the cache later
-        budget = self.allocator.available() - self._reserved_tokens()
+        budget = self.allocator.available() - self.kv.reserved_tokens(self.running, self.chunked)
         if self.args.enable_mixed_chunk:
-            budget -= sum(self._pages(r.kv_len, 1) for r in self.running) * self.page_size
+            budget -= self.kv.decode_tokens(self.running)
         adder = PrefillAdder(
             self.tree,
             self.page_size,
@@ -204,7 +201,7 @@ class Scheduler:
         for req in self.policy.order(self.waiting):
             if self.req_pool.available() == 0:
                 break
-            added, match = adder.try_add(req, self._estimate(req))
+            added, match = adder.try_add(req, self.kv.estimate(req))
             if added is Added.STOP:
                 break
             if added is Added.YES:
@@ -215,19 +212,15 @@ class Scheduler:
 
     def _start(self, req: Req, match) -> None:
         """Give an admitted request its row and its (locked) cached prefix."""
-        prefix_len = len(match.kv_indices)
-        req.prefix_len = req.kv_len = prefix_len
-        req.last_node = match.last_node
-        req.row = self.req_pool.alloc()
-        self.table[req.row, :prefix_len] = match.kv_indices.to(torch.int32)
+        self.kv.assign(req, match)
         if req.prompt_logprobs_pending():  # (re)computed from logprob_start_len on
             start = req.logprob_start_len
             req.input_logprobs = initial_input_logprobs(req.input_ids, start, req.top_logprobs_num)
         if req.retractions == 0:  # usage and hit rate describe the original prompt
             req.queue_time = time.perf_counter() - req.arrival_time
-            req.cached_tokens = prefix_len
+            req.cached_tokens = req.prefix_len
             self.counters.prompt_tokens += len(req.input_ids)
-            self.counters.cached_tokens += prefix_len
+            self.counters.cached_tokens += req.prefix_len
 
     def _run(self, plan: Plan, decodes: list[Req]) -> list[ReqOutput]:
         """One forward: the planned prefill chunks (EXTEND; decodes ride along in mixed
@@ -240,7 +233,7 @@ class Scheduler:
         try:
             for req, n in items:
                 start = req.kv_len
-                locs.append(self._alloc(req, start, max(n, 1)))
+                locs.append(self.kv.alloc(req, start, max(n, 1)))
                 ids.extend(req.all_ids[start : start + n] if n else [req.output_ids[-1]])
                 positions.extend(range(start, start + max(n, 1)))
                 ext_lens.append(max(n, 1))
@@ -271,8 +264,10 @@ class Scheduler:
             if c.decode_steps % 100 == 0:
                 logger.info("decode: %s", self._log_line())
         outputs = self._process(sampled, next_ids, logprobs)
-        if plan:
-            self._cache_prefilled([r for r, _ in plan if r.finish_reason is None])
+        if plan:  # cache prefilled prompts (or chunks) so later chunks and requests hit
+            for req, _ in plan:
+                if req.finish_reason is None:
+                    self.kv.cache_running(req)
             self._log_extend(plan)
         return outputs
 
@@ -287,17 +282,6 @@ class Scheduler:
         next_ids = self.sampler.sample(logits, reqs)
         return next_ids.tolist(), output_logprobs(raw, next_ids, reqs)
 
-    def _cache_prefilled(self, reqs: list[Req]) -> None:
-        """Insert freshly prefilled prompts (or chunks) into the cache while they keep
-        running, so the next chunk and later admissions hit them (as SGLang does)."""
-        for req in reqs:
-            kv = self.table[req.row, : req.kv_len].to(torch.int64)
-            update = self.tree.cache_unfinished(
-                req.all_ids[: req.kv_len], kv, req.prefix_len, req.last_node, req.extra_key
-            )
-            self.table[req.row, : req.kv_len] = update.kv_indices.to(torch.int32)
-            req.prefix_len, req.last_node = update.prefix_len, update.last_node
-
     def _fail(self, batch: list[Req]) -> None:
         """A step raised: abort its requests and free their slots without caching them
         (their KV may be partly written)."""
@@ -307,13 +291,10 @@ class Scheduler:
                 self.running.remove(req)
             if req is self.chunked:
                 self.chunked = None
-            kv = self.table[req.row, : req.kv_len].to(torch.int64)
-            self.tree.release(kv, req.prefix_len, req.last_node)
-            self.req_pool.free(req.row)
-            req.row = -1
+            self.kv.discard(req)
             req.finish_reason = "abort"
             self.counters.aborted += 1
-            self._pending.append(self._output(req, []))
+            self._pending.append(req.step_output([]))
 
     # ---- memory pressure ----------------------------------------------------------------
 
@@ -321,8 +302,7 @@ class Scheduler:
         """Retract requests until every running request can get one more slot."""
 
         def short() -> int:
-            need = sum(self._pages(r.kv_len, 1) for r in self.running) * self.page_size
-            return need - self.allocator.available() - self.tree.evictable_size()
+            return self.kv.decode_tokens(self.running) - self.kv.room()
 
         if short() <= 0:
             return
@@ -339,70 +319,19 @@ class Scheduler:
             self.chunked = None
         else:
             self.running.remove(req)
-        self._release(req)
-        req.prefix_len = req.kv_len = 0
-        req.last_node = None
-        req.retractions += 1
+        self.kv.retract(req)
         self.waiting.insert(0, req)
         self.counters.retracted += 1
-
-    def _pages(self, start: int, n: int) -> int:
-        return PagedAllocator.pages_needed(self.page_size, start, n)
-
-    def _estimate(self, req: Req) -> int:
-        """KV slots admission reserves for the request's future decode steps."""
-        return int(self.ratio.value * self._future_tokens(req) + 0.999)
-
-    def _reserved_tokens(self) -> int:
-        """Slots the running requests (and the rest of the chunked prompt) will still take."""
-        pages = sum(self._pages(r.kv_len, self._estimate(r)) for r in self.running)
-        if self.chunked is not None:
-            c = self.chunked
-            left = len(c.all_ids) - c.kv_len
-            pages += self._pages(c.kv_len, left + self._estimate(c))
-        return pages * self.page_size
-
-    def _future_tokens(self, req: Req) -> int:
-        """Upper bound on KV slots the request's decode steps still write."""
-        return min(req.remaining_new_tokens(), max(self.runner.context_len - len(req.all_ids), 0))
-
-    def _alloc(self, req: Req, start: int, n: int) -> torch.Tensor:
-        """Allocate slots for positions start..start+n-1 of `req`, evicting cache if needed."""
-        short = self._pages(start, n) * self.page_size - self.allocator.available()
-        if short > 0:
-            self.tree.evict(short)
-        last_slot = int(self.table[req.row, start - 1]) if start else 0
-        slots = self.allocator.alloc_positions(last_slot, start, n)
-        self.table[req.row, start : start + n] = slots.to(torch.int32)
-        return slots
-
-    def _release(self, req: Req) -> None:
-        """Insert the request's computed sequence into the cache and free what it owned."""
-        kv = self.table[req.row, : req.kv_len].to(torch.int64)
-        self.tree.cache_finished(
-            req.all_ids[: req.kv_len], kv, req.prefix_len, req.last_node, req.extra_key
-        )
-        self.req_pool.free(req.row)
-        req.row = -1
 
     # ---- batches and outputs ------------------------------------------------------------
 
     def _forward_batch(self, mode, batch, ids, positions, locs, pre_lens, ext_lens) -> ForwardBatch:
-        pre = torch.tensor(pre_lens, dtype=torch.int64)
-        ext = torch.tensor(ext_lens, dtype=torch.int64)
+        """The step's batch (see `extend_batch`); each request's kv_len advances by its
+        new tokens."""
         for req, n in zip(batch, ext_lens):
             req.kv_len += n
-        return ForwardBatch(
-            mode=mode,
-            input_ids=torch.tensor(ids, dtype=torch.int64),
-            positions=torch.tensor(positions, dtype=torch.int64),
-            out_cache_loc=torch.cat(locs),
-            req_pool_indices=torch.tensor([r.row for r in batch], dtype=torch.int64),
-            seq_lens=pre + ext,
-            extend_prefix_lens=pre,
-            extend_seq_lens=ext,
-            req_to_token=self.table,
-        )
+        rows = [r.row for r in batch]
+        return extend_batch(mode, self.table, rows, ids, positions, locs, pre_lens, ext_lens)
 
     def _process(self, batch: list[Req], next_ids: list[int], logprobs: list) -> list[ReqOutput]:
         outputs, self._pending = self._pending, []
@@ -418,7 +347,7 @@ class Scheduler:
                 reason = "stop"
             if reason is None:
                 still_running.append(req)
-                outputs.append(self._output(req, [tok], lp))
+                outputs.append(req.step_output([tok], lp))
             else:
                 outputs.append(self._finish(req, reason, new_ids=[tok], logprobs=lp))
         self.running = still_running
@@ -429,50 +358,18 @@ class Scheduler:
     ) -> ReqOutput:
         req.finish_reason = reason
         if release:
-            self._release(req)
-        out = self._output(req, list(new_ids), logprobs)
+            self.kv.release(req)
+        out = req.step_output(list(new_ids), logprobs)
         if reason == "abort":
             self.counters.aborted += 1
             self._pending.append(out)
         return out
 
-    def _output(self, req: Req, new_ids: list[int], logprobs=None) -> ReqOutput:
-        """The request's step record; prompt logprobs ride on its first one after prefill."""
-        input_lp = None
-        prefilled = req.kv_len >= len(req.input_ids)
-        if req.input_logprobs is not None and not req.input_logprobs_sent and prefilled:
-            input_lp, req.input_logprobs = req.input_logprobs, None
-            req.input_logprobs_sent = True
-        return ReqOutput(
-            req.rid,
-            new_ids,
-            req.finish_reason,
-            req.matched_stop,
-            len(req.input_ids),
-            len(req.output_ids),
-            req.cached_tokens,
-            logprobs,
-            input_lp,
-            req.queue_time,
-            req.spec_accept_length(),
-        )
-
     # ---- introspection ------------------------------------------------------------------
 
     def memory_accounting(self) -> dict[str, int]:
         """Token counts: free + evictable + protected + held == total (checked in tests)."""
-        holders = self.running + ([self.chunked] if self.chunked is not None else [])
-        held = sum(
-            (self._pages(0, r.kv_len) - r.prefix_len // self.page_size) * self.page_size
-            for r in holders
-        )
-        return {
-            "free": self.allocator.available(),
-            "evictable": self.tree.evictable_size(),
-            "protected": self.tree.protected_size(),
-            "held": held,
-            "total": self.allocator.total,
-        }
+        return self.kv.accounting(self.running, self.chunked)
 
     def stats(self) -> dict[str, int | float | str]:
         """Counters for `/get_server_info` and logs (`SchedulerCounters.as_dict`), the

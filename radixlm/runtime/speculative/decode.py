@@ -132,7 +132,7 @@ class SpeculativeDecode:
         allocated: list[Req] = []
         try:
             for req, n in zip(reqs, budgets):
-                sched._alloc(req, req.kv_len, n + 1)
+                sched.kv.alloc(req, req.kv_len, n + 1)
                 allocated.append(req)
             t1 = time.perf_counter()
             trees = self.drafter.draft(DraftContext(reqs, budgets, sched.table))
@@ -248,7 +248,7 @@ class SpeculativeDecode:
             if req in finished:
                 outputs.append(sched._finish(req, finished[req][0], new_ids=emitted))
             else:
-                outputs.append(sched._output(req, emitted))
+                outputs.append(req.step_output(emitted))
         return outputs
 
     _observe_seconds = 0.0
