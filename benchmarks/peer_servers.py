@@ -80,6 +80,7 @@ def _vllm(model_dir: Path, threads: int, port: int, kv: int):
     argv = [str(PEERS / "vllm/bin/python"), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model_dir), "--served-model-name", SERVED_NAME, "--dtype", "float32",
             "--max-model-len", "2048", "--enable-prefix-caching", "--max-num-seqs", "32",
+            "--enable-prompt-tokens-details",  # usage.prompt_tokens_details.cached_tokens
             "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     env = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # fmt: skip
