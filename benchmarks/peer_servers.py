@@ -92,7 +92,8 @@ def _llama_server(model_dir: Path, threads: int, port: int, kv: int):
             "-m", str(PEERS / "smollm2-135m-f32.gguf"), "-c", "16384", "-np", "16",
             "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1",
             "--port", str(port), "--alias", SERVED_NAME]  # fmt: skip
-    return argv, {}
+    # The build links its own shared libraries (libllama, libggml*), copied beside it.
+    return argv, {"LD_LIBRARY_PATH": str(PEERS / "llama.cpp/build/bin")}
 
 
 INPROC, HTTP = "radixlm (in-process)", "radixlm serve (HTTP)"
