@@ -10,7 +10,8 @@ Method
   a fresh subprocess running `engine_harness.py` (same harness, same timing); HTTP --
   `radixlm serve`, vLLM CPU and llama.cpp's llama-server, each started here and driven by
   `radixlm.bench` over streaming /v1/completions. OpenVINO GenAI and onnxruntime-genai
-  are listed; without their venvs (and harness adapters) they show as not installed.
+  run in the same harness under their own venvs, on their exported copies of the same
+  weights. A peer without its venv / exported model shows as not installed.
 * Workloads (token ids, identical for all engines; greedy, EOS ignored): single (1 x 32
   in / 128 out), burst16 (16 x 256 / 64), shared16-cold and shared16-warm (16 x (200
   shared + 56 own) / 64, the warm burst with new suffixes after the cold one), evict
@@ -101,7 +102,7 @@ def run_inprocess(spec: EngineSpec, model_dir: Path, threads: int, wl_file: Path
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
         cmd = [spec.python or sys.executable, str(HERE / "engine_harness.py"),
-               "--engine", spec.harness, "--model-dir", str(model_dir),
+               "--engine", spec.harness, "--model-dir", str(spec.model_dir or model_dir),
                "--threads", str(threads), "--spec", str(wl_file), "--out", str(out)]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

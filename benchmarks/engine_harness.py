@@ -3,8 +3,11 @@
 Run as a subprocess by `compare_engines.py` (one process per engine and repetition, so
 every engine starts cold, with its own thread setting, in its own virtual environment):
 
-    PYTHON engine_harness.py --engine radixlm|transformers --model-dir DIR --threads T \\
-        --spec spec.json --out result.json
+    PYTHON engine_harness.py --engine radixlm|transformers|openvino|ortgenai \\
+        --model-dir DIR --threads T --spec spec.json --out result.json
+
+DIR is the fp32 safetensors directory for radixlm and transformers, the exported model
+directory for OpenVINO GenAI (optimum-cli IR) and onnxruntime-genai (model builder).
 
 spec.json: {"workloads": [{"name": str, "sessions": [{"turns": [[ids, out_len], ...],
 "resend_history": bool}, ...]}, ...], "max_total_tokens": int, "max_batch": int}.
@@ -116,10 +119,49 @@ class RadixlmAdapter:
         self.engine.shutdown()
 
 
-class TransformersAdapter:
-    """transformers `generate`, static batches of at most max_batch (left padding); the
-    turns of all sessions run in lockstep (turn k of every session is one batch set).
-    Token times come from a StoppingCriteria that runs after each decoding step."""
+class StaticBatchAdapter:
+    """Static batching for engines without a scheduler: the turns of all sessions run in
+    lockstep (turn k of every session is one batch set), split into batches of at most
+    max_batch requests with the same output length; later batches wait. Subclasses set
+    self.tok and self.max_batch and implement `_batch(timers, out_len)`, which generates
+    out_len tokens for every timer's prompt and stamps each token as it is produced."""
+
+    tok: Any
+    max_batch: int
+
+    def _batch(self, timers: list[Timer], out_len: int) -> None:
+        raise NotImplementedError
+
+    def run(self, sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        t0 = time.perf_counter()
+        done: list[dict[str, Any]] = []
+        done_by: dict[int, Timer] = {}
+        for k in range(max(len(s["turns"]) for s in sessions)):
+            live = [i for i, s in enumerate(sessions) if k < len(s["turns"])]
+            timers = []
+            for i in live:
+                ids = sessions[i]["turns"][k][0]
+                if k and sessions[i].get("resend_history"):
+                    prev = done_by[i]
+                    ids = next_prompt(self.tok, prev.prompt_ids, prev.output_ids, ids)
+                timers.append(Timer(t0, ids, i, k))
+            by_len: dict[int, list[Timer]] = {}
+            for t in timers:
+                by_len.setdefault(sessions[t.session]["turns"][k][1], []).append(t)
+            for out_len, group in by_len.items():
+                for b in range(0, len(group), self.max_batch):
+                    self._batch(group[b : b + self.max_batch], out_len)
+            done_by = {t.session: t for t in timers}
+            done += [t.result() for t in timers]
+        return done
+
+    def close(self) -> None:
+        pass
+
+
+class TransformersAdapter(StaticBatchAdapter):
+    """transformers `generate` in static batches (left padding). Token times come from a
+    StoppingCriteria that runs after each decoding step."""
 
     def __init__(self, model_dir: str, threads: int, spec: dict[str, Any]):
         import torch
@@ -157,35 +199,127 @@ class TransformersAdapter:
                 stopping_criteria=StoppingCriteriaList([Stamp()]),
             )  # fmt: skip
 
+
+class OrtGenaiAdapter(StaticBatchAdapter):
+    """onnxruntime-genai `Generator` in static batches (no scheduler, no prefix cache).
+    model_dir is the directory its model builder exported (fp32, CPU); the thread count
+    is overlaid on its genai_config.json (decoder session intra_op_num_threads). Prompts
+    are right-padded with the config's pad id into an int32 [batch, width] array (the
+    attention mask is derived from the pad id, so prompts must not contain it; the
+    workloads exclude special tokens); max_length = min_length = width + out_len, so
+    every row yields exactly out_len greedy tokens, EOS included. Each
+    `generate_next_token()` is one step; its tokens are stamped right after it."""
+
+    def __init__(self, model_dir: str, threads: int, spec: dict[str, Any]):
+        import numpy as np
+        import onnxruntime_genai as og
+        from transformers import AutoTokenizer
+
+        self.np, self.og = np, og
+        config = og.Config(model_dir)
+        options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+        self.model = og.Model(config)
+        with open(os.path.join(model_dir, "genai_config.json")) as f:
+            self.pad = json.load(f)["model"]["pad_token_id"]
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        self.max_batch = spec["max_batch"]
+
+    def _batch(self, timers: list[Timer], out_len: int) -> None:
+        np, og = self.np, self.og
+        width = max(len(t.prompt_ids) for t in timers)
+        ids = np.full((len(timers), width), self.pad, dtype=np.int32)
+        for r, t in enumerate(timers):
+            ids[r, : len(t.prompt_ids)] = t.prompt_ids
+        params = og.GeneratorParams(self.model)
+        params.set_search_options(
+            do_sample=False, batch_size=len(timers), max_length=width + out_len,
+            min_length=width + out_len,
+        )  # fmt: skip
+        gen = og.Generator(self.model, params)
+        gen.append_tokens(ids)
+        while not gen.is_done():
+            gen.generate_next_token()
+            for t, tok in zip(timers, gen.get_next_tokens()):
+                t.tokens([int(tok)])
+
+
+class OpenVINOAdapter:
+    """OpenVINO GenAI `ContinuousBatchingPipeline` (paged KV cache, prefix caching) on the
+    CPU plugin, driven step by step: requests enter through `add_request` with token-id
+    tensors (int64, shape [1, prompt_len]); after every `step()` each live handle's new
+    tokens are read and stamped, so TTFT and ITL are per step. model_dir is the IR
+    directory exported by optimum-cli (weights fp32; the KV cache keeps the plugin's
+    default precision, f16, as llama.cpp's does). The pool holds max_total_tokens tokens
+    (CPU blocks of OV_CPU_BLOCK tokens), like radixlm's. Cached tokens: None (the
+    pipeline reports no per-request prefix hits)."""
+
+    # KV block of the CPU plugin (openvino-genai 2026.4): 256 blocks report 188,743,680
+    # bytes = 8192 tokens x 30 layers x 2 x 3 heads x 64 x 2 B (f16), a 29-token request
+    # holds one block.
+    OV_CPU_BLOCK = 32
+
+    def __init__(self, model_dir: str, threads: int, spec: dict[str, Any]):
+        import numpy as np
+        import openvino as ov
+        import openvino_genai as ov_genai
+        from transformers import AutoTokenizer
+
+        self.np, self.ov, self.ov_genai = np, ov, ov_genai
+        sched = ov_genai.SchedulerConfig()
+        sched.enable_prefix_caching = True
+        sched.num_kv_blocks = -(-spec["max_total_tokens"] // self.OV_CPU_BLOCK)
+        self.pipe = ov_genai.ContinuousBatchingPipeline(
+            model_dir, sched, "CPU", {"INFERENCE_NUM_THREADS": threads}
+        )
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        self.next_id = 0
+
+    def _config(self, out_len: int):
+        cfg = self.ov_genai.GenerationConfig()
+        cfg.max_new_tokens, cfg.min_new_tokens = out_len, out_len
+        cfg.do_sample, cfg.ignore_eos, cfg.apply_chat_template = False, True, False
+        return cfg
+
     def run(self, sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        np, ov = self.np, self.ov
+        running = self.ov_genai.GenerationStatus.RUNNING
         t0 = time.perf_counter()
         done: list[dict[str, Any]] = []
-        done_by: dict[int, Timer] = {}
-        for k in range(max(len(s["turns"]) for s in sessions)):
-            live = [i for i, s in enumerate(sessions) if k < len(s["turns"])]
-            timers = []
-            for i in live:
-                ids = sessions[i]["turns"][k][0]
-                if k and sessions[i].get("resend_history"):
-                    prev = done_by[i]
-                    ids = next_prompt(self.tok, prev.prompt_ids, prev.output_ids, ids)
-                timers.append(Timer(t0, ids, i, k))
-            # Requests of one turn arrive together; later batches wait (static batching).
-            by_len: dict[int, list[Timer]] = {}
-            for t in timers:
-                by_len.setdefault(sessions[t.session]["turns"][k][1], []).append(t)
-            for out_len, group in by_len.items():
-                for b in range(0, len(group), self.max_batch):
-                    self._batch(group[b : b + self.max_batch], out_len)
-            done_by = {t.session: t for t in timers}
-            done += [t.result() for t in timers]
+        live: list[tuple[Any, Timer]] = []
+
+        def submit(timer: Timer, out_len: int) -> None:
+            ids = ov.Tensor(np.asarray([timer.prompt_ids], dtype=np.int64))
+            live.append((self.pipe.add_request(self.next_id, ids, self._config(out_len)), timer))
+            self.next_id += 1
+
+        for i, s in enumerate(sessions):
+            submit(Timer(t0, s["turns"][0][0], i, 0), s["turns"][0][1])
+        while live:
+            self.pipe.step()
+            for entry in list(live):
+                handle, timer = entry
+                if handle.can_read():
+                    for out in handle.read().values():
+                        timer.tokens(list(out.generated_ids))
+                if handle.get_status() == running:
+                    continue
+                live.remove(entry)
+                done.append(timer.result())
+                s, k = sessions[timer.session], timer.turn + 1
+                if k < len(s["turns"]):
+                    ids, n = s["turns"][k]
+                    if s.get("resend_history"):
+                        ids = next_prompt(self.tok, timer.prompt_ids, timer.output_ids, ids)
+                    submit(Timer(t0, ids, timer.session, k), n)
         return done
 
     def close(self) -> None:
         pass
 
 
-ADAPTERS = {"radixlm": RadixlmAdapter, "transformers": TransformersAdapter}
+ADAPTERS = {"radixlm": RadixlmAdapter, "transformers": TransformersAdapter,
+            "openvino": OpenVINOAdapter, "ortgenai": OrtGenaiAdapter}  # fmt: skip
 
 
 def main() -> None:

