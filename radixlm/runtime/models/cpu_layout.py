@@ -1,14 +1,13 @@
 """CPU weight layouts: linear layers stored input-major, the head in both layouts.
 
 nn.Linear keeps W [out, in] row-major and computes `x @ W^T`. With MKL on CPU that
-layout is slow for the few-row products of decode steps: the kernel it picks for them
-walks W row by row on one thread (the second thread idles) and its cost grows with each
-row. Stored input-major (W^T [in, out] contiguous), `torch.mm(x, W^T)` streams the
-weights once per step and splits the columns across threads. Measured on the 2-core
-AVX2 CI machine (MKL 2024.2), SmolLM2-135M fp32, weights cold in memory:
+layout is slow for the few-row products of decode steps; stored input-major (W^T
+[in, out] contiguous), `torch.mm(x, W^T)` reads the same bytes faster. Measured on the
+2-core AVX2 CI machine (MKL 2024.2), SmolLM2-135M fp32:
 
-* the 120 decoder projections, 1 row: one thread 53.9 -> 47.1 ms, two threads 53.4 ->
-  38.5 ms per pass (busy machine), from 4 rows on the two layouts cost about the same;
+* the 120 decoder projections, 1 row, weights cold in memory (quiet machine): one
+  thread 32.8 -> 26.0 ms per pass (12.9 -> 16.4 GB/s), two threads 31.0 -> 25.0 ms;
+  from 4 rows on the two layouts cost about the same;
 * the 49152 x 576 head, one thread: 1 row 8.6 -> 4.8 ms, 2 rows 20.2 -> 9.5 ms, 3 rows
   30.9 -> 14.3 ms, but 4 rows 21 -> 28 ms and 16 rows 35 -> 39 ms. The head therefore
   keeps both layouts (`FewRowsHead`) and picks by row count; the tied embedding keeps
