@@ -67,6 +67,17 @@ def next_prompt(tok, prev_prompt: list[int], answer_ids: list[int], turn_ids: li
     return prev_prompt + answer + turn_ids
 
 
+def next_turn(tok, sessions: list[dict[str, Any]], timer: Timer, t0: float):
+    """(Timer, out_len) of the session's turn after the one `timer` finished, or None."""
+    s, k = sessions[timer.session], timer.turn + 1
+    if k >= len(s["turns"]):
+        return None
+    ids, n = s["turns"][k]
+    if s.get("resend_history"):
+        ids = next_prompt(tok, timer.prompt_ids, timer.output_ids, ids)
+    return Timer(t0, ids, timer.session, k), n
+
+
 class RadixlmAdapter:
     """radixlm.Engine: streams consumed round-robin; new turns enter between steps."""
 
@@ -107,12 +118,9 @@ class RadixlmAdapter:
                     continue
                 timer.cached = chunk["usage"]["cached_tokens"]
                 done.append(timer.result())
-                s, k = sessions[timer.session], timer.turn + 1
-                if k < len(s["turns"]):
-                    ids, n = s["turns"][k]
-                    if s.get("resend_history"):
-                        ids = next_prompt(self.tok, timer.prompt_ids, timer.output_ids, ids)
-                    submit([Timer(t0, ids, timer.session, k)], [n])
+                nxt = next_turn(self.tok, sessions, timer, t0)
+                if nxt is not None:
+                    submit([nxt[0]], [nxt[1]])
         return done
 
     def close(self) -> None:
@@ -306,12 +314,9 @@ class OpenVINOAdapter:
                     continue
                 live.remove(entry)
                 done.append(timer.result())
-                s, k = sessions[timer.session], timer.turn + 1
-                if k < len(s["turns"]):
-                    ids, n = s["turns"][k]
-                    if s.get("resend_history"):
-                        ids = next_prompt(self.tok, timer.prompt_ids, timer.output_ids, ids)
-                    submit(Timer(t0, ids, timer.session, k), n)
+                nxt = next_turn(self.tok, sessions, timer, t0)
+                if nxt is not None:
+                    submit(*nxt)
         return done
 
     def close(self) -> None:
