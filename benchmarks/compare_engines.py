@@ -55,6 +55,8 @@ from radixlm.runtime.model_registry import local_hf_dir
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUTPUT = HERE / "results" / "compare_engines.json"
+QUICK_OUTPUT = HERE / "results" / "compare_engines_quick.json"
+WORKLOAD_NAMES = ("single", "burst16", "shared16-cold", "shared16-warm", "evict", "multiturn")
 RADIXLM_KV_TOKENS = 8192
 
 
@@ -168,16 +170,39 @@ def _ms(v: float | None) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=[1, 2],
+        help="compute thread counts to run, each for every engine (default 1 2)",
+    )
     p.add_argument("--reps", type=int, default=3, help="repetitions per engine (default 3)")
     p.add_argument("--engines", default=",".join(e.key for e in ENGINES),
                    help="comma-separated keys: " + ", ".join(e.key for e in ENGINES))  # fmt: skip
-    p.add_argument("--workloads", default=None, help="comma-separated subset of workload names")
-    p.add_argument("--quick", action="store_true", help="1 repetition, evict with 4 x 8")
-    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    p.add_argument("--workloads", default=None,
+                   help="comma-separated subset of: " + ", ".join(WORKLOAD_NAMES))  # fmt: skip
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="1 repetition, evict with 4 x 8; default output " + QUICK_OUTPUT.name,
+    )
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help=f"JSON report (default benchmarks/results/{DEFAULT_OUTPUT.name})",
+    )
     args = p.parse_args(argv)
+    for flag, given, known in (("--engines", args.engines, [e.key for e in ENGINES]),
+                               ("--workloads", args.workloads, WORKLOAD_NAMES)):  # fmt: skip
+        unknown = sorted(set((given or "").split(",")) - set(known) - {""}) if given else []
+        if unknown:
+            p.error(f"{flag}: unknown {', '.join(unknown)}; known: {', '.join(known)}")
     if args.quick:
         args.reps = 1
+    if args.output is None:
+        args.output = QUICK_OUTPUT if args.quick else DEFAULT_OUTPUT
     return args
 
 
