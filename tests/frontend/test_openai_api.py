@@ -267,13 +267,14 @@ def test_n_shares_the_prompt_through_the_cache(client, http, tokenizer):
 
 
 def test_n3_chat_stream_indices_and_include_usage(client):
+    # Greedy copies: the streamed and the plain request run in different batch shapes,
+    # and on CPU a seeded draw at temperature 1 can flip on last-bit logit differences.
     kw = dict(
         model=MODEL,
         messages=[{"role": "user", "content": "Name a color."}],
         n=3,
         max_tokens=6,
-        temperature=1.0,
-        seed=9,
+        temperature=0.0,
     )
     full = client.chat.completions.create(**kw)
     chunks = list(
