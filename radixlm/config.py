@@ -71,6 +71,13 @@ class ServerArgs:
         "torch_native on CPU)",
         choices=["auto", "torch_native", "triton", "flashinfer"],
     )
+    cpu_gemm: str = _opt(
+        "auto",
+        "CPU fp32 GEMM for the weights: 'auto' = radixlm's packed-panel kernel (built with the "
+        "system C compiler on first use; needs AVX2/FMA), falling back to torch's; 'torch' = "
+        "always torch's (MKL)",
+        choices=["auto", "torch"],
+    )
     disable_cuda_graph: bool = _opt(False, "run decode without CUDA graphs (graphs are CUDA-only)")
     cuda_graph_max_bs: int = _opt(256, "largest decode batch captured in a CUDA graph")
     schedule_policy: str = _opt(

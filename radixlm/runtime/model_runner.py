@@ -14,6 +14,7 @@ from radixlm.kernels import (
     resolve_attention_backend,
     resolve_device,
 )
+from radixlm.kernels.cpu import PackedGemm
 from radixlm.runtime.memory import (
     KVPool,
     PagedAllocator,
@@ -35,7 +36,7 @@ class ModelRunner:
 
     Capacity: `max_total_tokens` if set, else
     (available memory * mem_fraction - weights bytes - weight copy bytes) / KV bytes per
-    token, rounded down to a page (the copy: the CPU head's transposed layout). Raises
+    token, rounded down to a page (the copy: the CPU head's second layout). Raises
     ValueError when the budget leaves no room for a single page.
     """
 
@@ -47,9 +48,12 @@ class ModelRunner:
         kv_dtype = self.dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
         self.model = load_model(hf_dir, config, self.dtype, self.device)
         self.weights_bytes = weights_bytes(self.model)
-        # CPU decode streams input-major weights faster (models/cpu_layout.py); the head's
-        # extra transposed copy comes out of the KV budget like the weights.
-        self.weight_copy_bytes = use_cpu_layout(self.model) if self.device == "cpu" else 0
+        # CPU decode streams packed (or input-major) weights faster (models/cpu_layout.py);
+        # the head's second layout comes out of the KV budget like the weights.
+        self.weight_copy_bytes = 0
+        if self.device == "cpu":
+            gemm = PackedGemm.load() if args.cpu_gemm == "auto" else None
+            self.weight_copy_bytes = use_cpu_layout(self.model, gemm)
 
         attn = self.model.model.layers[0].self_attn
         num_layers = config.num_hidden_layers

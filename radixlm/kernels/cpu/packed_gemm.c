@@ -1,0 +1,100 @@
+/* Few-row fp32 GEMM over column-panel-packed weights, AVX2 + FMA, OpenMP.
+ *
+ * y[M, N] = x[M, K] @ W^T, with W [N, K] stored as panels P[NB][K][16] (NB = ceil(N / 16),
+ * panel b holds columns 16b..16b+15 of W^T; the last panel is zero-padded). Each panel
+ * is one contiguous stream, so a decode step (M of 1 to a few rows) reads the weights
+ * sequentially at memory bandwidth; the OpenMP threads split the panels.
+ *
+ * Register tile: MR <= 6 rows x 16 columns (12 accumulators, 2 weight registers,
+ * 1 broadcast), the usual AVX2 micro-kernel shape (Goto & van de Geijn 2008). Above 6
+ * rows the K loop is blocked so a panel block stays in L1 while every row tile uses it.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define KBLOCK 128
+
+/* Accumulators are named variables, not an array: GCC keeps an array of vectors on the
+ * stack and stores it every k step. */
+#define ACC_DECL(R) __m256 c##R##0 = _mm256_setzero_ps(), c##R##1 = _mm256_setzero_ps();
+#define ACC_LOAD(R)                                  \
+    if (mr > R && acc) {                             \
+        c##R##0 = _mm256_loadu_ps(y + R * ldy);      \
+        c##R##1 = _mm256_loadu_ps(y + R * ldy + 8);  \
+    }
+#define ACC_STEP(R)                                           \
+    if (mr > R) {                                             \
+        __m256 xb = _mm256_broadcast_ss(x + R * ldx + k);     \
+        c##R##0 = _mm256_fmadd_ps(xb, w0, c##R##0);           \
+        c##R##1 = _mm256_fmadd_ps(xb, w1, c##R##1);           \
+    }
+#define ACC_STORE(R)                                 \
+    if (mr > R) {                                    \
+        _mm256_storeu_ps(y + R * ldy, c##R##0);      \
+        _mm256_storeu_ps(y + R * ldy + 8, c##R##1);  \
+    }
+#define ALL_ROWS(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5)
+
+/* y[mr, 16] (+= when acc) x[mr, 0:kn] @ w[0:kn, 16]; w is a panel (row stride 16). */
+static inline __attribute__((always_inline)) void tile(int mr, int acc, const float *restrict x,
+                                                       int64_t ldx, const float *restrict w,
+                                                       int64_t kn, float *restrict y, int64_t ldy) {
+    ALL_ROWS(ACC_DECL)
+    ALL_ROWS(ACC_LOAD)
+    for (int64_t k = 0; k < kn; ++k) {
+        __m256 w0 = _mm256_loadu_ps(w + k * 16);
+        __m256 w1 = _mm256_loadu_ps(w + k * 16 + 8);
+        ALL_ROWS(ACC_STEP)
+    }
+    ALL_ROWS(ACC_STORE)
+}
+
+/* One specialised copy per row count, so `mr` is a constant inside the k loop. */
+#define TILE_N(N)                                                                          \
+    static void tile##N(int acc, const float *x, int64_t ldx, const float *w, int64_t kn, \
+                        float *y, int64_t ldy) {                                           \
+        tile(N, acc, x, ldx, w, kn, y, ldy);                                               \
+    }
+TILE_N(1) TILE_N(2) TILE_N(3) TILE_N(4) TILE_N(5) TILE_N(6)
+typedef void (*tile_fn)(int, const float *, int64_t, const float *, int64_t, float *, int64_t);
+static const tile_fn TILES[7] = {0, tile1, tile2, tile3, tile4, tile5, tile6};
+
+/* Rows m of one panel's k range [k0, k0 + kn), into y16 (row stride ldy). */
+static void panel_rows(int64_t M, int64_t K, const float *x, const float *panel, int64_t k0,
+                       int64_t kn, float *y16, int64_t ldy) {
+    int64_t m = 0;
+    while (m < M) {
+        int64_t left = M - m, ntiles = (left + 5) / 6, mr = (left + ntiles - 1) / ntiles;
+        TILES[mr](k0 > 0, x + m * K + k0, K, panel + k0 * 16, kn, y16 + m * ldy, ldy);
+        m += mr;
+    }
+}
+
+/* y [M, N] row-major; x [M, K] row-major; panels [NB, K, 16]. */
+void radixlm_packed_gemm(const float *x, const float *panels, float *y, int64_t M, int64_t K,
+                         int64_t N, int num_threads) {
+    const int64_t NB = (N + 15) / 16;
+    const int64_t kb = M > 6 ? KBLOCK : K;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t b = 0; b < NB; ++b) {
+        const float *panel = panels + b * K * 16;
+        int64_t cols = N - b * 16 < 16 ? N - b * 16 : 16;
+        float tail[6 * 16];
+        for (int64_t m0 = 0; m0 < M; m0 += (cols == 16 ? M : 6)) {
+            /* A full panel writes y in place; the padded last panel goes through `tail`,
+             * 6 rows at a time, and only its real columns are copied out. */
+            int64_t mn = cols == 16 ? M : (M - m0 < 6 ? M - m0 : 6);
+            float *dst = cols == 16 ? y + b * 16 : tail;
+            int64_t ldy = cols == 16 ? N : 16;
+            const float *xm = x + m0 * K;
+            for (int64_t k0 = 0; k0 < K; k0 += kb) {
+                int64_t kn = K - k0 < kb ? K - k0 : kb;
+                panel_rows(mn, K, xm, panel, k0, kn, dst, ldy);
+            }
+            if (cols < 16)
+                for (int64_t r = 0; r < mn; ++r)
+                    memcpy(y + (m0 + r) * N + b * 16, tail + r * 16, cols * sizeof(float));
+        }
+    }
+}
