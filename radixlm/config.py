@@ -67,9 +67,10 @@ class ServerArgs:
     )
     attention_backend: str = _opt(
         "auto",
-        "attention backend ('auto' = flashinfer on CUDA when installed, else triton on CUDA, "
-        "torch_native on CPU)",
-        choices=["auto", "torch_native", "triton", "flashinfer"],
+        "attention backend ('auto' = flashinfer on CUDA when installed, else triton on CUDA; "
+        "cpu on CPU: torch_native with radixlm's C decode kernel; torch_native = the torch "
+        "reference)",
+        choices=["auto", "cpu", "torch_native", "triton", "flashinfer"],
     )
     cpu_gemm: str = _opt(
         "auto",

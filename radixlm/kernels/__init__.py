@@ -20,6 +20,19 @@ def _torch_native(kv_pool, scaling: float, **_) -> AttentionBackend:
     return TorchNativeBackend(kv_pool, scaling)
 
 
+def _cpu(kv_pool, scaling: float, **_) -> AttentionBackend:
+    import torch
+
+    from radixlm.kernels.cpu import CpuKernels
+    from radixlm.kernels.cpu_native import CpuNativeBackend
+    from radixlm.kernels.torch_native import TorchNativeBackend
+
+    kernels = CpuKernels.load()
+    if kernels is None or kv_pool.k_buffer[0].dtype != torch.float32:
+        return TorchNativeBackend(kv_pool, scaling)
+    return CpuNativeBackend(kv_pool, scaling, kernels)
+
+
 def _triton(kv_pool, scaling: float, **_) -> AttentionBackend:
     from radixlm.kernels.triton.backend import TritonBackend
 
@@ -33,6 +46,7 @@ def _flashinfer(kv_pool, scaling: float, **model_info) -> AttentionBackend:
 
 
 ATTENTION_BACKENDS["torch_native"] = _torch_native
+ATTENTION_BACKENDS["cpu"] = _cpu
 ATTENTION_BACKENDS["triton"] = _triton
 ATTENTION_BACKENDS["flashinfer"] = _flashinfer
 
@@ -60,21 +74,25 @@ def resolve_attention_backend(name: str, device: str, dtype: str | None = None) 
     """Map the `--attention-backend` setting to a registered backend name for `device`.
 
     'auto' is flashinfer on CUDA when installed (and `dtype`, the model's, is not float32:
-    FlashInfer's kernels are half precision), else triton on CUDA, torch_native on CPU.
+    FlashInfer's kernels are half precision), else triton on CUDA; on CPU it is cpu
+    (torch_native with radixlm's C decode kernel, which itself falls back to torch_native
+    where the kernel cannot be built or the KV pool is not float32).
     Raises ValueError when a GPU-only backend is asked for on CPU (triton is allowed on CPU
     under `TRITON_INTERPRET=1`) or flashinfer is asked for but not installed.
     """
     on_cuda = str(device).startswith("cuda")
     if name == "auto":
         if not on_cuda:
-            return "torch_native"
+            return "cpu"
         half = dtype != "float32"
         return "flashinfer" if half and flashinfer_available() else "triton"
+    if name == "cpu" and on_cuda:
+        raise ValueError("attention backend 'cpu' runs on CPU; use triton or flashinfer on CUDA")
     if name == "triton" and not on_cuda and not triton_interpreting():
         raise ValueError("attention backend 'triton' needs CUDA (or TRITON_INTERPRET=1 on CPU)")
     if name == "flashinfer":
         if not on_cuda:
-            raise ValueError("attention backend 'flashinfer' needs CUDA; use torch_native on CPU")
+            raise ValueError("attention backend 'flashinfer' needs CUDA; use cpu on CPU")
         if not flashinfer_available():
             raise ValueError("attention backend 'flashinfer' needs `pip install radixlm[gpu]`")
     return name

@@ -14,7 +14,7 @@ from radixlm.kernels import (
     resolve_attention_backend,
     resolve_device,
 )
-from radixlm.kernels.cpu import PackedGemm
+from radixlm.kernels.cpu import CpuKernels
 from radixlm.runtime.memory import (
     KVPool,
     PagedAllocator,
@@ -52,7 +52,7 @@ class ModelRunner:
         # the head's second layout comes out of the KV budget like the weights.
         self.weight_copy_bytes = 0
         if self.device == "cpu":
-            gemm = PackedGemm.load() if args.cpu_gemm == "auto" else None
+            gemm = CpuKernels.load() if args.cpu_gemm == "auto" else None
             self.weight_copy_bytes = use_cpu_layout(self.model, gemm)
 
         attn = self.model.model.layers[0].self_attn

@@ -120,3 +120,37 @@ def test_triton_gpu_tile_sizes(mode, device):
             fb.custom_mask, fb.mask_indptr, block_m=64, block_n=64,
         )  # fmt: skip
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("page_size,head_dim", [(1, 16), (16, 24), (4, 64)])
+@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_decode_kernel_matches_torch_native(page_size, head_dim, group, threads):
+    """The C decode kernel reads K/V in place and equals the gather + SDPA reference."""
+    from radixlm.kernels.cpu_native import CpuNativeBackend
+
+    fmode, prefix_lens, extend_lens = MODES["decode"]
+    case = make_case(
+        fmode, prefix_lens, extend_lens, page_size=page_size, group=group, head_dim=head_dim
+    )
+    ref, ref_pool = _run("torch_native", case)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out, pool = _run("cpu", case)
+    finally:
+        torch.set_num_threads(before)
+    if not isinstance(create_attention_backend("cpu", pool, case.scaling), CpuNativeBackend):
+        pytest.skip("the CPU kernels cannot be built here")
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    loc = case.fb.out_cache_loc
+    torch.testing.assert_close(pool.k_buffer[0][loc], ref_pool.k_buffer[0][loc], atol=0, rtol=0)
+
+
+def test_cpu_backend_falls_back_for_half_pools():
+    from radixlm.kernels.torch_native import TorchNativeBackend
+
+    case = make_case(ForwardMode.DECODE, [3], [1])
+    case.pool.k_buffer = [b.half() for b in case.pool.k_buffer]
+    backend = create_attention_backend("cpu", case.pool, case.scaling)
+    assert type(backend) is TorchNativeBackend

@@ -15,7 +15,8 @@ from tests.kernels.cases import make_case
 
 
 def test_auto_resolution(monkeypatch):
-    assert resolve_attention_backend("auto", "cpu") == "torch_native"
+    assert resolve_attention_backend("auto", "cpu") == "cpu"
+    assert resolve_attention_backend("torch_native", "cpu") == "torch_native"
     monkeypatch.setattr(kernels, "flashinfer_available", lambda: False)
     assert resolve_attention_backend("auto", "cuda") == "triton"
     monkeypatch.setattr(kernels, "flashinfer_available", lambda: True)
@@ -25,6 +26,8 @@ def test_auto_resolution(monkeypatch):
 
 
 def test_gpu_backends_refused_on_cpu(monkeypatch):
+    with pytest.raises(ValueError, match="'cpu' runs on CPU"):
+        resolve_attention_backend("cpu", "cuda")
     with pytest.raises(ValueError, match="flashinfer"):
         resolve_attention_backend("flashinfer", "cpu")
     monkeypatch.setenv("TRITON_INTERPRET", "0")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from radixlm.kernels.cpu import PackedGemm
+from radixlm.kernels.cpu import CpuKernels
 from radixlm.runtime.models import cpu_layout
 from radixlm.runtime.models.cpu_layout import (
     FEW_ROWS,
@@ -20,7 +20,7 @@ from radixlm.runtime.models.cpu_layout import (
 
 @pytest.fixture(scope="module")
 def gemm():
-    g = PackedGemm.load()
+    g = CpuKernels.load()
     if g is None:
         pytest.skip("the packed CPU GEMM cannot be built here")
     return g
@@ -80,6 +80,45 @@ def test_packed_conversion_keeps_tied_head_and_counts_panels_and_padding(gemm):
     assert model.lm_head.weight is model.model.embed.weight
     assert "lm_head.panels" not in model.state_dict()
     torch.testing.assert_close(model.model.proj(x), want, rtol=1e-5, atol=1e-4)
+
+
+def test_packed_decoder_layer_equals_the_original(gemm):
+    """PackedAttention (fused q/k/v, C RoPE), PackedMLP and CpuRMSNorm give the llama
+    modules' outputs; attention goes through the same backend call."""
+    from types import SimpleNamespace
+
+    from radixlm.runtime.models.llama import DecoderLayer, RotaryEmbedding
+
+    cfg = SimpleNamespace(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+        rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=128,
+    )  # fmt: skip
+    torch.manual_seed(3)
+    layer = DecoderLayer(cfg, 0, qkv_bias=True)
+    for p in layer.parameters():
+        p.data.normal_(0, 0.2)
+    rope = RotaryEmbedding(cfg)(torch.arange(5, 10), torch.float32)
+    seen = []
+
+    class EchoBackend:  # attention = q itself; records what the layer passed
+        def forward(self, q, k, v, layer_id, fb):
+            seen.append((q.clone(), k.clone(), v.clone()))
+            return q.reshape(q.shape[0], -1).clone()
+
+    x = torch.randn(5, 64)
+    with torch.inference_mode():
+        want = layer(x, rope, EchoBackend(), None)
+        holder = nn.Module()
+        holder.model = nn.Module()
+        holder.model.layer = layer
+        holder.lm_head = nn.Linear(64, 10, bias=False)
+        use_cpu_layout(holder, gemm)
+        got = holder.model.layer(x, rope, EchoBackend(), None)
+    assert type(holder.model.layer.self_attn).__name__ == "PackedAttention"
+    assert type(holder.model.layer.mlp).__name__ == "PackedMLP"
+    for a, b in zip(seen[0], seen[1]):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_other_dtypes_keep_the_input_major_layout(gemm):

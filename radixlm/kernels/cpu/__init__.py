@@ -1,10 +1,15 @@
-"""CPU kernels compiled on first use: the few-row fp32 GEMM over packed weight panels.
+"""CPU kernels compiled on first use (fp32, AVX2 + FMA, OpenMP):
 
-`packed_gemm.c` is built with the system C compiler (`$CC`, else `cc`) into
-`$RADIXLM_CACHE_DIR` (default `~/.cache/radixlm`), keyed by the source's hash, and loaded
-with ctypes. It links the OpenMP runtime torch already loaded (libgomp.so.1), so it
-shares torch's threads. Where it cannot be built (no compiler, no AVX2/FMA, not x86),
-`PackedGemm.load()` returns None with the reason logged, and callers keep torch's GEMM.
+* `packed_gemm.c`: the few-row GEMM over packed weight panels (`CpuKernels.mm`);
+* `decode_attention.c`: paged decode attention read in place from the KV pool
+  (`CpuKernels.decode_attention`);
+* `elementwise.c`: RMSNorm, silu(gate) * up, RoPE in place, and the KV-pool store.
+
+The sources are built with the system C compiler (`$CC`, else `cc`) into one library in
+`$RADIXLM_CACHE_DIR` (default `~/.cache/radixlm`), keyed by the sources' hash, and
+loaded with ctypes. It links the OpenMP runtime torch already loaded (libgomp.so.1), so
+it shares torch's threads. Where it cannot be built (no compiler, no AVX2/FMA, not x86),
+`CpuKernels.load()` returns None with the reason logged, and callers keep torch's ops.
 """
 
 from __future__ import annotations
@@ -17,13 +22,16 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from functools import cache
 from pathlib import Path
 
 import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("packed_gemm.c")
+_DIR = Path(__file__).parent
+_SOURCES = [_DIR / n for n in ("packed_gemm.c", "decode_attention.c", "elementwise.c")]
+_HEADERS = [_DIR / "simd_math.h"]
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 #: Panel width in output columns (two AVX2 registers of fp32).
 PANEL = 16
@@ -47,29 +55,37 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     return padded.view(nb, PANEL, k).transpose(1, 2).contiguous()
 
 
-class PackedGemm:
-    """The compiled kernel: `mm(x, panels, n)` = x @ W^T for W packed by `pack_panels`.
-
-    Use `PackedGemm.load()`; the constructor takes the loaded ctypes library.
-    """
+class CpuKernels:
+    """The compiled kernels. Use `CpuKernels.load()` (built and loaded once per process);
+    the constructor takes the loaded ctypes library."""
 
     def __init__(self, lib: ctypes.CDLL):
-        fn = lib.radixlm_packed_gemm
-        fn.restype = None
-        fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        self._fn = fn
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        gemm = lib.radixlm_packed_gemm
+        gemm.restype = None
+        gemm.argtypes = [p, p, p, i64, i64, i64, ctypes.c_int]
+        attn = lib.radixlm_decode_attention
+        attn.restype = ctypes.c_int
+        attn.argtypes = [p, p, p, p, i64, p, p, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+        self._gemm, self._attn = gemm, attn
+        i32 = ctypes.c_int
+        self._norm = _bind(lib.radixlm_rms_norm, [p, i64, p, p, i64, i64, ctypes.c_float, i32])
+        self._silu_mul = _bind(lib.radixlm_silu_mul, [p, p, i64, i64, i32])
+        self._rope = _bind(lib.radixlm_rope, [p, i64, i64, i64, i64, p, p, i32])
+        self._store_kv = _bind(lib.radixlm_store_kv, [p, p, i64, p, p, p, i64, i64, i32])
 
-    @classmethod
-    def load(cls) -> PackedGemm | None:
-        """Build (once per source version) and load the kernel; None where it cannot run
-        here (the reason is logged at INFO)."""
+    @staticmethod
+    @cache
+    def load() -> CpuKernels | None:
+        """Build (once per source version) and load the kernels; None where they cannot
+        run here (the reason is logged at INFO)."""
         reason = _unsupported_reason()
         if reason is None:
             try:
-                return cls(ctypes.CDLL(str(_build())))
+                return CpuKernels(ctypes.CDLL(str(_build())))
             except (OSError, subprocess.CalledProcessError) as exc:
                 reason = f"build failed: {exc}"
-        logger.info("packed CPU GEMM not used (%s); torch's GEMM serves every row count", reason)
+        logger.info("radixlm's CPU kernels not used (%s); torch's ops serve instead", reason)
         return None
 
     def mm(self, x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
@@ -82,8 +98,114 @@ class PackedGemm:
             raise ValueError(f"x has K={k} but the panels hold K={panels.shape[1]}")
         x = x.contiguous()
         y = torch.empty(m, n, dtype=torch.float32)
-        self._fn(x.data_ptr(), panels.data_ptr(), y.data_ptr(), m, k, n, torch.get_num_threads())
+        self._gemm(x.data_ptr(), panels.data_ptr(), y.data_ptr(), m, k, n, torch.get_num_threads())
         return y
+
+    def decode_attention(
+        self,
+        q: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        slots: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """Softmax(scale * q K^T) V of one new token per request over its sequence.
+
+        Args:
+            q: float32 [B, H, D] (made contiguous); D a multiple of 8.
+            k_buf, v_buf: float32 [num_slots, Hkv, D] contiguous, one layer of the KV pool;
+                H a multiple of Hkv, H / Hkv <= 64.
+            slots: int64 [B, >= max(seq_lens)] contiguous; row b's first seq_lens[b]
+                entries are the request's KV slots in order.
+            seq_lens: int64 [B], each >= 1.
+        Returns:
+            float32 [B, H, D]. Raises ValueError on shapes or dtypes outside the above,
+            MemoryError when the per-thread score buffers cannot be allocated.
+        """
+        b, h, d = q.shape
+        hkv = k_buf.shape[1]
+        if q.dtype != torch.float32 or k_buf.dtype != torch.float32 or v_buf.dtype != torch.float32:
+            raise ValueError("CPU decode attention is fp32 only")
+        if d % 8 or h % hkv or h // hkv > 64 or k_buf.shape[2] != d or v_buf.shape != k_buf.shape:
+            raise ValueError(f"unsupported shapes q {tuple(q.shape)}, kv {tuple(k_buf.shape)}")
+        if slots.dtype != torch.int64 or seq_lens.dtype != torch.int64 or slots.shape[0] != b:
+            raise ValueError("slots and seq_lens must be int64 with one row per request")
+        q, slots, seq_lens = q.contiguous(), slots.contiguous(), seq_lens.contiguous()
+        out = torch.empty_like(q)
+        rc = self._attn(
+            q.data_ptr(), k_buf.data_ptr(), v_buf.data_ptr(), slots.data_ptr(), slots.shape[1],
+            seq_lens.data_ptr(), out.data_ptr(), b, h, hkv, d, scale, torch.get_num_threads(),
+        )
+        if rc != 0:
+            raise MemoryError("CPU decode attention could not allocate its score buffers")
+        return out
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """weight * x / sqrt(mean(x^2) + eps) per row: x float32 [rows, dim] (rows may be
+        strided), weight float32 [dim]. Returns a new contiguous [rows, dim]."""
+        _check_rows("rms_norm", x)
+        rows, dim = x.shape
+        y = torch.empty(rows, dim, dtype=torch.float32)
+        w = weight.contiguous()
+        self._norm(x.data_ptr(), x.stride(0), w.data_ptr(), y.data_ptr(), rows, dim, eps,
+                   torch.get_num_threads())
+        return y
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up for gate_up float32 [rows, 2n] contiguous (gate first, then up).
+        Returns [rows, n]."""
+        _check_rows("silu_mul", gate_up)
+        gate_up = gate_up.contiguous()
+        rows, n2 = gate_up.shape
+        y = torch.empty(rows, n2 // 2, dtype=torch.float32)
+        self._silu_mul(gate_up.data_ptr(), y.data_ptr(), rows, n2 // 2, torch.get_num_threads())
+        return y
+
+    def rope_(self, x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor,
+              sin: torch.Tensor) -> None:
+        """Rotate, in place, the first `heads` heads of each row of x float32 [rows, >=
+        heads * head_dim] (rows may be strided) by cos, sin float32 [rows, head_dim]
+        (rotate-half layout, as `models.llama.apply_rotary`)."""
+        _check_rows("rope", x)
+        if x.shape[1] < heads * head_dim or head_dim % 2:
+            raise ValueError(f"rope: rows of {x.shape[1]} floats cannot hold {heads} heads "
+                             f"of an even head_dim {head_dim}")
+        cos, sin = cos.reshape(-1, head_dim).contiguous(), sin.reshape(-1, head_dim).contiguous()
+        if cos.shape[0] != x.shape[0] or sin.shape != cos.shape:
+            raise ValueError("rope: cos and sin need one row per row of x")
+        self._rope(x.data_ptr(), x.stride(0), x.shape[0], heads, head_dim, cos.data_ptr(),
+                   sin.data_ptr(), torch.get_num_threads())
+
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor,
+                 v_buf: torch.Tensor, loc: torch.Tensor) -> None:
+        """k_buf[loc] = k, v_buf[loc] = v: k, v float32 [T, Hkv, D] with contiguous
+        [Hkv, D] rows and one row stride between them; buffers float32 [slots, Hkv, D]
+        contiguous; loc int64 [T] (not checked against the buffer size: the allocator owns
+        the slots)."""
+        t = k.shape[0]
+        width = k.shape[1] * k.shape[2]
+        k2, v2 = k.reshape(t, width), v.reshape(t, width)
+        _check_rows("store_kv", k2, v2)
+        if k2.stride(0) != v2.stride(0) or loc.dtype != torch.int64 or loc.shape != (t,):
+            raise ValueError("store_kv: k and v need one row stride and loc int64 [T]")
+        loc = loc.contiguous()
+        self._store_kv(k2.data_ptr(), v2.data_ptr(), k2.stride(0), k_buf.data_ptr(),
+                       v_buf.data_ptr(), loc.data_ptr(), t, width, torch.get_num_threads())
+
+
+def _bind(fn, argtypes):
+    fn.restype = None
+    fn.argtypes = argtypes
+    return fn
+
+
+def _check_rows(name: str, *tensors: torch.Tensor) -> None:
+    """fp32, 2-D, unit stride along the last dimension (rows may be strided)."""
+    for t in tensors:
+        if t.dtype != torch.float32 or t.dim() != 2 or t.stride(1) != 1:
+            raise ValueError(f"{name}: expected 2-D float32 rows with unit inner stride, "
+                             f"got {t.dtype} {tuple(t.shape)} strides {t.stride()}")
 
 
 def _unsupported_reason() -> str | None:
@@ -101,17 +223,18 @@ def _compiler() -> str | None:
 
 
 def _build() -> Path:
-    """Compile packed_gemm.c unless this version is already in the cache; returns the .so."""
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    out = cache_dir() / f"packed_gemm-{key}.so"
+    """Compile the sources unless this version is already in the cache; returns the .so."""
+    digest = hashlib.sha256(" ".join(_FLAGS).encode())
+    for src in _SOURCES + _HEADERS:
+        digest.update(src.read_bytes())
+    out = cache_dir() / f"radixlm_cpu-{digest.hexdigest()[:16]}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_so = Path(tmp) / out.name
         subprocess.run(
-            [_compiler(), *_FLAGS, str(_SOURCE), "-o", str(tmp_so)],
+            [_compiler(), *_FLAGS, *map(str, _SOURCES), "-o", str(tmp_so), "-lm"],
             check=True,
             capture_output=True,
             text=True,

@@ -4,7 +4,7 @@ Decode steps multiply a few rows by every weight, so they stream the weights fro
 MKL reads nn.Linear's [out, in] layout slowly for few rows and threads such small products
 poorly. Two layouts, chosen once at load time by `use_cpu_layout`:
 
-* **packed** (fp32, where `radixlm.kernels.cpu.PackedGemm` builds): each projection holds
+* **packed** (fp32, where `radixlm.kernels.cpu.CpuKernels` builds): each projection holds
   16-column panels [ceil(out / 16), in, 16] multiplied by the packed GEMM kernel; the head
   keeps its (possibly tied) weight and adds panels. Measured on the 2-core AVX2 CI
   machine (SmolLM2-135M, the 210 decoder projections, cold weights, ms per pass):
@@ -19,6 +19,11 @@ poorly. Two layouts, chosen once at load time by `use_cpu_layout`:
 
   The head (49152 x 576) at 16 rows, 2 threads: 27.1 -> 10.8 ms. Prefill-sized products
   (hundreds of rows) cost about 10-20% more than MKL; the projections keep no second copy.
+  With the packed layout the decoder's other small ops move to C kernels too: q/k/v and
+  gate/up are fused into one packed product each (`PackedAttention`, `PackedMLP`), RoPE
+  runs in place on the fused q/k, SwiGLU's silu(gate) * up and RMSNorm are single calls
+  (`CpuRMSNorm`). Each replaces several torch ops whose per-call overhead dominates at
+  decode sizes (RMSNorm on one row, 2 threads: 81 us as torch ops).
 * **input-major** (the fallback: other dtypes, or no compiler/AVX2): projections store
   W^T [in, out] for `torch.mm`; the head adds a W^T copy used for at most `FEW_ROWS` rows.
 """
@@ -29,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.kernels.cpu import PackedGemm, pack_panels
+from radixlm.kernels.cpu import CpuKernels, pack_panels
+from radixlm.runtime.models.llama import MLP, Attention, RMSNorm
 
 #: Rows up to which the input-major head uses its transposed copy (MKL, 1 thread: 1 row
 #: 8.6 -> 4.8 ms, 3 rows 30.9 -> 14.3 ms, but 4 rows 21 -> 28 ms).
@@ -45,7 +51,7 @@ class PackedLinear(nn.Module):
     forward(x [rows, in] fp32) -> [rows, out] fp32 through the packed GEMM kernel.
     """
 
-    def __init__(self, linear: nn.Linear, gemm: PackedGemm):
+    def __init__(self, linear: nn.Linear, gemm: CpuKernels):
         super().__init__()
         self.out_features = linear.out_features
         self.panels = nn.Parameter(pack_panels(linear.weight), requires_grad=False)
@@ -62,12 +68,73 @@ class PackedLinear(nn.Module):
         return y if self.bias is None else y.add_(self.bias)
 
 
+def _fuse(linears: list[nn.Linear]) -> nn.Linear:
+    """One nn.Linear whose output is the linears' outputs side by side."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=linears[0].bias is not None)
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if fused.bias is not None:
+        fused.bias = nn.Parameter(torch.cat([lin.bias.detach() for lin in linears]),
+                                  requires_grad=False)
+    return fused
+
+
+class PackedAttention(nn.Module):
+    """`models.llama.Attention` with q/k/v fused into one `PackedLinear` and RoPE applied in
+    place by the C kernel. Same forward signature and result."""
+
+    def __init__(self, attn: Attention, kernels: CpuKernels):
+        super().__init__()
+        self.layer_id = attn.layer_id
+        self.num_heads, self.num_kv_heads = attn.num_heads, attn.num_kv_heads
+        self.head_dim = attn.head_dim
+        self.qkv_proj = PackedLinear(_fuse([attn.q_proj, attn.k_proj, attn.v_proj]), kernels)
+        self.o_proj = PackedLinear(attn.o_proj, kernels)
+        self._kernels = kernels
+
+    def forward(self, x, rope, backend, fb):
+        t, h, hkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)  # [t, (h + 2 hkv) d]
+        self._kernels.rope_(qkv, h + hkv, d, *rope)
+        q = qkv[:, : h * d].view(t, h, d)
+        k = qkv[:, h * d : (h + hkv) * d].view(t, hkv, d)
+        v = qkv[:, (h + hkv) * d :].view(t, hkv, d)
+        o = backend.forward(q, k, v, self.layer_id, fb)
+        return self.o_proj(o.reshape(t, h * d))
+
+
+class PackedMLP(nn.Module):
+    """`models.llama.MLP` with gate/up fused into one `PackedLinear` and silu(gate) * up
+    in one C call."""
+
+    def __init__(self, mlp: MLP, kernels: CpuKernels):
+        super().__init__()
+        self.gate_up_proj = PackedLinear(_fuse([mlp.gate_proj, mlp.up_proj]), kernels)
+        self.down_proj = PackedLinear(mlp.down_proj, kernels)
+        self._kernels = kernels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self._kernels.silu_mul(self.gate_up_proj(x)))
+
+
+class CpuRMSNorm(nn.Module):
+    """`models.llama.RMSNorm` (same `weight`, `eps`) as one C call; fp32 [rows, dim]."""
+
+    def __init__(self, norm: RMSNorm, kernels: CpuKernels):
+        super().__init__()
+        self.weight, self.eps = norm.weight, norm.eps
+        self._kernels = kernels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._kernels.rms_norm(x, self.weight, self.eps)
+
+
 class PackedHead(nn.Module):
     """lm_head holding `weight` [vocab, hidden] (the original parameter, possibly tied to the
     embedding) and `panels` of it: packed GEMM for at most `PACKED_HEAD_ROWS` rows,
     `F.linear` above. forward(x [rows, hidden] fp32) -> logits [rows, vocab] fp32."""
 
-    def __init__(self, head: nn.Linear, gemm: PackedGemm):
+    def __init__(self, head: nn.Linear, gemm: CpuKernels):
         super().__init__()
         self.weight = head.weight
         self.bias = head.bias
@@ -131,18 +198,39 @@ class FewRowsHead(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def use_cpu_layout(model: nn.Module, gemm: PackedGemm | None) -> int:
-    """Convert a loaded causal LM in place: every nn.Linear under `model.model` and
-    `model.lm_head` take the packed layout when `gemm` is given and the weights are fp32,
-    else the input-major one. Returns the bytes added (the head's second layout, plus any
-    panel padding)."""
-    packed = gemm is not None and model.lm_head.weight.dtype == torch.float32
-    added = 0
-    for parent in list(model.model.modules()):
+def _packed(child: nn.Module, kernels: CpuKernels) -> nn.Module | None:
+    """The packed-layout replacement of one module, or None to recurse into it."""
+    if isinstance(child, Attention):
+        return PackedAttention(child, kernels)
+    if isinstance(child, MLP):
+        return PackedMLP(child, kernels)
+    if isinstance(child, RMSNorm):
+        return CpuRMSNorm(child, kernels)
+    if isinstance(child, nn.Linear):
+        return PackedLinear(child, kernels)
+    return None
+
+
+def use_cpu_layout(model: nn.Module, kernels: CpuKernels | None) -> int:
+    """Convert a loaded causal LM in place. With `kernels` and fp32 weights: attention, MLP,
+    RMSNorm and every other nn.Linear under `model.model` take their packed / C-kernel
+    forms and `model.lm_head` becomes a `PackedHead`; otherwise every nn.Linear takes the
+    input-major layout and the head a `FewRowsHead`. Returns the bytes added (the head's
+    second layout, plus any panel padding); the originals are released."""
+    packed = kernels is not None and model.lm_head.weight.dtype == torch.float32
+
+    def convert(parent: nn.Module) -> None:
         for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                layer = PackedLinear(child, gemm) if packed else InputMajorLinear(child)
-                setattr(parent, name, layer)
-                added += layer.extra_bytes
-    model.lm_head = PackedHead(model.lm_head, gemm) if packed else FewRowsHead(model.lm_head)
-    return added + model.lm_head.extra_bytes
+            if packed:
+                new = _packed(child, kernels)
+            else:
+                new = InputMajorLinear(child) if isinstance(child, nn.Linear) else None
+            if new is None:
+                convert(child)
+            else:
+                setattr(parent, name, new)
+
+    convert(model.model)
+    model.lm_head = PackedHead(model.lm_head, kernels) if packed else FewRowsHead(model.lm_head)
+    linears = (m for m in model.model.modules() if isinstance(m, (PackedLinear, InputMajorLinear)))
+    return sum(m.extra_bytes for m in linears) + model.lm_head.extra_bytes

@@ -1,0 +1,48 @@
+"""The CPU attention backend: torch_native's extend and verify, decode by radixlm's kernel.
+
+Decode reads each request's K/V in place from the pool through its slot list
+(`radixlm/kernels/cpu/decode_attention.c`) instead of gathering them into a padded
+block for SDPA. fp32 pools only; `create_attention_backend` falls back to torch_native
+where the CPU kernels cannot be built.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.kernels.cpu import CpuKernels
+from radixlm.kernels.forward_batch import ForwardBatch
+from radixlm.kernels.torch_native import TorchNativeBackend
+
+
+class CpuNativeBackend(TorchNativeBackend):
+    """TorchNativeBackend whose `forward_decode` runs the C decode-attention kernel and
+    whose `set_kv` copies the new K/V rows in one C call.
+
+    Args:
+        kv_pool, scaling: as `AttentionBackend`; the pool's buffers must be float32.
+        kernels: the loaded `CpuKernels`.
+    """
+
+    def __init__(self, kv_pool, scaling: float, kernels: CpuKernels):
+        super().__init__(kv_pool, scaling)
+        self.kernels = kernels
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        super().init_forward_metadata(fb)
+        self._lens = fb.seq_lens.to(torch.int64)
+
+    def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
+        self.kernels.store_kv(k.float(), v.float(), k_buf, v_buf, loc)
+
+    def forward_decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        out = self.kernels.decode_attention(
+            q.float(),
+            self.kv_pool.k_buffer[layer_id],
+            self.kv_pool.v_buffer[layer_id],
+            self._slots,
+            self._lens,
+            self.scaling,
+        )
+        return out.to(q.dtype)

@@ -1,0 +1,128 @@
+"""radixlm's C kernels for CPU equal their torch references: the packed GEMM for every row
+tile, K block and ragged N; RMSNorm, silu * mul, RoPE and the KV store (decode attention
+is compared with torch_native in test_attention.py)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import radixlm.kernels.cpu as cpu
+from radixlm.kernels.cpu import CpuKernels, pack_panels
+from radixlm.runtime.models.llama import RMSNorm, apply_rotary
+
+
+@pytest.fixture(scope="module")
+def gemm():
+    g = CpuKernels.load()
+    if g is None:
+        pytest.skip("the packed CPU GEMM cannot be built here (no compiler or no AVX2)")
+    return g
+
+
+def test_pack_panels_layout():
+    w = torch.arange(20 * 3, dtype=torch.float32).view(20, 3)
+    p = pack_panels(w)
+    assert p.shape == (2, 3, 16)
+    assert torch.equal(p[0], w[:16].t())
+    assert torch.equal(p[1, :, :4], w[16:].t())
+    assert not p[1, :, 4:].any()  # zero padding
+
+
+# Rows cover tiles of 1-6 rows, balanced splits above 6 and K blocking (K > 128);
+# N covers exact panels, a ragged last panel and N < 16.
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 40])
+@pytest.mark.parametrize("n,k", [(64, 32), (200, 300), (7, 129), (1000, 576)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matches_torch(gemm, m, n, k, threads):
+    torch.manual_seed(m * 1000 + n + k)
+    w, x = torch.randn(n, k), torch.randn(m, k)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = gemm.mm(x, pack_panels(w), n)
+    finally:
+        torch.set_num_threads(before)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    torch.testing.assert_close(y, x @ w.t(), rtol=1e-5, atol=1e-4)
+
+
+def test_non_contiguous_input_and_zero_rows(gemm):
+    w = torch.randn(48, 40)
+    x = torch.randn(40, 6).t()  # [6, 40], not contiguous
+    torch.testing.assert_close(gemm.mm(x, pack_panels(w), 48), x @ w.t(), rtol=1e-5, atol=1e-4)
+    assert gemm.mm(torch.empty(0, 40), pack_panels(w), 48).shape == (0, 48)
+
+
+def test_bad_input_is_a_value_error(gemm):
+    p = pack_panels(torch.randn(32, 8))
+    with pytest.raises(ValueError, match="fp32 only"):
+        gemm.mm(torch.randn(2, 8, dtype=torch.float64), p, 32)
+    with pytest.raises(ValueError, match="K=9"):
+        gemm.mm(torch.randn(2, 9), p, 32)
+
+
+def test_build_failure_falls_back_to_none(monkeypatch, tmp_path):
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    monkeypatch.setattr(cpu, "_unsupported_reason", lambda: None)
+    assert CpuKernels.load.__wrapped__() is None  # uncached: really tries to build
+    assert not list(tmp_path.glob("*.so"))
+
+
+def test_build_is_cached(monkeypatch, tmp_path, gemm):
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path))
+    so = cpu._build()
+    assert so.parent == tmp_path and so.exists()
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a))
+    assert cpu._build() == so and not calls
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 576), (3, 100), (300, 576)])  # 300 x 576: threaded
+def test_rms_norm(gemm, rows, dim):
+    torch.manual_seed(rows)
+    norm = RMSNorm(dim, 1e-5)
+    norm.weight.data.normal_()
+    x = torch.randn(rows, 2 * dim)[:, :dim]  # strided rows
+    torch.testing.assert_close(gemm.rms_norm(x, norm.weight, 1e-5), norm(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,n", [(1, 1536), (5, 37), (64, 1536)])
+def test_silu_mul(gemm, rows, n):
+    torch.manual_seed(n)
+    gu = torch.randn(rows, 2 * n) * 6  # saturates both tails of silu
+    want = F.silu(gu[:, :n]) * gu[:, n:]
+    torch.testing.assert_close(gemm.silu_mul(gu), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows,heads,head_dim", [(1, 12, 64), (6, 5, 24), (200, 12, 64)])
+def test_rope_in_place(gemm, rows, heads, head_dim):
+    torch.manual_seed(heads)
+    x = torch.randn(rows, (heads + 2) * head_dim)  # two trailing (v) heads stay untouched
+    cos, sin = torch.randn(rows, 1, head_dim), torch.randn(rows, 1, head_dim)
+    want = apply_rotary(x[:, : heads * head_dim].view(rows, heads, head_dim), cos, sin)
+    tail = x[:, heads * head_dim :].clone()
+    gemm.rope_(x, heads, head_dim, cos, sin)
+    torch.testing.assert_close(x[:, : heads * head_dim].view(rows, heads, head_dim), want,
+                               rtol=1e-5, atol=1e-5)
+    assert torch.equal(x[:, heads * head_dim :], tail)
+    with pytest.raises(ValueError, match="cannot hold"):
+        gemm.rope_(x, heads + 3, head_dim, cos, sin)
+
+
+def test_store_kv_from_strided_views(gemm):
+    k_buf, v_buf = torch.zeros(20, 2, 8), torch.zeros(20, 2, 8)
+    qkv = torch.randn(3, 48)  # k and v are column slices of a fused row, as in PackedAttention
+    k, v = qkv[:, 16:32].view(3, 2, 8), qkv[:, 32:].view(3, 2, 8)
+    loc = torch.tensor([5, 0, 19])
+    gemm.store_kv(k, v, k_buf, v_buf, loc)
+    assert torch.equal(k_buf[loc], k) and torch.equal(v_buf[loc], v)
+    untouched = torch.ones(20, dtype=torch.bool)
+    untouched[loc] = False
+    assert not k_buf[untouched].any() and not v_buf[untouched].any()
+    with pytest.raises(ValueError, match="loc int64"):
+        gemm.store_kv(k, v, k_buf, v_buf, loc.int())
