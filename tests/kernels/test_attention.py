@@ -130,9 +130,11 @@ def test_cpu_decode_kernel_matches_torch_native(page_size, head_dim, group, thre
     from radixlm.kernels.cpu_native import CpuNativeBackend
 
     fmode, prefix_lens, extend_lens = MODES["decode"]
+    # 131 keys: several 32-key V blocks plus a ragged 4-key tail.
     case = make_case(
-        fmode, prefix_lens, extend_lens, page_size=page_size, group=group, head_dim=head_dim
-    )
+        fmode, [*prefix_lens, 130], [*extend_lens, 1], page_size=page_size, group=group,
+        head_dim=head_dim,
+    )  # fmt: skip
     ref, ref_pool = _run("torch_native", case)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -12,6 +12,13 @@
 
 #include "simd_math.h"
 
+/* Rows are read through the slot list, so the hardware prefetcher cannot see the next
+ * one: fetch every cache line of the row AHEAD tokens on. */
+#define AHEAD 8
+static inline void prefetch_row(const float *row, int64_t d) {
+    for (int64_t i = 0; i < d; i += 16) _mm_prefetch((const char *)(row + i), _MM_HINT_T0);
+}
+
 static inline float dot(const float *a, const float *b, int64_t d) {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     int64_t i = 0;
@@ -21,6 +28,86 @@ static inline float dot(const float *a, const float *b, int64_t d) {
     }
     for (; i < d; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
     return hsum256(_mm256_add_ps(s0, s1));
+}
+
+#define ROW(buf, t) ((buf) + (sl[(t)] * Hkv + h) * D)
+
+/* scores[g * stride + t] = scale * q_g . k_t for t < L, four keys at a time: each key row
+ * is loaded once per query head from L1, and four dot products are reduced together. */
+static void qk_scores(const float *qb, const float *k_buf, const int64_t *sl, int64_t L,
+                      int64_t Hkv, int64_t h, int64_t D, int64_t G, float scale,
+                      float *scores, int64_t stride) {
+    const __m128 vscale = _mm_set1_ps(scale);
+    int64_t t = 0;
+    for (; t + 4 <= L; t += 4) {
+        const float *k0 = ROW(k_buf, t), *k1 = ROW(k_buf, t + 1);
+        const float *k2 = ROW(k_buf, t + 2), *k3 = ROW(k_buf, t + 3);
+        for (int64_t a = t + AHEAD; a < t + AHEAD + 4 && a < L; ++a) prefetch_row(ROW(k_buf, a), D);
+        for (int64_t g = 0; g < G; ++g) {
+            const float *qg = qb + g * D;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t i = 0; i < D; i += 8) {
+                __m256 qv = _mm256_loadu_ps(qg + i);
+                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
+                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), a1);
+                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
+                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
+            }
+            /* hadd(hadd(a0, a1), hadd(a2, a3)) holds each sum's low and high halves in
+             * the two 128-bit lanes; adding the lanes gives the four dot products. */
+            __m256 hh = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+            __m128 sums = _mm_add_ps(_mm256_castps256_ps128(hh), _mm256_extractf128_ps(hh, 1));
+            _mm_storeu_ps(scores + g * stride + t, _mm_mul_ps(sums, vscale));
+        }
+    }
+    for (; t < L; ++t)
+        for (int64_t g = 0; g < G; ++g)
+            scores[g * stride + t] = scale * dot(qb + g * D, ROW(k_buf, t), D);
+}
+
+/* acc[g] = sum_t p[g][t] v_t: tokens in blocks of VBLOCK (their V rows stay in L1 while
+ * every query head uses them), 64 columns at a time in eight registers. */
+#define VBLOCK 32
+static void pv_sum(const float *scores, int64_t stride, const float *v_buf, const int64_t *sl,
+                   int64_t L, int64_t Hkv, int64_t h, int64_t D, int64_t G, float *acc) {
+    for (int64_t i = 0; i < G * D; ++i) acc[i] = 0.0f;
+    for (int64_t t0 = 0; t0 < L; t0 += VBLOCK) {
+        const int64_t t1 = t0 + VBLOCK < L ? t0 + VBLOCK : L;
+        for (int64_t a = t1; a < t1 + VBLOCK && a < L; ++a) prefetch_row(ROW(v_buf, a), D);
+        for (int64_t g = 0; g < G; ++g) {
+            const float *p = scores + g * stride;
+            int64_t c = 0;
+            for (; c + 64 <= D; c += 64) {
+                float *ac = acc + g * D + c;
+                __m256 r0 = _mm256_loadu_ps(ac), r1 = _mm256_loadu_ps(ac + 8);
+                __m256 r2 = _mm256_loadu_ps(ac + 16), r3 = _mm256_loadu_ps(ac + 24);
+                __m256 r4 = _mm256_loadu_ps(ac + 32), r5 = _mm256_loadu_ps(ac + 40);
+                __m256 r6 = _mm256_loadu_ps(ac + 48), r7 = _mm256_loadu_ps(ac + 56);
+                for (int64_t t = t0; t < t1; ++t) {
+                    const float *v = ROW(v_buf, t) + c;
+                    __m256 pt = _mm256_set1_ps(p[t]);
+                    r0 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v), r0);
+                    r1 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + 8), r1);
+                    r2 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + 16), r2);
+                    r3 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + 24), r3);
+                    r4 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + 32), r4);
+                    r5 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + 40), r5);
+                    r6 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + 48), r6);
+                    r7 = _mm256_fmadd_ps(pt, _mm256_loadu_ps(v + 56), r7);
+                }
+                _mm256_storeu_ps(ac, r0), _mm256_storeu_ps(ac + 8, r1);
+                _mm256_storeu_ps(ac + 16, r2), _mm256_storeu_ps(ac + 24, r3);
+                _mm256_storeu_ps(ac + 32, r4), _mm256_storeu_ps(ac + 40, r5);
+                _mm256_storeu_ps(ac + 48, r6), _mm256_storeu_ps(ac + 56, r7);
+            }
+            for (; c < D; c += 8) {  /* head_dim not a multiple of 64: eight columns a pass */
+                __m256 r = _mm256_loadu_ps(acc + g * D + c);
+                for (int64_t t = t0; t < t1; ++t)
+                    r = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(ROW(v_buf, t) + c), r);
+                _mm256_storeu_ps(acc + g * D + c, r);
+            }
+        }
+    }
 }
 
 /* q, out [B, H, D]; k_buf, v_buf [slots, Hkv, D]; slots [B, ld_slots] (int64, the first
@@ -47,10 +134,9 @@ int radixlm_decode_attention(const float *q, const float *k_buf, const float *v_
             const float *qb = q + (b * H + h * G) * D;
             float *acc = scores + G * stride;
             float inv_sum[64];
+            qk_scores(qb, k_buf, sl, L, Hkv, h, D, G, scale, scores, stride);
             for (int64_t g = 0; g < G; ++g) {
                 float *s = scores + g * stride;
-                for (int64_t t = 0; t < L; ++t)
-                    s[t] = scale * dot(qb + g * D, k_buf + (sl[t] * Hkv + h) * D, D);
                 float m = -INFINITY;
                 for (int64_t t = 0; t < L; ++t) m = s[t] > m ? s[t] : m;
                 for (int64_t t = L; t < stride; ++t) s[t] = -INFINITY;
@@ -61,18 +147,8 @@ int radixlm_decode_attention(const float *q, const float *k_buf, const float *v_
                     vs = _mm256_add_ps(vs, e);
                 }
                 inv_sum[g % 64] = 1.0f / hsum256(vs);
-                for (int64_t i = 0; i < D; ++i) acc[g * D + i] = 0.0f;
             }
-            for (int64_t t = 0; t < L; ++t) {
-                const float *vrow = v_buf + (sl[t] * Hkv + h) * D;
-                for (int64_t g = 0; g < G; ++g) {
-                    __m256 p = _mm256_set1_ps(scores[g * stride + t]);
-                    float *a = acc + g * D;
-                    for (int64_t i = 0; i < D; i += 8)
-                        _mm256_storeu_ps(a + i, _mm256_fmadd_ps(p, _mm256_loadu_ps(vrow + i),
-                                                                _mm256_loadu_ps(a + i)));
-                }
-            }
+            pv_sum(scores, stride, v_buf, sl, L, Hkv, h, D, G, acc);
             for (int64_t g = 0; g < G; ++g) {
                 float *o = out + (b * H + h * G + g) * D;
                 __m256 inv = _mm256_set1_ps(inv_sum[g % 64]);
