@@ -32,6 +32,10 @@ class CpuNativeBackend(TorchNativeBackend):
         super().init_forward_metadata(fb)
         self._lens = fb.seq_lens.to(torch.int64)
 
+    def decode_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This step's (slots int64 [B, max_len], seq_lens int64 [B]) for decode kernels."""
+        return self._slots, self._lens
+
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
         self.kernels.store_kv(k.float(), v.float(), k_buf, v_buf, loc)

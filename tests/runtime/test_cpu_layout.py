@@ -82,9 +82,7 @@ def test_packed_conversion_keeps_tied_head_and_counts_panels_and_padding(gemm):
     torch.testing.assert_close(model.model.proj(x), want, rtol=1e-5, atol=1e-4)
 
 
-def test_packed_decoder_layer_equals_the_original(gemm):
-    """PackedAttention (fused q/k/v, C RoPE), PackedMLP and CpuRMSNorm give the llama
-    modules' outputs; attention goes through the same backend call."""
+def _tiny_layer():
     from types import SimpleNamespace
 
     from radixlm.runtime.models.llama import DecoderLayer, RotaryEmbedding
@@ -97,7 +95,27 @@ def test_packed_decoder_layer_equals_the_original(gemm):
     layer = DecoderLayer(cfg, 0, qkv_bias=True)
     for p in layer.parameters():
         p.data.normal_(0, 0.2)
-    rope = RotaryEmbedding(cfg)(torch.arange(5, 10), torch.float32)
+    return layer, RotaryEmbedding(cfg)
+
+
+def _packed_model(layer, gemm) -> nn.Module:
+    holder = nn.Module()
+    holder.model = nn.Module()
+    holder.model.layer = layer
+    holder.lm_head = nn.Linear(64, 10, bias=False)
+    use_cpu_layout(holder, gemm)
+    return holder
+
+
+def test_packed_decoder_layer_equals_the_original(gemm):
+    """PackedAttention (fused q/k/v, C RoPE), PackedMLP and CpuRMSNorm give the llama
+    modules' outputs; attention goes through the same backend call."""
+    from types import SimpleNamespace
+
+    from radixlm.kernels import ForwardMode
+
+    layer, rotary = _tiny_layer()
+    rope = rotary(torch.arange(5, 10), torch.float32)
     seen = []
 
     class EchoBackend:  # attention = q itself; records what the layer passed
@@ -106,19 +124,41 @@ def test_packed_decoder_layer_equals_the_original(gemm):
             return q.reshape(q.shape[0], -1).clone()
 
     x = torch.randn(5, 64)
+    fb = SimpleNamespace(mode=ForwardMode.EXTEND)
     with torch.inference_mode():
-        want = layer(x, rope, EchoBackend(), None)
-        holder = nn.Module()
-        holder.model = nn.Module()
-        holder.model.layer = layer
-        holder.lm_head = nn.Linear(64, 10, bias=False)
-        use_cpu_layout(holder, gemm)
-        got = holder.model.layer(x, rope, EchoBackend(), None)
-    assert type(holder.model.layer.self_attn).__name__ == "PackedAttention"
-    assert type(holder.model.layer.mlp).__name__ == "PackedMLP"
+        want = layer(x, rope, EchoBackend(), fb)
+        packed = _packed_model(layer, gemm).model.layer
+        got = packed(x, rope, EchoBackend(), fb)
+    assert type(packed).__name__ == "CpuDecoderLayer"
+    assert type(packed.self_attn).__name__ == "PackedAttention"
     for a, b in zip(seen[0], seen[1]):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_decode_layer_equals_the_module_path(gemm):
+    """A decode step on the cpu backend runs the layer as one C call: same output and the
+    same K/V written as the llama layer on torch_native."""
+    from radixlm.kernels import ForwardMode, create_attention_backend
+    from tests.kernels.cases import make_case
+
+    layer, rotary = _tiny_layer()
+    case = make_case(ForwardMode.DECODE, [0, 3, 40], [1, 1, 1], page_size=1, group=2)
+    rope = rotary(case.fb.positions, torch.float32)
+    x = torch.randn(3, 64)
+    results = []
+    with torch.inference_mode():
+        for name in ("torch_native", "cpu"):
+            pool = case.clone_pool()
+            backend = create_attention_backend(name, pool, 16**-0.5)
+            backend.init_forward_metadata(case.fb)
+            mod = layer if name == "torch_native" else _packed_model(layer, gemm).model.layer
+            results.append((mod(x.clone(), rope, backend, case.fb), pool))
+    (want, ref_pool), (got, pool) = results
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    loc = case.fb.out_cache_loc
+    torch.testing.assert_close(pool.k_buffer[0][loc], ref_pool.k_buffer[0][loc])
+    torch.testing.assert_close(pool.v_buffer[0][loc], ref_pool.v_buffer[0][loc])
 
 
 def test_other_dtypes_keep_the_input_major_layout(gemm):

@@ -39,12 +39,21 @@ def _tiny(kind: str):
     return LlamaConfig(**common, tie_word_embeddings=True)
 
 
+# "auto" on CPU: packed weights, C kernels and the fused decode layer; "torch": torch's
+# GEMM and the torch_native backend (the reference path).
+CPU_PATHS = {
+    "auto": {},
+    "torch": {"cpu_gemm": "torch", "attention_backend": "torch_native"},
+}
+
+
+@pytest.mark.parametrize("path", sorted(CPU_PATHS))
 @pytest.mark.parametrize("kind", ["llama-tied", "qwen2", "llama3-rope"])
-def test_tiny_model_matches_transformers(kind, tmp_path, hf_dir):
+def test_tiny_model_matches_transformers(kind, path, tmp_path, hf_dir):
     model = save_random_model(_tiny(kind), tmp_path, hf_dir)
     prompts = [[5, 17, 300, 4000, 9], [77] * 30 + [123, 456], list(range(100, 200))]
     refs = hf_greedy(model, prompts, 12, eos_token_id=None)
-    with Engine(str(tmp_path), max_total_tokens=1024, page_size=4) as engine:
+    with Engine(str(tmp_path), max_total_tokens=1024, page_size=4, **CPU_PATHS[path]) as engine:
         params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
         outs = engine.generate(input_ids=prompts, sampling_params=params)
         assert [o["output_ids"] for o in outs] == refs

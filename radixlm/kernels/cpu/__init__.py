@@ -3,7 +3,8 @@
 * `packed_gemm.c`: the few-row GEMM over packed weight panels (`CpuKernels.mm`);
 * `decode_attention.c`: paged decode attention read in place from the KV pool
   (`CpuKernels.decode_attention`);
-* `elementwise.c`: RMSNorm, silu(gate) * up, RoPE in place, and the KV-pool store.
+* `elementwise.c`: RMSNorm, silu(gate) * up, RoPE in place, and the KV-pool store;
+* `decode_layer.c`: a whole Llama decoder layer of a decode step in one call.
 
 The sources are built with the system C compiler (`$CC`, else `cc`) into one library in
 `$RADIXLM_CACHE_DIR` (default `~/.cache/radixlm`), keyed by the sources' hash, and
@@ -30,8 +31,10 @@ import torch
 logger = logging.getLogger(__name__)
 
 _DIR = Path(__file__).parent
-_SOURCES = [_DIR / n for n in ("packed_gemm.c", "decode_attention.c", "elementwise.c")]
-_HEADERS = [_DIR / "simd_math.h"]
+_SOURCES = [
+    _DIR / n for n in ("packed_gemm.c", "decode_attention.c", "elementwise.c", "decode_layer.c")
+]
+_HEADERS = [_DIR / "simd_math.h", _DIR / "kernels.h"]
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 #: Panel width in output columns (two AVX2 registers of fp32).
 PANEL = 16
@@ -55,6 +58,18 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     return padded.view(nb, PANEL, k).transpose(1, 2).contiguous()
 
 
+class LayerSpec(ctypes.Structure):
+    """`radixlm_layer` of decode_layer.c: one decoder layer's weights (pointers into tensors
+    the caller keeps alive) and sizes."""
+
+    _fields_ = [
+        *((name, ctypes.c_void_p) for name in ("ln1", "ln2", "qkv", "qkv_bias", "o", "gate_up", "down")),
+        *((name, ctypes.c_int64) for name in ("hidden", "inter", "heads", "kv_heads", "head_dim")),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+    ]
+
+
 class CpuKernels:
     """The compiled kernels. Use `CpuKernels.load()` (built and loaded once per process);
     the constructor takes the loaded ctypes library."""
@@ -66,13 +81,16 @@ class CpuKernels:
         gemm.argtypes = [p, p, p, i64, i64, i64, ctypes.c_int]
         attn = lib.radixlm_decode_attention
         attn.restype = ctypes.c_int
-        attn.argtypes = [p, p, p, p, i64, p, p, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+        attn.argtypes = [p, i64, p, p, p, i64, p, p, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
         self._gemm, self._attn = gemm, attn
         i32 = ctypes.c_int
         self._norm = _bind(lib.radixlm_rms_norm, [p, i64, p, p, i64, i64, ctypes.c_float, i32])
         self._silu_mul = _bind(lib.radixlm_silu_mul, [p, p, i64, i64, i32])
         self._rope = _bind(lib.radixlm_rope, [p, i64, i64, i64, i64, p, p, i32])
         self._store_kv = _bind(lib.radixlm_store_kv, [p, p, i64, p, p, p, i64, i64, i32])
+        self._layer = lib.radixlm_decode_layer
+        self._layer.restype = ctypes.c_int
+        self._layer.argtypes = [ctypes.POINTER(LayerSpec), p, i64, p, p, p, p, p, p, i64, p, p, i32]
 
     @staticmethod
     @cache
@@ -113,7 +131,7 @@ class CpuKernels:
         """Softmax(scale * q K^T) V of one new token per request over its sequence.
 
         Args:
-            q: float32 [B, H, D] (made contiguous); D a multiple of 8.
+            q: float32 [B, H, D], rows may be strided (else it is copied); D a multiple of 8.
             k_buf, v_buf: float32 [num_slots, Hkv, D] contiguous, one layer of the KV pool;
                 H a multiple of Hkv, H / Hkv <= 64.
             slots: int64 [B, >= max(seq_lens)] contiguous; row b's first seq_lens[b]
@@ -131,15 +149,53 @@ class CpuKernels:
             raise ValueError(f"unsupported shapes q {tuple(q.shape)}, kv {tuple(k_buf.shape)}")
         if slots.dtype != torch.int64 or seq_lens.dtype != torch.int64 or slots.shape[0] != b:
             raise ValueError("slots and seq_lens must be int64 with one row per request")
-        q, slots, seq_lens = q.contiguous(), slots.contiguous(), seq_lens.contiguous()
-        out = torch.empty_like(q)
+        if q.stride(2) != 1 or q.stride(1) != d:
+            q = q.contiguous()  # rows may be strided (q inside a fused qkv row), heads not
+        slots, seq_lens = slots.contiguous(), seq_lens.contiguous()
+        out = torch.empty(b, h, d, dtype=torch.float32)
         rc = self._attn(
-            q.data_ptr(), k_buf.data_ptr(), v_buf.data_ptr(), slots.data_ptr(), slots.shape[1],
+            q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(), slots.data_ptr(), slots.shape[1],
             seq_lens.data_ptr(), out.data_ptr(), b, h, hkv, d, scale, torch.get_num_threads(),
         )
         if rc != 0:
             raise MemoryError("CPU decode attention could not allocate its score buffers")
         return out
+
+    def decode_layer(
+        self,
+        spec: LayerSpec,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        loc: torch.Tensor,
+        slots: torch.Tensor,
+        seq_lens: torch.Tensor,
+    ) -> None:
+        """Run one decoder layer of a decode step in place on x float32 [B, hidden]
+        contiguous (one new token per request): RMSNorm, q/k/v, RoPE (cos, sin float32
+        [B, head_dim]), KV store at `loc` (int64 [B]), attention over `slots` / `seq_lens`
+        (as `decode_attention`), output projection, residual, RMSNorm, SwiGLU MLP,
+        residual. Raises ValueError on a non-contiguous x, MemoryError as
+        `decode_attention`."""
+        if not x.is_contiguous() or x.dtype != torch.float32:
+            raise ValueError("decode_layer: x must be contiguous float32 [B, hidden]")
+        b = x.shape[0]
+        qkv = (spec.heads + 2 * spec.kv_heads) * spec.head_dim
+        hd = spec.heads * spec.head_dim
+        scratch = torch.empty(b * (spec.hidden + qkv + hd + max(hd, spec.hidden) + 3 * spec.inter))
+        cos = cos.reshape(b, -1).contiguous()
+        sin = sin.reshape(b, -1).contiguous()
+        loc, slots, seq_lens = loc.contiguous(), slots.contiguous(), seq_lens.contiguous()
+        rc = self._layer(
+            ctypes.byref(spec), x.data_ptr(), b, cos.data_ptr(), sin.data_ptr(),
+            k_buf.data_ptr(), v_buf.data_ptr(), loc.data_ptr(),
+            slots.data_ptr(), slots.shape[1], seq_lens.data_ptr(), scratch.data_ptr(),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        if rc != 0:
+            raise MemoryError("CPU decode attention could not allocate its score buffers")
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """weight * x / sqrt(mean(x^2) + eps) per row: x float32 [rows, dim] (rows may be

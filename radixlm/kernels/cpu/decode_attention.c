@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "kernels.h"
 #include "simd_math.h"
 
 /* Rows are read through the slot list, so the hardware prefetcher cannot see the next
@@ -110,9 +111,10 @@ static void pv_sum(const float *scores, int64_t stride, const float *v_buf, cons
     }
 }
 
-/* q, out [B, H, D]; k_buf, v_buf [slots, Hkv, D]; slots [B, ld_slots] (int64, the first
- * seq_lens[b] entries valid); D a multiple of 8. Returns 0, or -1 when out of memory. */
-int radixlm_decode_attention(const float *q, const float *k_buf, const float *v_buf,
+/* q [B, H, D] with row stride ldq (floats), out [B, H, D] contiguous; k_buf, v_buf
+ * [slots, Hkv, D]; slots [B, ld_slots] (int64, the first seq_lens[b] entries valid); D a
+ * multiple of 8. Returns 0, or -1 when out of memory. */
+int radixlm_decode_attention(const float *q, int64_t ldq, const float *k_buf, const float *v_buf,
                              const int64_t *slots, int64_t ld_slots, const int64_t *seq_lens,
                              float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D,
                              float scale, int num_threads) {
@@ -131,7 +133,7 @@ int radixlm_decode_attention(const float *q, const float *k_buf, const float *v_
             if (!scores) continue;
             const int64_t b = task / Hkv, h = task % Hkv, L = seq_lens[b];
             const int64_t *sl = slots + b * ld_slots;
-            const float *qb = q + (b * H + h * G) * D;
+            const float *qb = q + b * ldq + h * G * D;
             float *acc = scores + G * stride;
             float inv_sum[64];
             qk_scores(qb, k_buf, sl, L, Hkv, h, D, G, scale, scores, stride);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "simd_math.h"
 
 #define PARALLEL_MIN (1 << 16) /* elements per call below which one thread does it all */

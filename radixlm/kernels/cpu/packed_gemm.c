@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels.h"
+
 #define KBLOCK 128
 
 /* Accumulators are named variables, not an array: GCC keeps an array of vectors on the

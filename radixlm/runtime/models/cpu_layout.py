@@ -34,8 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.kernels.cpu import CpuKernels, pack_panels
-from radixlm.runtime.models.llama import MLP, Attention, RMSNorm
+from radixlm.kernels import ForwardMode
+from radixlm.kernels.cpu import CpuKernels, LayerSpec, pack_panels
+from radixlm.kernels.cpu_native import CpuNativeBackend
+from radixlm.runtime.models.llama import MLP, Attention, DecoderLayer, RMSNorm
 
 #: Rows up to which the input-major head uses its transposed copy (MKL, 1 thread: 1 row
 #: 8.6 -> 4.8 ms, 3 rows 30.9 -> 14.3 ms, but 4 rows 21 -> 28 ms).
@@ -129,6 +131,53 @@ class CpuRMSNorm(nn.Module):
         return self._kernels.rms_norm(x, self.weight, self.eps)
 
 
+class CpuDecoderLayer(nn.Module):
+    """`models.llama.DecoderLayer` with packed attention and MLP. A decode step on the
+    `cpu` attention backend runs the whole layer in one C call (`CpuKernels.decode_layer`,
+    x updated in place); other steps call the modules as the original layer does."""
+
+    def __init__(self, layer: DecoderLayer, kernels: CpuKernels):
+        super().__init__()
+        self.self_attn = PackedAttention(layer.self_attn, kernels)
+        self.mlp = PackedMLP(layer.mlp, kernels)
+        self.input_layernorm = CpuRMSNorm(layer.input_layernorm, kernels)
+        self.post_attention_layernorm = CpuRMSNorm(layer.post_attention_layernorm, kernels)
+        self._kernels = kernels
+        attn, mlp = self.self_attn, self.mlp
+        bias = attn.qkv_proj.bias
+        self.spec = LayerSpec(
+            ln1=self.input_layernorm.weight.data_ptr(),
+            ln2=self.post_attention_layernorm.weight.data_ptr(),
+            qkv=attn.qkv_proj.panels.data_ptr(),
+            qkv_bias=None if bias is None else bias.data_ptr(),
+            o=attn.o_proj.panels.data_ptr(),
+            gate_up=mlp.gate_up_proj.panels.data_ptr(),
+            down=mlp.down_proj.panels.data_ptr(),
+            hidden=attn.o_proj.out_features,
+            inter=mlp.down_proj.panels.shape[1],
+            heads=attn.num_heads,
+            kv_heads=attn.num_kv_heads,
+            head_dim=attn.head_dim,
+            eps=self.input_layernorm.eps,
+            scale=attn.head_dim**-0.5,
+        )  # fmt: skip
+        if self.post_attention_layernorm.eps != self.input_layernorm.eps:
+            raise ValueError("the fused CPU layer needs one RMSNorm eps for both norms")
+
+    def forward(self, x, rope, backend, fb):
+        if fb.mode is ForwardMode.DECODE and isinstance(backend, CpuNativeBackend):
+            layer_id = self.self_attn.layer_id
+            self.spec.scale = backend.scaling
+            x = x.contiguous()
+            self._kernels.decode_layer(
+                self.spec, x, rope[0], rope[1], backend.kv_pool.k_buffer[layer_id],
+                backend.kv_pool.v_buffer[layer_id], fb.out_cache_loc, *backend.decode_tables(),
+            )  # fmt: skip
+            return x
+        x = x + self.self_attn(self.input_layernorm(x), rope, backend, fb)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
 class PackedHead(nn.Module):
     """lm_head holding `weight` [vocab, hidden] (the original parameter, possibly tied to the
     embedding) and `panels` of it: packed GEMM for at most `PACKED_HEAD_ROWS` rows,
@@ -200,6 +249,8 @@ class FewRowsHead(nn.Module):
 
 def _packed(child: nn.Module, kernels: CpuKernels) -> nn.Module | None:
     """The packed-layout replacement of one module, or None to recurse into it."""
+    if isinstance(child, DecoderLayer):
+        return CpuDecoderLayer(child, kernels)
     if isinstance(child, Attention):
         return PackedAttention(child, kernels)
     if isinstance(child, MLP):

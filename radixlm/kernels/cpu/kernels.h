@@ -1,0 +1,19 @@
+/* The exported CPU kernels, for the fused decode layer to call one another. */
+#ifndef RADIXLM_KERNELS_H
+#define RADIXLM_KERNELS_H
+#include <stdint.h>
+
+void radixlm_packed_gemm(const float *x, const float *panels, float *y, int64_t M, int64_t K,
+                         int64_t N, int num_threads);
+int radixlm_decode_attention(const float *q, int64_t ldq, const float *k_buf, const float *v_buf,
+                             const int64_t *slots, int64_t ld_slots, const int64_t *seq_lens,
+                             float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                             float scale, int num_threads);
+void radixlm_rms_norm(const float *x, int64_t ldx, const float *w, float *y, int64_t rows,
+                      int64_t dim, float eps, int num_threads);
+void radixlm_silu_mul(const float *gu, float *y, int64_t rows, int64_t n, int num_threads);
+void radixlm_rope(float *x, int64_t ldx, int64_t rows, int64_t heads, int64_t head_dim,
+                  const float *cos, const float *sin, int num_threads);
+void radixlm_store_kv(const float *k, const float *v, int64_t ld, float *k_buf, float *v_buf,
+                      const int64_t *loc, int64_t tokens, int64_t width, int num_threads);
+#endif
