@@ -20,15 +20,13 @@ def _torch_native(kv_pool, scaling: float, **_) -> AttentionBackend:
     return TorchNativeBackend(kv_pool, scaling)
 
 
-def _cpu(kv_pool, scaling: float, **_) -> AttentionBackend:
-    import torch
-
+def _cpu(kv_pool, scaling: float, num_heads: int | None = None, **_) -> AttentionBackend:
     from radixlm.kernels.cpu import CpuKernels
-    from radixlm.kernels.cpu_native import CpuNativeBackend
+    from radixlm.kernels.cpu_native import CpuNativeBackend, supports_pool
     from radixlm.kernels.torch_native import TorchNativeBackend
 
     kernels = CpuKernels.load()
-    if kernels is None or kv_pool.k_buffer[0].dtype != torch.float32:
+    if kernels is None or not supports_pool(kv_pool, num_heads):
         return TorchNativeBackend(kv_pool, scaling)
     return CpuNativeBackend(kv_pool, scaling, kernels)
 

@@ -3,7 +3,8 @@
 Decode reads each request's K/V in place from the pool through its slot list
 (`radixlm/kernels/cpu/decode_attention.c`) instead of gathering them into a padded
 block for SDPA. fp32 pools only; `create_attention_backend` falls back to torch_native
-where the CPU kernels cannot be built.
+where the CPU kernels cannot be built or the pool's shape is outside them
+(`supports_pool`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,18 @@ import torch
 from radixlm.kernels.cpu import CpuKernels
 from radixlm.kernels.forward_batch import ForwardBatch
 from radixlm.kernels.torch_native import TorchNativeBackend
+
+
+def supports_pool(kv_pool, num_heads: int | None) -> bool:
+    """Whether the C kernels can serve this pool: float32 CPU buffers, head_dim a multiple
+    of 8, and (when known) the query heads a multiple of the KV heads."""
+    k = kv_pool.k_buffer[0]
+    return (
+        k.dtype == torch.float32
+        and k.device.type == "cpu"
+        and k.shape[2] % 8 == 0
+        and (num_heads is None or num_heads % k.shape[1] == 0)
+    )
 
 
 class CpuNativeBackend(TorchNativeBackend):

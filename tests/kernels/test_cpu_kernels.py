@@ -107,8 +107,9 @@ def test_rope_in_place(gemm, rows, heads, head_dim):
     want = apply_rotary(x[:, : heads * head_dim].view(rows, heads, head_dim), cos, sin)
     tail = x[:, heads * head_dim :].clone()
     gemm.rope_(x, heads, head_dim, cos, sin)
-    torch.testing.assert_close(x[:, : heads * head_dim].view(rows, heads, head_dim), want,
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        x[:, : heads * head_dim].view(rows, heads, head_dim), want, rtol=1e-5, atol=1e-5
+    )
     assert torch.equal(x[:, heads * head_dim :], tail)
     with pytest.raises(ValueError, match="cannot hold"):
         gemm.rope_(x, heads + 3, head_dim, cos, sin)

@@ -63,7 +63,10 @@ class LayerSpec(ctypes.Structure):
     the caller keeps alive) and sizes."""
 
     _fields_ = [
-        *((name, ctypes.c_void_p) for name in ("ln1", "ln2", "qkv", "qkv_bias", "o", "gate_up", "down")),
+        *(
+            (name, ctypes.c_void_p)
+            for name in ("ln1", "ln2", "qkv", "qkv_bias", "o", "gate_up", "down")
+        ),
         *((name, ctypes.c_int64) for name in ("hidden", "inter", "heads", "kv_heads", "head_dim")),
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
@@ -75,22 +78,16 @@ class CpuKernels:
     the constructor takes the loaded ctypes library."""
 
     def __init__(self, lib: ctypes.CDLL):
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
-        gemm = lib.radixlm_packed_gemm
-        gemm.restype = None
-        gemm.argtypes = [p, p, p, i64, i64, i64, ctypes.c_int]
-        attn = lib.radixlm_decode_attention
-        attn.restype = ctypes.c_int
-        attn.argtypes = [p, i64, p, p, p, i64, p, p, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
-        self._gemm, self._attn = gemm, attn
-        i32 = ctypes.c_int
-        self._norm = _bind(lib.radixlm_rms_norm, [p, i64, p, p, i64, i64, ctypes.c_float, i32])
+        p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+        self._gemm = _bind(lib.radixlm_packed_gemm, [p, p, p, i64, i64, i64, i32])
+        attn_args = [p, i64, p, p, p, i64, p, p, i64, i64, i64, i64, f32, i32]
+        self._attn = _bind(lib.radixlm_decode_attention, attn_args, ctypes.c_int)
+        self._norm = _bind(lib.radixlm_rms_norm, [p, i64, p, p, i64, i64, f32, i32])
         self._silu_mul = _bind(lib.radixlm_silu_mul, [p, p, i64, i64, i32])
         self._rope = _bind(lib.radixlm_rope, [p, i64, i64, i64, i64, p, p, i32])
         self._store_kv = _bind(lib.radixlm_store_kv, [p, p, i64, p, p, p, i64, i64, i32])
-        self._layer = lib.radixlm_decode_layer
-        self._layer.restype = ctypes.c_int
-        self._layer.argtypes = [ctypes.POINTER(LayerSpec), p, i64, p, p, p, p, p, p, i64, p, p, i32]
+        layer_args = [ctypes.POINTER(LayerSpec), p, i64, p, p, p, p, p, p, i64, p, p, i32]
+        self._layer = _bind(lib.radixlm_decode_layer, layer_args, ctypes.c_int)
 
     @staticmethod
     @cache
@@ -114,6 +111,9 @@ class CpuKernels:
         m, k = x.shape
         if panels.shape[1] != k:
             raise ValueError(f"x has K={k} but the panels hold K={panels.shape[1]}")
+        if panels.shape[0] != -(-n // PANEL) or panels.shape[2] != PANEL:
+            raise ValueError(f"panels {tuple(panels.shape)} do not pack {n} outputs")
+        panels = panels.contiguous()
         x = x.contiguous()
         y = torch.empty(m, n, dtype=torch.float32)
         self._gemm(x.data_ptr(), panels.data_ptr(), y.data_ptr(), m, k, n, torch.get_num_threads())
@@ -133,7 +133,7 @@ class CpuKernels:
         Args:
             q: float32 [B, H, D], rows may be strided (else it is copied); D a multiple of 8.
             k_buf, v_buf: float32 [num_slots, Hkv, D] contiguous, one layer of the KV pool;
-                H a multiple of Hkv, H / Hkv <= 64.
+                H a multiple of Hkv.
             slots: int64 [B, >= max(seq_lens)] contiguous; row b's first seq_lens[b]
                 entries are the request's KV slots in order.
             seq_lens: int64 [B], each >= 1.
@@ -143,19 +143,29 @@ class CpuKernels:
         """
         b, h, d = q.shape
         hkv = k_buf.shape[1]
-        if q.dtype != torch.float32 or k_buf.dtype != torch.float32 or v_buf.dtype != torch.float32:
+        _check_pool(k_buf, v_buf, h, d)
+        if q.dtype != torch.float32:
             raise ValueError("CPU decode attention is fp32 only")
-        if d % 8 or h % hkv or h // hkv > 64 or k_buf.shape[2] != d or v_buf.shape != k_buf.shape:
-            raise ValueError(f"unsupported shapes q {tuple(q.shape)}, kv {tuple(k_buf.shape)}")
-        if slots.dtype != torch.int64 or seq_lens.dtype != torch.int64 or slots.shape[0] != b:
-            raise ValueError("slots and seq_lens must be int64 with one row per request")
+        _check_tables(b, slots, seq_lens)
         if q.stride(2) != 1 or q.stride(1) != d:
             q = q.contiguous()  # rows may be strided (q inside a fused qkv row), heads not
         slots, seq_lens = slots.contiguous(), seq_lens.contiguous()
         out = torch.empty(b, h, d, dtype=torch.float32)
         rc = self._attn(
-            q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(), slots.data_ptr(), slots.shape[1],
-            seq_lens.data_ptr(), out.data_ptr(), b, h, hkv, d, scale, torch.get_num_threads(),
+            q.data_ptr(),
+            q.stride(0),
+            k_buf.data_ptr(),
+            v_buf.data_ptr(),
+            slots.data_ptr(),
+            slots.shape[1],
+            seq_lens.data_ptr(),
+            out.data_ptr(),
+            b,
+            h,
+            hkv,
+            d,
+            scale,
+            torch.get_num_threads(),
         )
         if rc != 0:
             raise MemoryError("CPU decode attention could not allocate its score buffers")
@@ -179,14 +189,19 @@ class CpuKernels:
         (as `decode_attention`), output projection, residual, RMSNorm, SwiGLU MLP,
         residual. Raises ValueError on a non-contiguous x, MemoryError as
         `decode_attention`."""
-        if not x.is_contiguous() or x.dtype != torch.float32:
-            raise ValueError("decode_layer: x must be contiguous float32 [B, hidden]")
         b = x.shape[0]
+        if not x.is_contiguous() or x.dtype != torch.float32 or x.shape[1] != spec.hidden:
+            raise ValueError(f"decode_layer: x must be contiguous float32 [B, {spec.hidden}]")
+        _check_pool(k_buf, v_buf, spec.heads, spec.head_dim)
+        _check_tables(b, slots, seq_lens)
+        if loc.dtype != torch.int64 or loc.shape != (b,):
+            raise ValueError("decode_layer: loc must be int64 [B]")
         qkv = (spec.heads + 2 * spec.kv_heads) * spec.head_dim
         hd = spec.heads * spec.head_dim
-        scratch = torch.empty(b * (spec.hidden + qkv + hd + max(hd, spec.hidden) + 3 * spec.inter))
-        cos = cos.reshape(b, -1).contiguous()
-        sin = sin.reshape(b, -1).contiguous()
+        floats = b * (2 * spec.hidden + qkv + hd + 3 * spec.inter)  # decode_layer.c's layout
+        scratch = torch.empty(floats, dtype=torch.float32)
+        cos = cos.reshape(b, spec.head_dim).float().contiguous()
+        sin = sin.reshape(b, spec.head_dim).float().contiguous()
         loc, slots, seq_lens = loc.contiguous(), slots.contiguous(), seq_lens.contiguous()
         rc = self._layer(
             ctypes.byref(spec), x.data_ptr(), b, cos.data_ptr(), sin.data_ptr(),
@@ -204,8 +219,16 @@ class CpuKernels:
         rows, dim = x.shape
         y = torch.empty(rows, dim, dtype=torch.float32)
         w = weight.contiguous()
-        self._norm(x.data_ptr(), x.stride(0), w.data_ptr(), y.data_ptr(), rows, dim, eps,
-                   torch.get_num_threads())
+        self._norm(
+            x.data_ptr(),
+            x.stride(0),
+            w.data_ptr(),
+            y.data_ptr(),
+            rows,
+            dim,
+            eps,
+            torch.get_num_threads(),
+        )
         return y
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -218,23 +241,40 @@ class CpuKernels:
         self._silu_mul(gate_up.data_ptr(), y.data_ptr(), rows, n2 // 2, torch.get_num_threads())
         return y
 
-    def rope_(self, x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor,
-              sin: torch.Tensor) -> None:
+    def rope_(
+        self, x: torch.Tensor, heads: int, head_dim: int, cos: torch.Tensor, sin: torch.Tensor
+    ) -> None:
         """Rotate, in place, the first `heads` heads of each row of x float32 [rows, >=
         heads * head_dim] (rows may be strided) by cos, sin float32 [rows, head_dim]
         (rotate-half layout, as `models.llama.apply_rotary`)."""
         _check_rows("rope", x)
         if x.shape[1] < heads * head_dim or head_dim % 2:
-            raise ValueError(f"rope: rows of {x.shape[1]} floats cannot hold {heads} heads "
-                             f"of an even head_dim {head_dim}")
+            raise ValueError(
+                f"rope: rows of {x.shape[1]} floats cannot hold {heads} heads "
+                f"of an even head_dim {head_dim}"
+            )
         cos, sin = cos.reshape(-1, head_dim).contiguous(), sin.reshape(-1, head_dim).contiguous()
         if cos.shape[0] != x.shape[0] or sin.shape != cos.shape:
             raise ValueError("rope: cos and sin need one row per row of x")
-        self._rope(x.data_ptr(), x.stride(0), x.shape[0], heads, head_dim, cos.data_ptr(),
-                   sin.data_ptr(), torch.get_num_threads())
+        self._rope(
+            x.data_ptr(),
+            x.stride(0),
+            x.shape[0],
+            heads,
+            head_dim,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            torch.get_num_threads(),
+        )
 
-    def store_kv(self, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor,
-                 v_buf: torch.Tensor, loc: torch.Tensor) -> None:
+    def store_kv(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        loc: torch.Tensor,
+    ) -> None:
         """k_buf[loc] = k, v_buf[loc] = v: k, v float32 [T, Hkv, D] with contiguous
         [Hkv, D] rows and one row stride between them; buffers float32 [slots, Hkv, D]
         contiguous; loc int64 [T] (not checked against the buffer size: the allocator owns
@@ -246,22 +286,64 @@ class CpuKernels:
         if k2.stride(0) != v2.stride(0) or loc.dtype != torch.int64 or loc.shape != (t,):
             raise ValueError("store_kv: k and v need one row stride and loc int64 [T]")
         loc = loc.contiguous()
-        self._store_kv(k2.data_ptr(), v2.data_ptr(), k2.stride(0), k_buf.data_ptr(),
-                       v_buf.data_ptr(), loc.data_ptr(), t, width, torch.get_num_threads())
+        self._store_kv(
+            k2.data_ptr(),
+            v2.data_ptr(),
+            k2.stride(0),
+            k_buf.data_ptr(),
+            v_buf.data_ptr(),
+            loc.data_ptr(),
+            t,
+            width,
+            torch.get_num_threads(),
+        )
 
 
-def _bind(fn, argtypes):
-    fn.restype = None
+def _bind(fn, argtypes: list, restype=None):
+    """Declare a C function's signature for ctypes; returns it."""
+    fn.restype = restype
     fn.argtypes = argtypes
     return fn
+
+
+def _check_pool(k_buf: torch.Tensor, v_buf: torch.Tensor, heads: int, head_dim: int) -> None:
+    """One layer's K/V buffers: float32 [slots, Hkv, D] contiguous on the CPU, D % 8 == 0,
+    `heads` a multiple of Hkv."""
+    ok = (
+        k_buf.dtype == v_buf.dtype == torch.float32
+        and k_buf.device.type == v_buf.device.type == "cpu"
+        and k_buf.is_contiguous()
+        and v_buf.is_contiguous()
+        and k_buf.dim() == 3
+        and v_buf.shape == k_buf.shape
+        and k_buf.shape[2] == head_dim
+        and head_dim % 8 == 0
+        and heads % k_buf.shape[1] == 0
+    )
+    if not ok:
+        raise ValueError(
+            f"unsupported KV buffers {k_buf.dtype} {tuple(k_buf.shape)} for {heads} heads of "
+            f"{head_dim} (need float32 [slots, Hkv, D] contiguous, D % 8 == 0, Hkv | heads)"
+        )
+
+
+def _check_tables(b: int, slots: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    """slots int64 [B, L], seq_lens int64 [B]. That every length is in [1, L] is the
+    caller's invariant (not checked here: it would cost two reductions per layer call)."""
+    if slots.dtype != torch.int64 or seq_lens.dtype != torch.int64:
+        raise ValueError("slots and seq_lens must be int64")
+    if slots.dim() != 2 or slots.shape[0] != b or seq_lens.shape != (b,):
+        raise ValueError("slots and seq_lens need one row per request")
 
 
 def _check_rows(name: str, *tensors: torch.Tensor) -> None:
     """fp32, 2-D, unit stride along the last dimension (rows may be strided)."""
     for t in tensors:
         if t.dtype != torch.float32 or t.dim() != 2 or t.stride(1) != 1:
-            raise ValueError(f"{name}: expected 2-D float32 rows with unit inner stride, "
-                             f"got {t.dtype} {tuple(t.shape)} strides {t.stride()}")
+            raise ValueError(
+                f"{name}: expected 2-D float32 rows with unit inner stride, "
+                f"got {t.dtype} {tuple(t.shape)} strides {t.stride()}"
+            )
 
 
 def _unsupported_reason() -> str | None:

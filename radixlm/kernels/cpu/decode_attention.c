@@ -124,9 +124,11 @@ int radixlm_decode_attention(const float *q, int64_t ldq, const float *k_buf, co
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
-        /* Per thread: G score rows (padded to 8) and G accumulators of D floats. */
+        /* Per thread: G score rows (padded to 8), G accumulators of D floats, and G
+         * inverse sums (padded to 8 so the allocation stays a multiple of 32 bytes). */
         int64_t stride = (max_len + 7) / 8 * 8;
-        float *scores = aligned_alloc(32, (size_t)(G * stride + G * D) * sizeof(float));
+        float *scores =
+            aligned_alloc(32, (size_t)(G * stride + G * D + (G + 7) / 8 * 8) * sizeof(float));
         if (!scores) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < B * Hkv; ++task) {
@@ -134,8 +136,7 @@ int radixlm_decode_attention(const float *q, int64_t ldq, const float *k_buf, co
             const int64_t b = task / Hkv, h = task % Hkv, L = seq_lens[b];
             const int64_t *sl = slots + b * ld_slots;
             const float *qb = q + b * ldq + h * G * D;
-            float *acc = scores + G * stride;
-            float inv_sum[64];
+            float *acc = scores + G * stride, *inv_sum = acc + G * D;
             qk_scores(qb, k_buf, sl, L, Hkv, h, D, G, scale, scores, stride);
             for (int64_t g = 0; g < G; ++g) {
                 float *s = scores + g * stride;
@@ -148,12 +149,12 @@ int radixlm_decode_attention(const float *q, int64_t ldq, const float *k_buf, co
                     _mm256_store_ps(s + t, e);
                     vs = _mm256_add_ps(vs, e);
                 }
-                inv_sum[g % 64] = 1.0f / hsum256(vs);
+                inv_sum[g] = 1.0f / hsum256(vs);
             }
             pv_sum(scores, stride, v_buf, sl, L, Hkv, h, D, G, acc);
             for (int64_t g = 0; g < G; ++g) {
                 float *o = out + (b * H + h * G + g) * D;
-                __m256 inv = _mm256_set1_ps(inv_sum[g % 64]);
+                __m256 inv = _mm256_set1_ps(inv_sum[g]);
                 for (int64_t i = 0; i < D; i += 8)
                     _mm256_storeu_ps(o + i, _mm256_mul_ps(inv, _mm256_loadu_ps(acc + g * D + i)));
             }

@@ -20,8 +20,8 @@ typedef struct {
 } radixlm_layer;
 
 /* x [T, hidden] is updated in place; cos, sin [T, D]; scratch holds at least
- * T * (hidden + (H + 2 Hkv) D + 2 H D + 3 inter) floats. Returns 0, -1 when attention
- * could not allocate. */
+ * T * (2 hidden + (H + 2 Hkv) D + H D + 3 inter) floats. Needs D % 8 == 0 and
+ * H % Hkv == 0 (checked by the caller). Returns 0, -1 when attention could not allocate. */
 int radixlm_decode_layer(const radixlm_layer *L, float *x, int64_t T, const float *cos,
                          const float *sin, float *k_buf, float *v_buf, const int64_t *loc,
                          const int64_t *slots, int64_t ld_slots, const int64_t *seq_lens,
@@ -29,7 +29,7 @@ int radixlm_decode_layer(const radixlm_layer *L, float *x, int64_t T, const floa
     const int64_t hid = L->hidden, H = L->heads, Hkv = L->kv_heads, D = L->head_dim;
     const int64_t nqkv = (H + 2 * Hkv) * D;
     float *h = scratch, *qkv = h + T * hid, *attn = qkv + T * nqkv, *proj = attn + T * H * D;
-    float *gu = proj + T * (H * D > hid ? H * D : hid), *act = gu + 2 * T * L->inter;
+    float *gu = proj + T * hid, *act = gu + 2 * T * L->inter;
 
     radixlm_rms_norm(x, hid, L->ln1, h, T, hid, L->eps, nt);
     radixlm_packed_gemm(h, L->qkv, qkv, T, hid, nqkv, nt);

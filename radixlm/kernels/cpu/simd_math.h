@@ -5,8 +5,10 @@
 
 /* exp(x), 8 lanes: x = n ln2 + r, |r| <= ln2 / 2 (Cody-Waite split of ln2), exp(r) by its
  * degree-6 Taylor polynomial (relative error below 2e-7), times 2^n built in the exponent
- * bits. Inputs below -87 give 0; inputs above 88 are clamped to 88. */
+ * bits. Inputs below -87 (and -inf) give 0; inputs above 88 are clamped to 88; NaN stays
+ * NaN. */
 static inline __m256 exp256(__m256 x) {
+    const __m256 x0 = x;
     const __m256 lo = _mm256_set1_ps(-87.0f);
     __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
     x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.0f));
@@ -22,7 +24,8 @@ static inline __m256 exp256(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+    __m256 nan = _mm256_cmp_ps(x0, x0, _CMP_UNORD_Q);
+    return _mm256_or_ps(_mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e))), nan);
 }
 
 static inline float hsum256(__m256 v) {

@@ -76,8 +76,9 @@ def _fuse(linears: list[nn.Linear]) -> nn.Linear:
     fused = nn.Linear(weight.shape[1], weight.shape[0], bias=linears[0].bias is not None)
     fused.weight = nn.Parameter(weight, requires_grad=False)
     if fused.bias is not None:
-        fused.bias = nn.Parameter(torch.cat([lin.bias.detach() for lin in linears]),
-                                  requires_grad=False)
+        fused.bias = nn.Parameter(
+            torch.cat([lin.bias.detach() for lin in linears]), requires_grad=False
+        )
     return fused
 
 
@@ -133,8 +134,9 @@ class CpuRMSNorm(nn.Module):
 
 class CpuDecoderLayer(nn.Module):
     """`models.llama.DecoderLayer` with packed attention and MLP. A decode step on the
-    `cpu` attention backend runs the whole layer in one C call (`CpuKernels.decode_layer`,
-    x updated in place); other steps call the modules as the original layer does."""
+    `cpu` attention backend runs the whole layer in one C call (`CpuKernels.decode_layer`;
+    unlike the original layer it updates its input x in place and returns it); other steps,
+    and head shapes the C layer does not take, call the modules as the original does."""
 
     def __init__(self, layer: DecoderLayer, kernels: CpuKernels):
         super().__init__()
@@ -144,33 +146,45 @@ class CpuDecoderLayer(nn.Module):
         self.post_attention_layernorm = CpuRMSNorm(layer.post_attention_layernorm, kernels)
         self._kernels = kernels
         attn, mlp = self.self_attn, self.mlp
-        bias = attn.qkv_proj.bias
+        if self.post_attention_layernorm.eps != self.input_layernorm.eps:
+            raise ValueError("the fused CPU layer needs one RMSNorm eps for both norms")
         self.spec = LayerSpec(
-            ln1=self.input_layernorm.weight.data_ptr(),
-            ln2=self.post_attention_layernorm.weight.data_ptr(),
-            qkv=attn.qkv_proj.panels.data_ptr(),
-            qkv_bias=None if bias is None else bias.data_ptr(),
-            o=attn.o_proj.panels.data_ptr(),
-            gate_up=mlp.gate_up_proj.panels.data_ptr(),
-            down=mlp.down_proj.panels.data_ptr(),
             hidden=attn.o_proj.out_features,
             inter=mlp.down_proj.panels.shape[1],
             heads=attn.num_heads,
             kv_heads=attn.num_kv_heads,
             head_dim=attn.head_dim,
             eps=self.input_layernorm.eps,
-            scale=attn.head_dim**-0.5,
         )  # fmt: skip
-        if self.post_attention_layernorm.eps != self.input_layernorm.eps:
-            raise ValueError("the fused CPU layer needs one RMSNorm eps for both norms")
+        #: The C layer needs whole 8-float vectors per head and whole query groups.
+        self.fused_decode = attn.head_dim % 8 == 0 and attn.num_heads % attn.num_kv_heads == 0
+
+    def _point_spec(self) -> LayerSpec:
+        """The spec with the weights' current addresses (re-read every call, so moving or
+        reloading a parameter can never leave C a stale pointer)."""
+        attn, mlp, spec = self.self_attn, self.mlp, self.spec
+        bias = attn.qkv_proj.bias
+        spec.ln1 = self.input_layernorm.weight.data_ptr()
+        spec.ln2 = self.post_attention_layernorm.weight.data_ptr()
+        spec.qkv = attn.qkv_proj.panels.data_ptr()
+        spec.qkv_bias = None if bias is None else bias.data_ptr()
+        spec.o = attn.o_proj.panels.data_ptr()
+        spec.gate_up = mlp.gate_up_proj.panels.data_ptr()
+        spec.down = mlp.down_proj.panels.data_ptr()
+        return spec
 
     def forward(self, x, rope, backend, fb):
-        if fb.mode is ForwardMode.DECODE and isinstance(backend, CpuNativeBackend):
+        if (
+            fb.mode is ForwardMode.DECODE
+            and self.fused_decode
+            and isinstance(backend, CpuNativeBackend)
+        ):
             layer_id = self.self_attn.layer_id
-            self.spec.scale = backend.scaling
+            spec = self._point_spec()
+            spec.scale = backend.scaling
             x = x.contiguous()
             self._kernels.decode_layer(
-                self.spec, x, rope[0], rope[1], backend.kv_pool.k_buffer[layer_id],
+                spec, x, rope[0], rope[1], backend.kv_pool.k_buffer[layer_id],
                 backend.kv_pool.v_buffer[layer_id], fb.out_cache_loc, *backend.decode_tables(),
             )  # fmt: skip
             return x
