@@ -156,3 +156,13 @@ def test_cpu_backend_falls_back_for_half_pools():
     case.pool.k_buffer = [b.half() for b in case.pool.k_buffer]
     backend = create_attention_backend("cpu", case.pool, case.scaling)
     assert type(backend) is TorchNativeBackend
+
+
+def test_cpu_backend_falls_back_for_head_dims_outside_the_kernel():
+    from radixlm.kernels.torch_native import TorchNativeBackend
+
+    case = make_case(ForwardMode.DECODE, [3], [1], head_dim=12)
+    assert type(create_attention_backend("cpu", case.pool, case.scaling)) is TorchNativeBackend
+    case = make_case(ForwardMode.DECODE, [3], [1], kv_heads=2, head_dim=16)
+    backend = create_attention_backend("cpu", case.pool, case.scaling, num_heads=3)
+    assert type(backend) is TorchNativeBackend  # 3 query heads on 2 KV heads

@@ -127,3 +127,44 @@ def test_store_kv_from_strided_views(gemm):
     assert not k_buf[untouched].any() and not v_buf[untouched].any()
     with pytest.raises(ValueError, match="loc int64"):
         gemm.store_kv(k, v, k_buf, v_buf, loc.int())
+
+
+def _dense_decode(q, k_buf, v_buf, slots, lens, scale):
+    """Reference: softmax(scale q K^T) V per request over its slots (GQA by repeat)."""
+    out = torch.empty_like(q)
+    group = q.shape[1] // k_buf.shape[1]
+    for b in range(q.shape[0]):
+        idx = slots[b, : lens[b]]
+        k = k_buf[idx].repeat_interleave(group, dim=1)  # [L, H, D]
+        v = v_buf[idx].repeat_interleave(group, dim=1)
+        p = torch.softmax(scale * torch.einsum("hd,lhd->hl", q[b], k), dim=-1)
+        out[b] = torch.einsum("hl,lhd->hd", p, v)
+    return out
+
+
+def test_decode_attention_many_query_heads_per_kv_head_and_nan(gemm):
+    """80 query heads on one KV head (no limit on the group size); a NaN query gives NaN
+    for its own request only, as the reference does."""
+    torch.manual_seed(0)
+    k_buf, v_buf = torch.randn(50, 1, 8), torch.randn(50, 1, 8)
+    q = torch.randn(2, 80, 8)
+    slots = torch.stack([torch.randperm(50)[:9], torch.randperm(50)[:9]])
+    lens = torch.tensor([9, 4])
+    want = _dense_decode(q, k_buf, v_buf, slots, lens, 0.3)
+    got = gemm.decode_attention(q, k_buf, v_buf, slots, lens, 0.3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    q[1, 5, 0] = float("nan")
+    got = gemm.decode_attention(q, k_buf, v_buf, slots, lens, 0.3)
+    assert got[1, 5].isnan().all() and not got[0].isnan().any()
+
+
+def test_kernel_entries_reject_bad_tables(gemm):
+    k_buf, v_buf = torch.randn(20, 2, 8), torch.randn(20, 2, 8)
+    q, lens = torch.randn(1, 4, 8), torch.tensor([3])
+    with pytest.raises(ValueError, match="int64"):
+        gemm.decode_attention(q, k_buf, v_buf, torch.zeros(1, 3, dtype=torch.int32), lens, 1.0)
+    with pytest.raises(ValueError, match="D % 8"):
+        gemm.decode_attention(torch.randn(1, 4, 6), *[torch.randn(20, 2, 6)] * 2,
+                              torch.zeros(1, 3, dtype=torch.int64), lens, 1.0)  # fmt: skip
+    with pytest.raises(ValueError, match="do not pack"):
+        gemm.mm(torch.randn(2, 8), pack_panels(torch.randn(32, 8)), 40)
