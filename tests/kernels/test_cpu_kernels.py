@@ -15,14 +15,6 @@ from radixlm.kernels.cpu import CpuKernels, pack_panels
 from radixlm.runtime.models.llama import RMSNorm, apply_rotary
 
 
-@pytest.fixture(scope="module")
-def gemm():
-    g = CpuKernels.load()
-    if g is None:
-        pytest.skip("the packed CPU GEMM cannot be built here (no compiler or no AVX2)")
-    return g
-
-
 def test_pack_panels_layout():
     w = torch.arange(20 * 3, dtype=torch.float32).view(20, 3)
     p = pack_panels(w)
@@ -37,32 +29,34 @@ def test_pack_panels_layout():
 @pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 40])
 @pytest.mark.parametrize("n,k", [(64, 32), (200, 300), (7, 129), (1000, 576)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_matches_torch(gemm, m, n, k, threads):
+def test_matches_torch(cpu_kernels, m, n, k, threads):
     torch.manual_seed(m * 1000 + n + k)
     w, x = torch.randn(n, k), torch.randn(m, k)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        y = gemm.mm(x, pack_panels(w), n)
+        y = cpu_kernels.mm(x, pack_panels(w), n)
     finally:
         torch.set_num_threads(before)
     assert y.shape == (m, n) and y.dtype == torch.float32
     torch.testing.assert_close(y, x @ w.t(), rtol=1e-5, atol=1e-4)
 
 
-def test_non_contiguous_input_and_zero_rows(gemm):
+def test_non_contiguous_input_and_zero_rows(cpu_kernels):
     w = torch.randn(48, 40)
     x = torch.randn(40, 6).t()  # [6, 40], not contiguous
-    torch.testing.assert_close(gemm.mm(x, pack_panels(w), 48), x @ w.t(), rtol=1e-5, atol=1e-4)
-    assert gemm.mm(torch.empty(0, 40), pack_panels(w), 48).shape == (0, 48)
+    torch.testing.assert_close(
+        cpu_kernels.mm(x, pack_panels(w), 48), x @ w.t(), rtol=1e-5, atol=1e-4
+    )
+    assert cpu_kernels.mm(torch.empty(0, 40), pack_panels(w), 48).shape == (0, 48)
 
 
-def test_bad_input_is_a_value_error(gemm):
+def test_bad_input_is_a_value_error(cpu_kernels):
     p = pack_panels(torch.randn(32, 8))
     with pytest.raises(ValueError, match="fp32 only"):
-        gemm.mm(torch.randn(2, 8, dtype=torch.float64), p, 32)
+        cpu_kernels.mm(torch.randn(2, 8, dtype=torch.float64), p, 32)
     with pytest.raises(ValueError, match="K=9"):
-        gemm.mm(torch.randn(2, 9), p, 32)
+        cpu_kernels.mm(torch.randn(2, 9), p, 32)
 
 
 def test_build_failure_falls_back_to_none(monkeypatch, tmp_path):
@@ -73,7 +67,7 @@ def test_build_failure_falls_back_to_none(monkeypatch, tmp_path):
     assert not list(tmp_path.glob("*.so"))
 
 
-def test_build_is_cached(monkeypatch, tmp_path, gemm):
+def test_build_is_cached(monkeypatch, tmp_path, cpu_kernels):
     monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path))
     so = cpu._build()
     assert so.parent == tmp_path and so.exists()
@@ -83,50 +77,52 @@ def test_build_is_cached(monkeypatch, tmp_path, gemm):
 
 
 @pytest.mark.parametrize("rows,dim", [(1, 576), (3, 100), (300, 576)])  # 300 x 576: threaded
-def test_rms_norm(gemm, rows, dim):
+def test_rms_norm(cpu_kernels, rows, dim):
     torch.manual_seed(rows)
     norm = RMSNorm(dim, 1e-5)
     norm.weight.data.normal_()
     x = torch.randn(rows, 2 * dim)[:, :dim]  # strided rows
-    torch.testing.assert_close(gemm.rms_norm(x, norm.weight, 1e-5), norm(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        cpu_kernels.rms_norm(x, norm.weight, 1e-5), norm(x), rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("rows,n", [(1, 1536), (5, 37), (64, 1536)])
-def test_silu_mul(gemm, rows, n):
+def test_silu_mul(cpu_kernels, rows, n):
     torch.manual_seed(n)
     gu = torch.randn(rows, 2 * n) * 6  # saturates both tails of silu
     want = F.silu(gu[:, :n]) * gu[:, n:]
-    torch.testing.assert_close(gemm.silu_mul(gu), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cpu_kernels.silu_mul(gu), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("rows,heads,head_dim", [(1, 12, 64), (6, 5, 24), (200, 12, 64)])
-def test_rope_in_place(gemm, rows, heads, head_dim):
+def test_rope_in_place(cpu_kernels, rows, heads, head_dim):
     torch.manual_seed(heads)
     x = torch.randn(rows, (heads + 2) * head_dim)  # two trailing (v) heads stay untouched
     cos, sin = torch.randn(rows, 1, head_dim), torch.randn(rows, 1, head_dim)
     want = apply_rotary(x[:, : heads * head_dim].view(rows, heads, head_dim), cos, sin)
     tail = x[:, heads * head_dim :].clone()
-    gemm.rope_(x, heads, head_dim, cos, sin)
+    cpu_kernels.rope_(x, heads, head_dim, cos, sin)
     torch.testing.assert_close(
         x[:, : heads * head_dim].view(rows, heads, head_dim), want, rtol=1e-5, atol=1e-5
     )
     assert torch.equal(x[:, heads * head_dim :], tail)
     with pytest.raises(ValueError, match="cannot hold"):
-        gemm.rope_(x, heads + 3, head_dim, cos, sin)
+        cpu_kernels.rope_(x, heads + 3, head_dim, cos, sin)
 
 
-def test_store_kv_from_strided_views(gemm):
+def test_store_kv_from_strided_views(cpu_kernels):
     k_buf, v_buf = torch.zeros(20, 2, 8), torch.zeros(20, 2, 8)
     qkv = torch.randn(3, 48)  # k and v are column slices of a fused row, as in PackedAttention
     k, v = qkv[:, 16:32].view(3, 2, 8), qkv[:, 32:].view(3, 2, 8)
     loc = torch.tensor([5, 0, 19])
-    gemm.store_kv(k, v, k_buf, v_buf, loc)
+    cpu_kernels.store_kv(k, v, k_buf, v_buf, loc)
     assert torch.equal(k_buf[loc], k) and torch.equal(v_buf[loc], v)
     untouched = torch.ones(20, dtype=torch.bool)
     untouched[loc] = False
     assert not k_buf[untouched].any() and not v_buf[untouched].any()
     with pytest.raises(ValueError, match="loc int64"):
-        gemm.store_kv(k, v, k_buf, v_buf, loc.int())
+        cpu_kernels.store_kv(k, v, k_buf, v_buf, loc.int())
 
 
 def _dense_decode(q, k_buf, v_buf, slots, lens, scale):
@@ -142,7 +138,7 @@ def _dense_decode(q, k_buf, v_buf, slots, lens, scale):
     return out
 
 
-def test_decode_attention_many_query_heads_per_kv_head_and_nan(gemm):
+def test_decode_attention_many_query_heads_per_kv_head_and_nan(cpu_kernels):
     """80 query heads on one KV head (no limit on the group size); a NaN query gives NaN
     for its own request only, as the reference does."""
     torch.manual_seed(0)
@@ -151,20 +147,22 @@ def test_decode_attention_many_query_heads_per_kv_head_and_nan(gemm):
     slots = torch.stack([torch.randperm(50)[:9], torch.randperm(50)[:9]])
     lens = torch.tensor([9, 4])
     want = _dense_decode(q, k_buf, v_buf, slots, lens, 0.3)
-    got = gemm.decode_attention(q, k_buf, v_buf, slots, lens, 0.3)
+    got = cpu_kernels.decode_attention(q, k_buf, v_buf, slots, lens, 0.3)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     q[1, 5, 0] = float("nan")
-    got = gemm.decode_attention(q, k_buf, v_buf, slots, lens, 0.3)
+    got = cpu_kernels.decode_attention(q, k_buf, v_buf, slots, lens, 0.3)
     assert got[1, 5].isnan().all() and not got[0].isnan().any()
 
 
-def test_kernel_entries_reject_bad_tables(gemm):
+def test_kernel_entries_reject_bad_tables(cpu_kernels):
     k_buf, v_buf = torch.randn(20, 2, 8), torch.randn(20, 2, 8)
     q, lens = torch.randn(1, 4, 8), torch.tensor([3])
     with pytest.raises(ValueError, match="int64"):
-        gemm.decode_attention(q, k_buf, v_buf, torch.zeros(1, 3, dtype=torch.int32), lens, 1.0)
+        cpu_kernels.decode_attention(
+            q, k_buf, v_buf, torch.zeros(1, 3, dtype=torch.int32), lens, 1.0
+        )
     with pytest.raises(ValueError, match="D % 8"):
-        gemm.decode_attention(torch.randn(1, 4, 6), *[torch.randn(20, 2, 6)] * 2,
+        cpu_kernels.decode_attention(torch.randn(1, 4, 6), *[torch.randn(20, 2, 6)] * 2,
                               torch.zeros(1, 3, dtype=torch.int64), lens, 1.0)  # fmt: skip
     with pytest.raises(ValueError, match="do not pack"):
-        gemm.mm(torch.randn(2, 8), pack_panels(torch.randn(32, 8)), 40)
+        cpu_kernels.mm(torch.randn(2, 8), pack_panels(torch.randn(32, 8)), 40)

@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-from radixlm.kernels.cpu import CpuKernels
 from radixlm.runtime.models import cpu_layout
 from radixlm.runtime.models.cpu_layout import (
     FEW_ROWS,
@@ -16,14 +15,6 @@ from radixlm.runtime.models.cpu_layout import (
     PackedLinear,
     use_cpu_layout,
 )
-
-
-@pytest.fixture(scope="module")
-def gemm():
-    g = CpuKernels.load()
-    if g is None:
-        pytest.skip("the packed CPU GEMM cannot be built here")
-    return g
 
 
 @pytest.mark.parametrize("rows", [1, 2, FEW_ROWS, FEW_ROWS + 1, 17])
@@ -38,13 +29,13 @@ def test_input_major_layouts_match_linear(rows, bias):
 
 @pytest.mark.parametrize("rows", [1, 3, 17, 40])
 @pytest.mark.parametrize("bias", [False, True])
-def test_packed_layouts_match_linear(gemm, monkeypatch, rows, bias):
+def test_packed_layouts_match_linear(cpu_kernels, monkeypatch, rows, bias):
     torch.manual_seed(1)
     head = nn.Linear(64, 1000, bias=bias)
     x = torch.randn(rows, 64)
     monkeypatch.setattr(cpu_layout, "PACKED_HEAD_ROWS", 20)  # 40 rows take F.linear
-    torch.testing.assert_close(PackedHead(head, gemm)(x), head(x), rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(PackedLinear(head, gemm)(x), head(x), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(PackedHead(head, cpu_kernels)(x), head(x), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(PackedLinear(head, cpu_kernels)(x), head(x), rtol=1e-5, atol=1e-4)
 
 
 def _tiny_tied_model() -> nn.Module:
@@ -69,11 +60,11 @@ def test_input_major_conversion_keeps_tied_head_and_counts_the_copy():
     assert sum(p.numel() for p in model.parameters()) == params_before
 
 
-def test_packed_conversion_keeps_tied_head_and_counts_panels_and_padding(gemm):
+def test_packed_conversion_keeps_tied_head_and_counts_panels_and_padding(cpu_kernels):
     model = _tiny_tied_model()
     x = torch.randn(3, 64)
     want = model.model.proj(x)
-    extra = use_cpu_layout(model, gemm)
+    extra = use_cpu_layout(model, cpu_kernels)
     # The head's panels (1000 columns pad to 63 panels = 1008) plus the projection's padding.
     assert extra == 1008 * 64 * 4 + 8 * 64 * 4
     assert isinstance(model.model.proj, PackedLinear) and isinstance(model.lm_head, PackedHead)
@@ -98,16 +89,16 @@ def _tiny_layer():
     return layer, RotaryEmbedding(cfg)
 
 
-def _packed_model(layer, gemm) -> nn.Module:
+def _packed_model(layer, cpu_kernels) -> nn.Module:
     holder = nn.Module()
     holder.model = nn.Module()
     holder.model.layer = layer
     holder.lm_head = nn.Linear(64, 10, bias=False)
-    use_cpu_layout(holder, gemm)
+    use_cpu_layout(holder, cpu_kernels)
     return holder
 
 
-def test_packed_decoder_layer_equals_the_original(gemm):
+def test_packed_decoder_layer_equals_the_original(cpu_kernels):
     """PackedAttention (fused q/k/v, C RoPE), PackedMLP and CpuRMSNorm give the llama
     modules' outputs; attention goes through the same backend call."""
     from types import SimpleNamespace
@@ -127,7 +118,7 @@ def test_packed_decoder_layer_equals_the_original(gemm):
     fb = SimpleNamespace(mode=ForwardMode.EXTEND)
     with torch.inference_mode():
         want = layer(x, rope, EchoBackend(), fb)
-        packed = _packed_model(layer, gemm).model.layer
+        packed = _packed_model(layer, cpu_kernels).model.layer
         got = packed(x, rope, EchoBackend(), fb)
     assert type(packed).__name__ == "CpuDecoderLayer"
     assert type(packed.self_attn).__name__ == "PackedAttention"
@@ -136,7 +127,7 @@ def test_packed_decoder_layer_equals_the_original(gemm):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_fused_decode_layer_equals_the_module_path(gemm):
+def test_fused_decode_layer_equals_the_module_path(cpu_kernels):
     """A decode step on the cpu backend runs the layer as one C call: same output and the
     same K/V written as the llama layer on torch_native."""
     from radixlm.kernels import ForwardMode, create_attention_backend
@@ -152,7 +143,7 @@ def test_fused_decode_layer_equals_the_module_path(gemm):
             pool = case.clone_pool()
             backend = create_attention_backend(name, pool, 16**-0.5)
             backend.init_forward_metadata(case.fb)
-            mod = layer if name == "torch_native" else _packed_model(layer, gemm).model.layer
+            mod = layer if name == "torch_native" else _packed_model(layer, cpu_kernels).model.layer
             results.append((mod(x.clone(), rope, backend, case.fb), pool))
     (want, ref_pool), (got, pool) = results
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -161,8 +152,8 @@ def test_fused_decode_layer_equals_the_module_path(gemm):
     torch.testing.assert_close(pool.v_buffer[0][loc], ref_pool.v_buffer[0][loc])
 
 
-def test_other_dtypes_keep_the_input_major_layout(gemm):
+def test_other_dtypes_keep_the_input_major_layout(cpu_kernels):
     model = _tiny_tied_model().to(torch.bfloat16)
-    use_cpu_layout(model, gemm)
+    use_cpu_layout(model, cpu_kernels)
     assert isinstance(model.model.proj, InputMajorLinear)
     assert isinstance(model.lm_head, FewRowsHead)
