@@ -68,15 +68,17 @@ class ServerArgs:
     attention_backend: str = _opt(
         "auto",
         "attention backend ('auto' = flashinfer on CUDA when installed, else triton on CUDA; "
-        "cpu on CPU: torch_native with radixlm's C decode kernel; torch_native = the torch "
-        "reference)",
+        "cpu on CPU: torch_native with radixlm's C decode attention and KV store, itself "
+        "torch_native for non-fp32 KV pools or without a C compiler; torch_native = the "
+        "torch reference)",
         choices=["auto", "cpu", "torch_native", "triton", "flashinfer"],
     )
     cpu_gemm: str = _opt(
         "auto",
-        "CPU fp32 GEMM for the weights: 'auto' = radixlm's packed-panel kernel (built with the "
-        "system C compiler on first use; needs AVX2/FMA), falling back to torch's; 'torch' = "
-        "always torch's (MKL)",
+        "CPU fp32 weights: 'auto' = radixlm's C kernels (built with the system C compiler on "
+        "first use; need AVX2/FMA): packed-panel GEMM, C RMSNorm/SwiGLU/RoPE, and each decode "
+        "layer in one C call; falls back to torch where they cannot be built. 'torch' = "
+        "torch's GEMM (MKL) and ops (the attention backend is chosen separately)",
         choices=["auto", "torch"],
     )
     disable_cuda_graph: bool = _opt(False, "run decode without CUDA graphs (graphs are CUDA-only)")

@@ -166,3 +166,30 @@ def test_kernel_entries_reject_bad_tables(cpu_kernels):
                               torch.zeros(1, 3, dtype=torch.int64), lens, 1.0)  # fmt: skip
     with pytest.raises(ValueError, match="do not pack"):
         cpu_kernels.mm(torch.randn(2, 8), pack_panels(torch.randn(32, 8)), 40)
+
+
+def test_row_kernels_reject_mismatched_inputs(cpu_kernels):
+    with pytest.raises(ValueError, match="weight must be float32"):
+        cpu_kernels.rms_norm(torch.randn(3, 64), torch.ones(8), 1e-5)
+    with pytest.raises(ValueError, match="float32"):
+        x = torch.randn(2, 64)
+        cpu_kernels.rope_(x, 4, 16, torch.randn(2, 16).double(), torch.randn(2, 16).double())
+    half = torch.zeros(10, 2, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="unsupported KV buffers"):
+        k = torch.ones(2, 2, 16)
+        cpu_kernels.store_kv(k, k, half, half, torch.tensor([9, 0]))
+    assert not half.any()
+
+
+def test_cc_with_arguments_and_compiler_errors_are_reported(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("CC", "cc -DRADIXLM_NOT_A_REAL_FLAG_TEST")  # arguments are allowed
+    assert cpu._compiler() == ["cc", "-DRADIXLM_NOT_A_REAL_FLAG_TEST"]
+    fake = tmp_path / "fakecc"
+    fake.write_text("#!/bin/sh\necho 'fatal error: omp.h: No such file' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cpu, "_unsupported_reason", lambda: None)
+    with caplog.at_level("INFO", logger="radixlm.kernels.cpu"):
+        assert CpuKernels.load.__wrapped__() is None
+    assert "omp.h: No such file" in caplog.text

@@ -20,6 +20,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -97,8 +98,12 @@ class CpuKernels:
         reason = _unsupported_reason()
         if reason is None:
             try:
-                return CpuKernels(ctypes.CDLL(str(_build())))
-            except (OSError, subprocess.CalledProcessError) as exc:
+                kernels = CpuKernels(ctypes.CDLL(str(_build())))
+                logger.info("radixlm's CPU kernels loaded (packed GEMM, attention, fused layer)")
+                return kernels
+            except subprocess.CalledProcessError as exc:
+                reason = f"build failed: {exc}; compiler said: {(exc.stderr or '').strip()[-2000:]}"
+            except (OSError, subprocess.TimeoutExpired) as exc:
                 reason = f"build failed: {exc}"
         logger.info("radixlm's CPU kernels not used (%s); torch's ops serve instead", reason)
         return None
@@ -217,6 +222,8 @@ class CpuKernels:
         strided), weight float32 [dim]. Returns a new contiguous [rows, dim]."""
         _check_rows("rms_norm", x)
         rows, dim = x.shape
+        if weight.dtype != torch.float32 or weight.shape != (dim,):
+            raise ValueError(f"rms_norm: weight must be float32 [{dim}]")
         y = torch.empty(rows, dim, dtype=torch.float32)
         w = weight.contiguous()
         self._norm(
@@ -253,6 +260,8 @@ class CpuKernels:
                 f"rope: rows of {x.shape[1]} floats cannot hold {heads} heads "
                 f"of an even head_dim {head_dim}"
             )
+        if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+            raise ValueError("rope: cos and sin must be float32")
         cos, sin = cos.reshape(-1, head_dim).contiguous(), sin.reshape(-1, head_dim).contiguous()
         if cos.shape[0] != x.shape[0] or sin.shape != cos.shape:
             raise ValueError("rope: cos and sin need one row per row of x")
@@ -281,6 +290,9 @@ class CpuKernels:
         the slots)."""
         t = k.shape[0]
         width = k.shape[1] * k.shape[2]
+        _check_pool(k_buf, v_buf, k.shape[1], k.shape[2])
+        if k_buf.shape[1:] != k.shape[1:] or v.shape != k.shape:
+            raise ValueError("store_kv: k, v and the buffers need the same [Hkv, D]")
         k2, v2 = k.reshape(t, width), v.reshape(t, width)
         _check_rows("store_kv", k2, v2)
         if k2.stride(0) != v2.stride(0) or loc.dtype != torch.int64 or loc.shape != (t,):
@@ -356,8 +368,12 @@ def _unsupported_reason() -> str | None:
     return None
 
 
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+def _compiler() -> list[str] | None:
+    """The C compiler command: `$CC` (may carry arguments, e.g. "ccache gcc"), else cc/gcc."""
+    if os.environ.get("CC"):
+        return shlex.split(os.environ["CC"])
+    found = shutil.which("cc") or shutil.which("gcc")
+    return [found] if found else None
 
 
 def _build() -> Path:
@@ -372,10 +388,12 @@ def _build() -> Path:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_so = Path(tmp) / out.name
         subprocess.run(
-            [_compiler(), *_FLAGS, *map(str, _SOURCES), "-o", str(tmp_so), "-lm"],
+            [*_compiler(), *_FLAGS, *map(str, _SOURCES), "-o", str(tmp_so), "-lm"],
             check=True,
             capture_output=True,
             text=True,
+            timeout=300,
         )
+        logger.info("built radixlm's CPU kernels into %s", out)
         os.replace(tmp_so, out)  # atomic: concurrent builders race harmlessly
     return out
