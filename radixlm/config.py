@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """radixlm's cache root (converted weights, compiled CPU kernels): ``$RADIXLM_CACHE_DIR``
+    or ``~/.cache/radixlm``."""
+    return Path(os.environ.get("RADIXLM_CACHE_DIR") or Path.home() / ".cache" / "radixlm")
 
 
 def _opt(default, help: str, **extra):  # noqa: A002 - mirrors argparse's keyword

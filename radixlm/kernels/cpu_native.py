@@ -45,6 +45,10 @@ class CpuNativeBackend(TorchNativeBackend):
         super().init_forward_metadata(fb)
         self._lens = fb.seq_lens.to(torch.int64)
 
+    def _padding_mask(self, valid: torch.Tensor, max_len: int) -> None:
+        """The C decode kernel stops at each request's length: no mask to build."""
+        return None
+
     def decode_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This step's (slots int64 [B, max_len], seq_lens int64 [B]) for decode kernels."""
         return self._slots, self._lens

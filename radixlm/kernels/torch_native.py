@@ -30,13 +30,15 @@ class TorchNativeBackend(AttentionBackend):
         # (possibly non-finite) slots: masked scores are exactly 0, but 0 * NaN is not.
         slots = fb.req_to_token[rows, :max_len].to(torch.int64)
         self._slots = torch.where(valid, slots, 0)
-        # Additive float mask [B, 1, 1, L] built once per step (SDPA would convert a bool
-        # mask in every layer); None when no row is padded.
+        self._decode_mask = self._padding_mask(valid, max_len)
+
+    def _padding_mask(self, valid: torch.Tensor, max_len: int) -> torch.Tensor | None:
+        """Additive float mask [B, 1, 1, L] for the decode SDPA, built once per step (SDPA
+        would convert a bool mask in every layer); None when no row is padded."""
         if min(self._seq_lens) == max_len:
-            self._decode_mask = None
-        else:
-            mask = torch.zeros(valid.shape, device=valid.device)
-            self._decode_mask = mask.masked_fill_(~valid, float("-inf"))[:, None, None, :]
+            return None
+        mask = torch.zeros(valid.shape, device=valid.device)
+        return mask.masked_fill_(~valid, float("-inf"))[:, None, None, :]
 
     def forward_extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         return self._per_request(q, layer_id, lambda i, n, s, p: _causal_mask(n, s, p, q.device))

