@@ -24,10 +24,19 @@ def test_pack_panels_layout():
     assert not p[1, :, 4:].any()  # zero padding
 
 
-# Rows cover tiles of 1-6 rows, balanced splits above 6 and K blocking (K > 128);
-# N covers exact panels, a ragged last panel and N < 16.
-@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 40])
-@pytest.mark.parametrize("n,k", [(64, 32), (200, 300), (7, 129), (1000, 576)])
+# Rows cover tiles of 1-6 rows, balanced splits above 6 and K blocking (K > 128), and
+# the packed-x path from 32 rows (one and several 144-row blocks, a 1-5 row last tile);
+# N covers exact panels, a ragged last panel and N < 16; K covers one and several
+# 576-deep blocks of the packed-x path.
+@pytest.mark.parametrize(
+    "m,n,k",
+    [
+        (m, n, k)
+        for m in (1, 2, 5, 6, 7, 13, 40)
+        for n, k in ((64, 32), (200, 300), (7, 129), (1000, 576))
+    ]
+    + [(m, n, k) for m in (32, 145, 301) for n, k in ((37, 1300), (48, 577), (200, 1152))],
+)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_matches_torch(cpu_kernels, m, n, k, threads):
     torch.manual_seed(m * 1000 + n + k)
