@@ -51,6 +51,18 @@ def test_matches_torch(cpu_kernels, m, n, k, threads):
     torch.testing.assert_close(y, x @ w.t(), rtol=1e-5, atol=1e-4)
 
 
+def test_into_huge_pages_copies_into_one_aligned_mapping():
+    a, b = torch.randn(3, 5), torch.randn(7)
+    arena, (ca, cb) = cpu.into_huge_pages([a, b])
+    assert torch.equal(ca, a) and torch.equal(cb, b) and ca.shape == a.shape
+    assert ca.data_ptr() % cpu.HUGE_PAGE == 0 and cb.data_ptr() == ca.data_ptr() + 64
+    ca.add_(1)  # views of the mapping, not of the originals
+    assert torch.equal(ca, a + 1)
+    with pytest.raises(ValueError, match="fp32"):
+        cpu.into_huge_pages([a.double()])
+    assert cpu.into_huge_pages([]) == (None, [])
+
+
 def test_non_contiguous_input_and_zero_rows(cpu_kernels):
     w = torch.randn(48, 40)
     x = torch.randn(40, 6).t()  # [6, 40], not contiguous

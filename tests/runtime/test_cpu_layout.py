@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+import radixlm.kernels.cpu as cpu
 from radixlm.runtime.models import cpu_layout
 from radixlm.runtime.models.cpu_layout import (
     FEW_ROWS,
@@ -71,6 +72,12 @@ def test_packed_conversion_keeps_tied_head_and_counts_panels_and_padding(cpu_ker
     assert model.lm_head.weight is model.model.embed.weight
     assert "lm_head.panels" not in model.state_dict()
     torch.testing.assert_close(model.model.proj(x), want, rtol=1e-5, atol=1e-4)
+    # Every panel tensor now lives in the one huge-page mapping, from its 2 MiB boundary.
+    arena = model.panel_arena
+    base = torch.frombuffer(arena, dtype=torch.float32).data_ptr()
+    ptrs = [model.model.proj.panels.data_ptr(), model.lm_head.panels.data_ptr()]
+    assert all(base <= p < base + len(arena) for p in ptrs)
+    assert min(ptrs) % cpu.HUGE_PAGE == 0 and all(p % 64 == 0 for p in ptrs)
 
 
 def _tiny_layer():

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels import ForwardMode
-from radixlm.kernels.cpu import CpuKernels, LayerSpec, pack_panels
+from radixlm.kernels.cpu import CpuKernels, LayerSpec, into_huge_pages, pack_panels
 from radixlm.kernels.cpu_native import CpuNativeBackend
 from radixlm.runtime.models.llama import MLP, Attention, DecoderLayer, RMSNorm
 
@@ -276,6 +276,18 @@ def _packed(child: nn.Module, kernels: CpuKernels) -> nn.Module | None:
     return None
 
 
+def _panels_into_huge_pages(model: nn.Module) -> None:
+    """Move every panel tensor of `model` into one huge-page mapping (`into_huge_pages`),
+    kept alive as `model.panel_arena`."""
+    owners = [m for m in model.modules() if isinstance(m, (PackedLinear, PackedHead))]
+    arena, copies = into_huge_pages([m.panels.data for m in owners])
+    if arena is None:
+        return
+    for m, copy in zip(owners, copies):
+        m.panels.data = copy
+    model.panel_arena = arena
+
+
 def use_cpu_layout(model: nn.Module, kernels: CpuKernels | None) -> int:
     """Convert a loaded causal LM in place. With `kernels` and fp32 weights: attention, MLP,
     RMSNorm and every other nn.Linear under `model.model` take their packed / C-kernel
@@ -297,5 +309,7 @@ def use_cpu_layout(model: nn.Module, kernels: CpuKernels | None) -> int:
 
     convert(model.model)
     model.lm_head = PackedHead(model.lm_head, kernels) if packed else FewRowsHead(model.lm_head)
+    if packed:
+        _panels_into_huge_pages(model)
     linears = (m for m in model.model.modules() if isinstance(m, (PackedLinear, InputMajorLinear)))
     return sum(m.extra_bytes for m in linears) + model.lm_head.extra_bytes
