@@ -2,16 +2,16 @@
 
 * ``torch``: torch's GEMM (`--cpu-gemm torch`) and the torch_native attention backend;
 * ``packed``: packed weight panels and the C kernels, each module called from Python;
-* ``fused``: the default: as ``packed``, and each decoder layer of a decode step runs as
-  one C call (`CpuDecoderLayer`).
+* ``fused``: the default: as ``packed``, and all the decoder layers of a decode step run
+  as one C call (`FusedDecodeStack`).
 
 Two engines (``torch`` and the default) share the process; ``packed`` is the default
-engine with its layers' fused decode switched off. Variants alternate within every
-repetition (A B C, then C B A, ...) so machine noise hits them alike. Each run greedily
-decodes `--new-tokens` tokens for B prompts of `--prompt-len` tokens; the decode-step
-time is the model forward of every step after the first two. Greedy tokens must be equal
-across paths. Prints a markdown table and writes JSON (default
-`benchmarks/results/cpu_decode.json`).
+engine with its layers run in order (`run_in_order`) instead of the fused stack.
+Variants alternate within every repetition (A B C, then C B A, ...) so machine noise
+hits them alike. Each run greedily decodes `--new-tokens` tokens for B prompts of
+`--prompt-len` tokens; the decode-step time is the model forward of every step after the
+first two. Greedy tokens must be equal across paths. Prints a markdown table and writes
+JSON (default `benchmarks/results/cpu_decode.json`).
 
     python benchmarks/cpu_decode.py --threads 1 2 --batches 1 4 16
 """
@@ -28,16 +28,9 @@ from pathlib import Path
 import torch
 
 from radixlm import Engine
-from radixlm.runtime.models import cpu_layout
+from radixlm.runtime.models.llama import run_in_order
 
 VARIANTS = ("torch", "packed", "fused")
-FUSED_FORWARD = cpu_layout.CpuDecoderLayer.forward
-
-
-def _module_forward(self, x, rope, backend, fb):
-    """CpuDecoderLayer without the fused decode call."""
-    x = x + self.self_attn(self.input_layernorm(x), rope, backend, fb)
-    return x + self.mlp(self.post_attention_layernorm(x))
 
 
 def _timed(engine: Engine, times: list[float]) -> None:
@@ -67,6 +60,8 @@ def run(threads: int, batches: list[int], reps: int, prompt_len: int, new: int) 
     }
     for engine in engines.values():
         _timed(engine, times)
+    inner = engines["default"].runner.model.model
+    fused_stack = inner.run_layers
     steps: dict[tuple[str, int], list[float]] = {}
     outputs: dict[tuple[int, int], dict[str, list]] = {}
     params = {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}
@@ -74,8 +69,7 @@ def run(threads: int, batches: list[int], reps: int, prompt_len: int, new: int) 
         for rep in range(reps):
             order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
             for variant in order:
-                fused = variant == "fused"
-                cpu_layout.CpuDecoderLayer.forward = FUSED_FORWARD if fused else _module_forward
+                inner.run_layers = fused_stack if variant == "fused" else run_in_order
                 engine = engines["torch" if variant == "torch" else "default"]
                 for b in batches:
                     prompts = [[100 + 7 * i + j + rep for j in range(prompt_len)] for i in range(b)]
@@ -84,7 +78,6 @@ def run(threads: int, batches: list[int], reps: int, prompt_len: int, new: int) 
                     steps.setdefault((variant, b), []).extend(times[2:])
                     outputs.setdefault((rep, b), {})[variant] = [o["output_ids"] for o in outs]
     finally:
-        cpu_layout.CpuDecoderLayer.forward = FUSED_FORWARD
         for engine in engines.values():
             engine.shutdown()
     rows = []

@@ -80,7 +80,7 @@ def test_packed_conversion_keeps_tied_head_and_counts_panels_and_padding(cpu_ker
     assert min(ptrs) % cpu.HUGE_PAGE == 0 and all(p % 64 == 0 for p in ptrs)
 
 
-def _tiny_layer():
+def _tiny_layer(layer_id: int = 0, seed: int = 3):
     from types import SimpleNamespace
 
     from radixlm.runtime.models.llama import DecoderLayer, RotaryEmbedding
@@ -89,8 +89,8 @@ def _tiny_layer():
         hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
         rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=128,
     )  # fmt: skip
-    torch.manual_seed(3)
-    layer = DecoderLayer(cfg, 0, qkv_bias=True)
+    torch.manual_seed(seed)
+    layer = DecoderLayer(cfg, layer_id, qkv_bias=True)
     for p in layer.parameters():
         p.data.normal_(0, 0.2)
     return layer, RotaryEmbedding(cfg)
@@ -134,29 +134,54 @@ def test_packed_decoder_layer_equals_the_original(cpu_kernels):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_fused_decode_layer_equals_the_module_path(cpu_kernels):
-    """A decode step on the cpu backend runs the layer as one C call: same output and the
-    same K/V written as the llama layer on torch_native."""
+@pytest.mark.parametrize("mode", ["DECODE", "EXTEND"])
+def test_fused_decode_stack_equals_the_llama_layers(cpu_kernels, mode):
+    """On the cpu backend FusedDecodeStack runs a decode step's layers as one C call (and
+    other steps layer by layer): same output and the same K/V written in every layer as
+    the llama layers in order on torch_native."""
     from radixlm.kernels import ForwardMode, create_attention_backend
+    from radixlm.runtime.models.cpu_layout import CpuDecoderLayer, FusedDecodeStack
+    from radixlm.runtime.models.llama import run_in_order
     from tests.kernels.cases import make_case
 
-    layer, rotary = _tiny_layer()
-    case = make_case(ForwardMode.DECODE, [0, 3, 40], [1, 1, 1], page_size=1, group=2)
+    mode = ForwardMode[mode]
+    layers = nn.ModuleList(_tiny_layer(i, seed=3 + i)[0] for i in range(2))
+    rotary = _tiny_layer()[1]
+    extend = [1, 1, 1] if mode is ForwardMode.DECODE else [2, 5, 1]
+    case = make_case(mode, [0, 3, 40], extend, page_size=1, group=2, num_layers=2)
     rope = rotary(case.fb.positions, torch.float32)
-    x = torch.randn(3, 64)
+    x = torch.randn(sum(extend), 64)
+    packed = nn.ModuleList(CpuDecoderLayer(layer, cpu_kernels) for layer in layers)
     results = []
     with torch.inference_mode():
-        for name in ("torch_native", "cpu"):
+        for name, run in (
+            ("torch_native", run_in_order),
+            ("cpu", FusedDecodeStack(packed, cpu_kernels)),
+        ):
             pool = case.clone_pool()
             backend = create_attention_backend(name, pool, 16**-0.5)
             backend.init_forward_metadata(case.fb)
-            mod = layer if name == "torch_native" else _packed_model(layer, cpu_kernels).model.layer
-            results.append((mod(x.clone(), rope, backend, case.fb), pool))
+            mods = layers if name == "torch_native" else packed
+            results.append((run(mods, x.clone(), rope, backend, case.fb), pool))
     (want, ref_pool), (got, pool) = results
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     loc = case.fb.out_cache_loc
-    torch.testing.assert_close(pool.k_buffer[0][loc], ref_pool.k_buffer[0][loc])
-    torch.testing.assert_close(pool.v_buffer[0][loc], ref_pool.v_buffer[0][loc])
+    for i in range(2):
+        torch.testing.assert_close(pool.k_buffer[i][loc], ref_pool.k_buffer[i][loc])
+        torch.testing.assert_close(pool.v_buffer[i][loc], ref_pool.v_buffer[i][loc])
+
+
+def test_fused_decode_stack_rejects_layers_it_cannot_run(cpu_kernels):
+    from radixlm.runtime.models.cpu_layout import CpuDecoderLayer, FusedDecodeStack
+
+    with pytest.raises(ValueError, match="fused-capable"):
+        FusedDecodeStack(nn.ModuleList([_tiny_layer()[0]]), cpu_kernels)  # not packed
+    with pytest.raises(ValueError, match="fused-capable"):
+        FusedDecodeStack(nn.ModuleList(), cpu_kernels)
+    odd = CpuDecoderLayer(_tiny_layer()[0], cpu_kernels)
+    odd.fused_decode = False  # e.g. a head_dim that is not a multiple of 8
+    with pytest.raises(ValueError, match="fused-capable"):
+        FusedDecodeStack(nn.ModuleList([odd]), cpu_kernels)
 
 
 def test_other_dtypes_keep_the_input_major_layout(cpu_kernels):

@@ -4,7 +4,7 @@
 * `decode_attention.c`: paged decode attention read in place from the KV pool
   (`CpuKernels.decode_attention`);
 * `elementwise.c`: RMSNorm, silu(gate) * up, RoPE in place, and the KV-pool store;
-* `decode_layer.c`: a whole Llama decoder layer of a decode step in one call.
+* `decode_layer.c`: all the Llama decoder layers of a decode step in one call.
 
 The sources are built with the system C compiler (`$CC`, else `cc`) into one library in
 `$RADIXLM_CACHE_DIR` (default `~/.cache/radixlm`), keyed by the sources' hash, and
@@ -124,8 +124,8 @@ class CpuKernels:
         self._silu_mul = _bind(lib.radixlm_silu_mul, [p, p, i64, i64, i32])
         self._rope = _bind(lib.radixlm_rope, [p, i64, i64, i64, i64, p, p, i32])
         self._store_kv = _bind(lib.radixlm_store_kv, [p, p, i64, p, p, p, i64, i64, i32])
-        layer_args = [ctypes.POINTER(LayerSpec), p, i64, p, p, p, p, p, p, i64, p, p, i32]
-        self._layer = _bind(lib.radixlm_decode_layer, layer_args, ctypes.c_int)
+        layers_args = [ctypes.POINTER(LayerSpec), i64, p, p, p, i64, p, p, p, p, i64, p, p, i32]
+        self._layers = _bind(lib.radixlm_decode_layers, layers_args, ctypes.c_int)
 
     @staticmethod
     @cache
@@ -213,31 +213,35 @@ class CpuKernels:
             raise MemoryError("CPU decode attention could not allocate its score buffers")
         return out
 
-    def decode_layer(
+    def decode_layers(
         self,
-        spec: LayerSpec,
+        specs: ctypes.Array,
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        k_buf: torch.Tensor,
-        v_buf: torch.Tensor,
+        k_bufs: list[torch.Tensor],
+        v_bufs: list[torch.Tensor],
         loc: torch.Tensor,
         slots: torch.Tensor,
         seq_lens: torch.Tensor,
     ) -> None:
-        """Run one decoder layer of a decode step in place on x float32 [B, hidden]
-        contiguous (one new token per request): RMSNorm, q/k/v, RoPE (cos, sin float32
-        [B, head_dim]), KV store at `loc` (int64 [B]), attention over `slots` / `seq_lens`
-        (as `decode_attention`), output projection, residual, RMSNorm, SwiGLU MLP,
-        residual. Raises ValueError on a non-contiguous x, MemoryError as
-        `decode_attention`."""
-        b = x.shape[0]
+        """Run the decoder layers `specs` (a ctypes array of `LayerSpec`, one size for all)
+        of a decode step in place on x float32 [B, hidden] contiguous (one new token per
+        request); layer i uses k_bufs[i] / v_bufs[i]. Each layer: RMSNorm, q/k/v, RoPE (cos,
+        sin float32 [B, head_dim]), KV store at `loc` (int64 [B]), attention over `slots` /
+        `seq_lens` (as `decode_attention`), output projection, residual, RMSNorm, SwiGLU
+        MLP, residual. Raises ValueError on a non-contiguous x or mismatched buffers,
+        MemoryError as `decode_attention`."""
+        b, n, spec = x.shape[0], len(specs), specs[0]
         if not x.is_contiguous() or x.dtype != torch.float32 or x.shape[1] != spec.hidden:
-            raise ValueError(f"decode_layer: x must be contiguous float32 [B, {spec.hidden}]")
-        _check_pool(k_buf, v_buf, spec.heads, spec.head_dim)
+            raise ValueError(f"decode_layers: x must be contiguous float32 [B, {spec.hidden}]")
+        if len(k_bufs) != n or len(v_bufs) != n:
+            raise ValueError(f"decode_layers: {n} layers but {len(k_bufs)} / {len(v_bufs)} buffers")
+        for k_buf, v_buf in zip(k_bufs, v_bufs):
+            _check_pool(k_buf, v_buf, spec.heads, spec.head_dim)
         _check_tables(b, slots, seq_lens)
         if loc.dtype != torch.int64 or loc.shape != (b,):
-            raise ValueError("decode_layer: loc must be int64 [B]")
+            raise ValueError("decode_layers: loc must be int64 [B]")
         qkv = (spec.heads + 2 * spec.kv_heads) * spec.head_dim
         hd = spec.heads * spec.head_dim
         floats = b * (2 * spec.hidden + qkv + hd + 3 * spec.inter)  # decode_layer.c's layout
@@ -245,11 +249,12 @@ class CpuKernels:
         cos = cos.reshape(b, spec.head_dim).float().contiguous()
         sin = sin.reshape(b, spec.head_dim).float().contiguous()
         loc, slots, seq_lens = loc.contiguous(), slots.contiguous(), seq_lens.contiguous()
-        rc = self._layer(
-            ctypes.byref(spec), x.data_ptr(), b, cos.data_ptr(), sin.data_ptr(),
-            k_buf.data_ptr(), v_buf.data_ptr(), loc.data_ptr(),
-            slots.data_ptr(), slots.shape[1], seq_lens.data_ptr(), scratch.data_ptr(),
-            torch.get_num_threads(),
+        k_ptrs = (ctypes.c_void_p * n)(*(t.data_ptr() for t in k_bufs))
+        v_ptrs = (ctypes.c_void_p * n)(*(t.data_ptr() for t in v_bufs))
+        rc = self._layers(
+            specs, n, k_ptrs, v_ptrs, x.data_ptr(), b, cos.data_ptr(), sin.data_ptr(),
+            loc.data_ptr(), slots.data_ptr(), slots.shape[1], seq_lens.data_ptr(),
+            scratch.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
         if rc != 0:
             raise MemoryError("CPU decode attention could not allocate its score buffers")

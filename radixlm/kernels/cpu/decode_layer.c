@@ -1,11 +1,12 @@
-/* One Llama decoder layer for a decode step, in one call (fp32):
+/* The Llama decoder layers of a decode step, in one call (fp32). Each layer:
  *
  *   h = RMSNorm1(x); qkv = h W_qkv (+ b); RoPE(q, k); store k, v; a = attention(q);
  *   x += a W_o; h = RMSNorm2(x); x += (silu(h W_gate) * (h W_up)) W_down
  *
  * It runs the same kernels the layer's modules call one by one; calling them from C
  * removes a dozen Python-level calls per layer, which at one decode row cost as much as
- * a tenth of the step. Weights are packed panels (packed_gemm.c).
+ * a tenth of the step, and `radixlm_decode_layers` runs the whole stack of layers in one
+ * call. Weights are packed panels (packed_gemm.c).
  */
 #include <stdint.h>
 
@@ -22,7 +23,7 @@ typedef struct {
 /* x [T, hidden] is updated in place; cos, sin [T, D]; scratch holds at least
  * T * (2 hidden + (H + 2 Hkv) D + H D + 3 inter) floats. Needs D % 8 == 0 and
  * H % Hkv == 0 (checked by the caller). Returns 0, -1 when attention could not allocate. */
-int radixlm_decode_layer(const radixlm_layer *L, float *x, int64_t T, const float *cos,
+static int decode_layer(const radixlm_layer *L, float *x, int64_t T, const float *cos,
                          const float *sin, float *k_buf, float *v_buf, const int64_t *loc,
                          const int64_t *slots, int64_t ld_slots, const int64_t *seq_lens,
                          float *scratch, int nt) {
@@ -49,5 +50,18 @@ int radixlm_decode_layer(const radixlm_layer *L, float *x, int64_t T, const floa
     radixlm_silu_mul(gu, act, T, L->inter, nt);
     radixlm_packed_gemm(act, L->down, proj, T, L->inter, hid, nt);
     for (int64_t i = 0; i < T * hid; ++i) x[i] += proj[i];
+    return 0;
+}
+
+/* The n layers in order, layer i on k_bufs[i] / v_bufs[i]; arguments otherwise as
+ * decode_layer. Returns 0, or -1 when attention could not allocate. */
+int radixlm_decode_layers(const radixlm_layer *layers, int64_t n, float *const *k_bufs,
+                          float *const *v_bufs, float *x, int64_t T, const float *cos,
+                          const float *sin, const int64_t *loc, const int64_t *slots,
+                          int64_t ld_slots, const int64_t *seq_lens, float *scratch, int nt) {
+    for (int64_t i = 0; i < n; ++i)
+        if (decode_layer(layers + i, x, T, cos, sin, k_bufs[i], v_bufs[i], loc, slots, ld_slots,
+                         seq_lens, scratch, nt))
+            return -1;
     return 0;
 }

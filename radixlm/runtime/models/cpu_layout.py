@@ -37,7 +37,14 @@ from torch import nn
 from radixlm.kernels import ForwardMode
 from radixlm.kernels.cpu import CpuKernels, LayerSpec, into_huge_pages, pack_panels
 from radixlm.kernels.cpu_native import CpuNativeBackend
-from radixlm.runtime.models.llama import MLP, Attention, DecoderLayer, RMSNorm
+from radixlm.runtime.models.llama import (
+    MLP,
+    Attention,
+    DecoderLayer,
+    LlamaModel,
+    RMSNorm,
+    run_in_order,
+)
 
 #: Rows up to which the input-major head uses its transposed copy (MKL, 1 thread: 1 row
 #: 8.6 -> 4.8 ms, 3 rows 30.9 -> 14.3 ms, but 4 rows 21 -> 28 ms).
@@ -133,10 +140,9 @@ class CpuRMSNorm(nn.Module):
 
 
 class CpuDecoderLayer(nn.Module):
-    """`models.llama.DecoderLayer` with packed attention and MLP. A decode step on the
-    `cpu` attention backend runs the whole layer in one C call (`CpuKernels.decode_layer`;
-    unlike the original layer it updates its input x in place and returns it); other steps,
-    and head shapes the C layer does not take, call the modules as the original does."""
+    """`models.llama.DecoderLayer` with packed attention and MLP; forward calls the modules
+    as the original does. `spec` / `point_spec()` describe the layer to the C decode stack
+    (`FusedDecodeStack`), which takes it when `fused_decode` (head shapes it supports)."""
 
     def __init__(self, layer: DecoderLayer, kernels: CpuKernels):
         super().__init__()
@@ -159,7 +165,7 @@ class CpuDecoderLayer(nn.Module):
         #: The C layer needs whole 8-float vectors per head and whole query groups.
         self.fused_decode = attn.head_dim % 8 == 0 and attn.num_heads % attn.num_kv_heads == 0
 
-    def _point_spec(self) -> LayerSpec:
+    def point_spec(self) -> LayerSpec:
         """The spec with the weights' current addresses (re-read every call, so moving or
         reloading a parameter can never leave C a stale pointer)."""
         attn, mlp, spec = self.self_attn, self.mlp, self.spec
@@ -174,22 +180,50 @@ class CpuDecoderLayer(nn.Module):
         return spec
 
     def forward(self, x, rope, backend, fb):
-        if (
-            fb.mode is ForwardMode.DECODE
-            and self.fused_decode
-            and isinstance(backend, CpuNativeBackend)
-        ):
-            layer_id = self.self_attn.layer_id
-            spec = self._point_spec()
-            spec.scale = backend.scaling
-            x = x.contiguous()
-            self._kernels.decode_layer(
-                spec, x, rope[0], rope[1], backend.kv_pool.k_buffer[layer_id],
-                backend.kv_pool.v_buffer[layer_id], fb.out_cache_loc, *backend.decode_tables(),
-            )  # fmt: skip
-            return x
         x = x + self.self_attn(self.input_layernorm(x), rope, backend, fb)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class FusedDecodeStack:
+    """`LlamaModel.run_layers` for the packed layout: a decode step on the `cpu` attention
+    backend runs every decoder layer in one C call (`CpuKernels.decode_layers`, updating x
+    float32 [B, hidden] in place); other steps run the layers in order (`run_in_order`).
+
+    Raises ValueError when the layers are not all fused-capable `CpuDecoderLayer`s of one
+    size (use `run_in_order` for those).
+    """
+
+    def __init__(self, layers: nn.ModuleList, kernels: CpuKernels):
+        if not fusable(layers):
+            raise ValueError("FusedDecodeStack needs fused-capable CpuDecoderLayers of one size")
+        self._kernels = kernels
+        self._specs = (LayerSpec * len(layers))()
+
+    def __call__(self, layers, x, rope, backend, fb):
+        if fb.mode is not ForwardMode.DECODE or not isinstance(backend, CpuNativeBackend):
+            return run_in_order(layers, x, rope, backend, fb)
+        # Weight addresses are re-read every step, so moving or reloading a parameter can
+        # never leave C a stale pointer.
+        for i, layer in enumerate(layers):
+            spec = layer.point_spec()
+            spec.scale = backend.scaling
+            self._specs[i] = spec  # a copy into the array
+        pool = backend.kv_pool
+        x = x.contiguous()
+        self._kernels.decode_layers(
+            self._specs, x, rope[0], rope[1], pool.k_buffer, pool.v_buffer, fb.out_cache_loc,
+            *backend.decode_tables(),
+        )  # fmt: skip
+        return x
+
+
+def fusable(layers) -> bool:
+    """Whether `FusedDecodeStack` takes these layers: one or more fused-capable
+    `CpuDecoderLayer`s, all of one size (hidden, inter, heads, kv_heads, head_dim, eps)."""
+    if not layers or not all(isinstance(la, CpuDecoderLayer) and la.fused_decode for la in layers):
+        return False
+    fields = ("hidden", "inter", "heads", "kv_heads", "head_dim", "eps")
+    return len({tuple(getattr(la.spec, f) for f in fields) for la in layers}) == 1
 
 
 class PackedHead(nn.Module):
@@ -276,6 +310,12 @@ def _packed(child: nn.Module, kernels: CpuKernels) -> nn.Module | None:
     return None
 
 
+def _fuse_decode_stack(inner: nn.Module, kernels: CpuKernels) -> None:
+    """Install `FusedDecodeStack` as a LlamaModel's `run_layers` where its layers allow."""
+    if isinstance(inner, LlamaModel) and fusable(inner.layers):
+        inner.run_layers = FusedDecodeStack(inner.layers, kernels)
+
+
 def _panels_into_huge_pages(model: nn.Module) -> None:
     """Move every panel tensor of `model` into one huge-page mapping (`into_huge_pages`),
     kept alive as `model.panel_arena`."""
@@ -311,5 +351,6 @@ def use_cpu_layout(model: nn.Module, kernels: CpuKernels | None) -> int:
     model.lm_head = PackedHead(model.lm_head, kernels) if packed else FewRowsHead(model.lm_head)
     if packed:
         _panels_into_huge_pages(model)
+        _fuse_decode_stack(model.model, kernels)
     linears = (m for m in model.model.modules() if isinstance(m, (PackedLinear, InputMajorLinear)))
     return sum(m.extra_bytes for m in linears) + model.lm_head.extra_bytes

@@ -130,11 +130,21 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def run_in_order(layers: nn.ModuleList, x, rope, backend, fb) -> torch.Tensor:
+    """The decoder layers one after another: x float [T, hidden] -> [T, hidden]. The
+    default `LlamaModel.run_layers` (`cpu_layout` installs a fused one for CPU decode)."""
+    for layer in layers:
+        x = layer(x, rope, backend, fb)
+    return x
+
+
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers and final norm."""
+    """Embedding, decoder layers and final norm. `run_layers(layers, x, rope, backend, fb)`
+    is the strategy that runs the layers (`run_in_order`)."""
 
     def __init__(self, config, qkv_bias: bool):
         super().__init__()
+        self.run_layers = run_in_order
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(config, i, qkv_bias) for i in range(config.num_hidden_layers)
@@ -176,8 +186,7 @@ class LlamaForCausalLM(nn.Module):
         """
         x = self.model.embed_tokens(fb.input_ids)
         rope = self.model.rotary_emb(fb.positions, x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, rope, backend, fb)
+        x = self.model.run_layers(self.model.layers, x, rope, backend, fb)
         if self.capture_hidden:  # speculative drafters read every token's final state
             x = self.last_hidden = self.model.norm(x)
             if fb.mode is ForwardMode.EXTEND:
