@@ -84,9 +84,10 @@ class ServerArgs:
     cpu_gemm: str = _opt(
         "auto",
         "CPU fp32 weights: 'auto' = radixlm's C kernels (built with the system C compiler on "
-        "first use; need AVX2/FMA): packed-panel GEMM, C RMSNorm/SwiGLU/RoPE, and each decode "
-        "layer in one C call; falls back to torch where they cannot be built. 'torch' = "
-        "torch's GEMM (MKL) and ops (the attention backend is chosen separately)",
+        "first use; need AVX2/FMA): packed-panel GEMM, C RMSNorm/SwiGLU/RoPE, and all the "
+        "decoder layers of a decode step in one C call; falls back to torch where they cannot "
+        "be built. 'torch' = torch's GEMM (MKL) and ops (the attention backend is chosen "
+        "separately)",
         choices=["auto", "torch"],
     )
     disable_cuda_graph: bool = _opt(False, "run decode without CUDA graphs (graphs are CUDA-only)")
