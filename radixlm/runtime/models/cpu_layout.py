@@ -141,8 +141,9 @@ class CpuRMSNorm(nn.Module):
 
 class CpuDecoderLayer(nn.Module):
     """`models.llama.DecoderLayer` with packed attention and MLP; forward calls the modules
-    as the original does. `spec` / `point_spec()` describe the layer to the C decode stack
-    (`FusedDecodeStack`), which takes it when `fused_decode` (head shapes it supports)."""
+    as the original does. `spec` (sizes) and `weights()` describe the layer to the C decode
+    stack (`FusedDecodeStack`), which takes it when `fused_decode` (head shapes it
+    supports)."""
 
     def __init__(self, layer: DecoderLayer, kernels: CpuKernels):
         super().__init__()
@@ -165,19 +166,15 @@ class CpuDecoderLayer(nn.Module):
         #: The C layer needs whole 8-float vectors per head and whole query groups.
         self.fused_decode = attn.head_dim % 8 == 0 and attn.num_heads % attn.num_kv_heads == 0
 
-    def point_spec(self) -> LayerSpec:
-        """The spec with the weights' current addresses (re-read every call, so moving or
-        reloading a parameter can never leave C a stale pointer)."""
-        attn, mlp, spec = self.self_attn, self.mlp, self.spec
-        bias = attn.qkv_proj.bias
-        spec.ln1 = self.input_layernorm.weight.data_ptr()
-        spec.ln2 = self.post_attention_layernorm.weight.data_ptr()
-        spec.qkv = attn.qkv_proj.panels.data_ptr()
-        spec.qkv_bias = None if bias is None else bias.data_ptr()
-        spec.o = attn.o_proj.panels.data_ptr()
-        spec.gate_up = mlp.gate_up_proj.panels.data_ptr()
-        spec.down = mlp.down_proj.panels.data_ptr()
-        return spec
+    def weights(self) -> tuple[torch.Tensor | None, ...]:
+        """The tensors `spec` points at, in LayerSpec's pointer order: ln1, ln2, qkv panels,
+        qkv bias (or None), o, gate_up and down panels."""
+        attn, mlp = self.self_attn, self.mlp
+        return (
+            self.input_layernorm.weight, self.post_attention_layernorm.weight,
+            attn.qkv_proj.panels, attn.qkv_proj.bias, attn.o_proj.panels,
+            mlp.gate_up_proj.panels, mlp.down_proj.panels,
+        )  # fmt: skip
 
     def forward(self, x, rope, backend, fb):
         x = x + self.self_attn(self.input_layernorm(x), rope, backend, fb)
@@ -188,6 +185,9 @@ class FusedDecodeStack:
     """`LlamaModel.run_layers` for the packed layout: a decode step on the `cpu` attention
     backend runs every decoder layer in one C call (`CpuKernels.decode_layers`, updating x
     float32 [B, hidden] in place); other steps run the layers in order (`run_in_order`).
+    It holds each layer's weight tensors (`CpuDecoderLayer.weights()`) from construction
+    and re-reads their addresses every step: a `.data` move is followed, a parameter
+    object replaced afterwards is not (build a new stack then).
 
     Raises ValueError when the layers are not all fused-capable `CpuDecoderLayer`s of one
     size (use `run_in_order` for those).
@@ -197,17 +197,21 @@ class FusedDecodeStack:
         if not fusable(layers):
             raise ValueError("FusedDecodeStack needs fused-capable CpuDecoderLayers of one size")
         self._kernels = kernels
-        self._specs = (LayerSpec * len(layers))()
+        self._specs = (LayerSpec * len(layers))(*(layer.spec for layer in layers))
+        #: Each layer's weight tensors, held here: looking them up through the modules
+        #: every step cost 5% of a batch-1 step.
+        self._weights = [layer.weights() for layer in layers]
 
     def __call__(self, layers, x, rope, backend, fb):
         if fb.mode is not ForwardMode.DECODE or not isinstance(backend, CpuNativeBackend):
             return run_in_order(layers, x, rope, backend, fb)
-        # Weight addresses are re-read every step, so moving or reloading a parameter can
-        # never leave C a stale pointer.
-        for i, layer in enumerate(layers):
-            spec = layer.point_spec()
+        # Addresses are re-read every step (0.25 us each), so a parameter whose `.data`
+        # moved can never leave C a stale pointer.
+        for spec, w in zip(self._specs, self._weights):  # spec: a view into the array
+            spec.ln1, spec.ln2, spec.qkv = w[0].data_ptr(), w[1].data_ptr(), w[2].data_ptr()
+            spec.qkv_bias = None if w[3] is None else w[3].data_ptr()
+            spec.o, spec.gate_up, spec.down = w[4].data_ptr(), w[5].data_ptr(), w[6].data_ptr()
             spec.scale = backend.scaling
-            self._specs[i] = spec  # a copy into the array
         pool = backend.kv_pool
         x = x.contiguous()
         self._kernels.decode_layers(
