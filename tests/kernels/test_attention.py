@@ -125,14 +125,16 @@ def test_triton_gpu_tile_sizes(mode, device):
 @pytest.mark.parametrize("page_size,head_dim", [(1, 16), (16, 24), (4, 64)])
 @pytest.mark.parametrize("group", [1, 3])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_cpu_decode_kernel_matches_torch_native(page_size, head_dim, group, threads):
+@pytest.mark.parametrize("longest", [130, 1500])
+def test_cpu_decode_kernel_matches_torch_native(page_size, head_dim, group, threads, longest):
     """The C decode kernel reads K/V in place and equals the gather + SDPA reference."""
     from radixlm.kernels.cpu_native import CpuNativeBackend
 
     fmode, prefix_lens, extend_lens = MODES["decode"]
-    # 131 keys: several 32-key V blocks plus a ragged 4-key tail.
+    # 131 keys: several 32-key V blocks plus a ragged 4-key tail; 1501 keys: a long
+    # context (47 V blocks, rows prefetched through the slot list).
     case = make_case(
-        fmode, [*prefix_lens, 130], [*extend_lens, 1], page_size=page_size, group=group,
+        fmode, [*prefix_lens, longest], [*extend_lens, 1], page_size=page_size, group=group,
         head_dim=head_dim,
     )  # fmt: skip
     ref, ref_pool = _run("torch_native", case)
