@@ -12,6 +12,10 @@
  * loops follow Goto & van de Geijn's blocking: each thread copies an MC x KC block of x
  * into 6-row micro-panels (k-major, so the 6 broadcasts of a k step are adjacent) that
  * stay in L2, and runs every 6-row tile of it against one KC x 16 panel slice.
+ *
+ * Decode-sized products (2 to PREFETCH_ROWS rows) are compute-heavy enough that the
+ * hardware prefetcher falls behind the weight stream: there the first row tile of each
+ * weight block software-prefetches the next block while it computes.
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -23,10 +27,14 @@
 #define KBLOCK 128
 /* Rows from which x is packed and blocked. The x block (MC x KC floats, 324 KB) stays in
  * L2 with the panel slice (KC x 16 floats, 36 KB); K up to KC is one block, so y is written
- * once. Picked by measuring SmolLM2-135M's four projections on the 2-core AVX2 machine
- * (2 threads, GFLOP/s at 64 / 512 rows: unblocked 88 / 86, MC 144 x KC 256: 97 / 97,
- * MC 144 x KC 576: 106 / 108; software prefetch of the next panel gained nothing). */
-#define BLOCKED_ROWS 32
+ * once. Picked by measuring SmolLM2-135M's four projections on the 2-core AVX2 machine,
+ * 2 threads: L3-resident, GFLOP/s at 64 / 512 rows: unblocked 88 / 86, MC 144 x KC 256:
+ * 97 / 97, MC 144 x KC 576: 106 / 108 (prefetching the next panel there: no gain, so
+ * only below PREFETCH_ROWS rows). All 30 layers streamed from memory, ms per pass, rows
+ * 4 / 12 / 16: 22.5 / 37.5 / 42.7 -> 19.8 / 33.6 / 39.1 with the prefetch and blocking
+ * from 12 rows; engine decode step at batch 4 / 16: -7% / -8%. */
+#define BLOCKED_ROWS 12
+#define PREFETCH_ROWS 32
 #define MC 144
 #define KC 576
 
@@ -56,10 +64,12 @@
 static inline __attribute__((always_inline)) void tile(int mr, int acc, const float *restrict x,
                                                        int64_t ldx, int64_t sk,
                                                        const float *restrict w, int64_t kn,
-                                                       float *restrict y, int64_t ldy) {
+                                                       float *restrict y, int64_t ldy,
+                                                       const char *pf) {
     ALL_ROWS(ACC_DECL)
     ALL_ROWS(ACC_LOAD)
     for (int64_t k = 0; k < kn; ++k) {
+        if (pf) _mm_prefetch(pf + k * 64, _MM_HINT_T0);
         __m256 w0 = _mm256_loadu_ps(w + k * 16);
         __m256 w1 = _mm256_loadu_ps(w + k * 16 + 8);
         ALL_ROWS(ACC_STEP)
@@ -71,17 +81,32 @@ static inline __attribute__((always_inline)) void tile(int mr, int acc, const fl
 #define TILE_N(N)                                                                          \
     static void tile##N(int acc, const float *x, int64_t ldx, const float *w, int64_t kn, \
                         float *y, int64_t ldy) {                                           \
-        tile(N, acc, x, ldx, 1, w, kn, y, ldy);                                            \
+        tile(N, acc, x, ldx, 1, w, kn, y, ldy, 0);                                         \
+    }                                                                                      \
+    static void pftile##N(int acc, const float *x, int64_t ldx, const float *w, int64_t kn, \
+                          float *y, int64_t ldy, const char *pf) {                         \
+        tile(N, acc, x, ldx, 1, w, kn, y, ldy, pf);                                        \
     }                                                                                      \
     static void ptile##N(int acc, const float *xp, const float *w, int64_t kn, float *y,  \
                          int64_t ldy) {                                                    \
-        tile(N, acc, xp, 1, 6, w, kn, y, ldy);                                             \
+        tile(N, acc, xp, 1, 6, w, kn, y, ldy, 0);                                          \
+    }                                                                                      \
+    static void pfptile##N(int acc, const float *xp, const float *w, int64_t kn, float *y, \
+                           int64_t ldy, const char *pf) {                                  \
+        tile(N, acc, xp, 1, 6, w, kn, y, ldy, pf);                                         \
     }
 TILE_N(1) TILE_N(2) TILE_N(3) TILE_N(4) TILE_N(5) TILE_N(6)
 typedef void (*tile_fn)(int, const float *, int64_t, const float *, int64_t, float *, int64_t);
 static const tile_fn TILES[7] = {0, tile1, tile2, tile3, tile4, tile5, tile6};
+typedef void (*pftile_fn)(int, const float *, int64_t, const float *, int64_t, float *, int64_t,
+                          const char *);
+static const pftile_fn PFTILES[7] = {0, pftile1, pftile2, pftile3, pftile4, pftile5, pftile6};
 typedef void (*ptile_fn)(int, const float *, const float *, int64_t, float *, int64_t);
 static const ptile_fn PTILES[7] = {0, ptile1, ptile2, ptile3, ptile4, ptile5, ptile6};
+typedef void (*pfptile_fn)(int, const float *, const float *, int64_t, float *, int64_t,
+                           const char *);
+static const pfptile_fn PFPTILES[7] = {0, pfptile1, pfptile2, pfptile3, pfptile4, pfptile5,
+                                       pfptile6};
 
 /* Rows m of one panel's k range [k0, k0 + kn), into y16 (row stride ldy). */
 static void panel_rows(int64_t M, int64_t K, const float *x, const float *panel, int64_t k0,
@@ -89,7 +114,11 @@ static void panel_rows(int64_t M, int64_t K, const float *x, const float *panel,
     int64_t m = 0;
     while (m < M) {
         int64_t left = M - m, ntiles = (left + 5) / 6, mr = (left + ntiles - 1) / ntiles;
-        TILES[mr](k0 > 0, x + m * K + k0, K, panel + k0 * 16, kn, y16 + m * ldy, ldy);
+        if (m == 0 && M > 1) /* the first tile fetches the next weight block meanwhile */
+            PFTILES[mr](k0 > 0, x + k0, K, panel + k0 * 16, kn, y16, ldy,
+                        (const char *)(panel + (k0 + kn) * 16));
+        else
+            TILES[mr](k0 > 0, x + m * K + k0, K, panel + k0 * 16, kn, y16 + m * ldy, ldy);
         m += mr;
     }
 }
@@ -125,7 +154,12 @@ static void blocked_panels(const float *x, const float *panels, float *y, int64_
                 int64_t ldy = cols == 16 ? N : 16;
                 for (int64_t r = 0; r < mn; r += 6) {
                     int64_t mr = mn - r < 6 ? mn - r : 6;
-                    PTILES[mr](k0 > 0, xp + r * kn, w, kn, dst + r * ldy, ldy);
+                    /* With few row tiles the first fetches the next panel's slice
+                     * meanwhile (with many, it only costs). */
+                    if (r == 0 && mn < PREFETCH_ROWS && b + 1 < b1)
+                        PFPTILES[mr](k0 > 0, xp, w, kn, dst, ldy, (const char *)(w + K * 16));
+                    else
+                        PTILES[mr](k0 > 0, xp + r * kn, w, kn, dst + r * ldy, ldy);
                 }
                 if (cols < 16 && k0 + kn == K)
                     for (int64_t r = 0; r < mn; ++r)
