@@ -1,10 +1,11 @@
-"""The CPU attention backend: torch_native's extend and verify, decode by radixlm's kernel.
+"""The CPU attention backend: decode and extend by radixlm's kernels, verify by torch_native.
 
 Decode reads each request's K/V in place from the pool through its slot list
 (`radixlm/kernels/cpu/decode_attention.c`) instead of gathering them into a padded
-block for SDPA. fp32 pools only; `create_attention_backend` falls back to torch_native
-where the CPU kernels cannot be built or the pool's shape is outside them
-(`supports_pool`).
+block for SDPA; extend runs FlashAttention-style blocks over the slot list
+(`extend_attention.c`; head_dim a multiple of 16, else torch_native's SDPA). fp32 pools
+only; `create_attention_backend` falls back to torch_native where the CPU kernels cannot
+be built or the pool's shape is outside them (`supports_pool`).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ def supports_pool(kv_pool, num_heads: int | None) -> bool:
 
 
 class CpuNativeBackend(TorchNativeBackend):
-    """TorchNativeBackend whose `forward_decode` runs the C decode-attention kernel and
-    whose `set_kv` copies the new K/V rows in one C call.
+    """TorchNativeBackend whose `forward_decode` and `forward_extend` run the C attention
+    kernels (extend: when head_dim % 16 == 0, chosen once here) and whose `set_kv` copies
+    the new K/V rows in one C call.
 
     Args:
         kv_pool, scaling: as `AttentionBackend`; the pool's buffers must be float32.
@@ -40,10 +42,26 @@ class CpuNativeBackend(TorchNativeBackend):
     def __init__(self, kv_pool, scaling: float, kernels: CpuKernels):
         super().__init__(kv_pool, scaling)
         self.kernels = kernels
+        if kv_pool.k_buffer[0].shape[2] % 16 == 0:
+            self.forward_extend = self._extend_kernel
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         super().init_forward_metadata(fb)
         self._lens = fb.seq_lens.to(torch.int64)
+        self._ext = fb.extend_seq_lens.to(torch.int64)
+
+    def _extend_kernel(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        """forward_extend by the C kernel: q [T, H, D] -> [T, H, D] in q's dtype."""
+        out = self.kernels.extend_attention(
+            q.float(),
+            self.kv_pool.k_buffer[layer_id],
+            self.kv_pool.v_buffer[layer_id],
+            self._slots,
+            self._lens,
+            self._ext,
+            self.scaling,
+        )
+        return out.to(q.dtype)
 
     def _padding_mask(self, valid: torch.Tensor, max_len: int) -> None:
         """The C decode kernel stops at each request's length: no mask to build."""

@@ -151,6 +151,51 @@ def test_cpu_decode_kernel_matches_torch_native(page_size, head_dim, group, thre
     torch.testing.assert_close(pool.k_buffer[0][loc], ref_pool.k_buffer[0][loc], atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("page_size,head_dim", [(1, 16), (16, 64), (4, 24)])
+@pytest.mark.parametrize("group", [1, 3, 32])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "prefix_lens,extend_lens",
+    [EXTEND, ([0, 500, 3], [300, 70, 129])],  # the second: several key and token blocks
+)
+def test_cpu_extend_kernel_matches_torch_native(
+    page_size, head_dim, group, threads, prefix_lens, extend_lens
+):
+    """The C extend kernel (head_dim % 16 == 0; 24 takes torch_native's path) equals the
+    per-request SDPA reference: causal over the cached prefix and the new tokens."""
+    from radixlm.kernels.cpu_native import CpuNativeBackend
+
+    case = make_case(
+        ForwardMode.EXTEND, prefix_lens, extend_lens, page_size=page_size, group=group,
+        head_dim=head_dim, kv_heads=1 if group == 32 else 2,
+    )  # fmt: skip
+    ref, _ = _run("torch_native", case)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        backend = create_attention_backend("cpu", case.clone_pool(), case.scaling)
+        if not isinstance(backend, CpuNativeBackend):
+            pytest.skip("the CPU kernels cannot be built here")
+        assert (backend.forward_extend == backend._extend_kernel) == (head_dim % 16 == 0)
+        out, _ = _run("cpu", case)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
+
+
+def test_cpu_extend_kernel_rejects_bad_lengths(cpu_kernels):
+    k = torch.zeros(8, 1, 16)
+    q, slots = torch.zeros(3, 1, 16), torch.zeros(1, 4, dtype=torch.int64)
+    seq = torch.tensor([4])
+    with pytest.raises(ValueError, match="sum to"):
+        cpu_kernels.extend_attention(q, k, k, slots, seq, torch.tensor([2]), 1.0)
+    with pytest.raises(ValueError, match="in \\[1, seq_lens\\]"):
+        cpu_kernels.extend_attention(q, k, k, slots, torch.tensor([2]), torch.tensor([3]), 1.0)
+    with pytest.raises(ValueError, match="D % 16"):
+        k24 = torch.zeros(8, 1, 24)
+        cpu_kernels.extend_attention(torch.zeros(3, 1, 24), k24, k24, slots, seq, seq - 1, 1.0)
+
+
 def test_cpu_backend_falls_back_for_half_pools():
     from radixlm.kernels.torch_native import TorchNativeBackend
 

@@ -3,6 +3,8 @@
 * `packed_gemm.c`: the few-row GEMM over packed weight panels (`CpuKernels.mm`);
 * `decode_attention.c`: paged decode attention read in place from the KV pool
   (`CpuKernels.decode_attention`);
+* `extend_attention.c`: paged causal prefill attention, FlashAttention-style blocks
+  (`CpuKernels.extend_attention`);
 * `elementwise.c`: RMSNorm, silu(gate) * up, RoPE in place, and the KV-pool store;
 * `decode_layer.c`: all the Llama decoder layers of a decode step in one call.
 
@@ -36,7 +38,14 @@ logger = logging.getLogger(__name__)
 
 _DIR = Path(__file__).parent
 _SOURCES = [
-    _DIR / n for n in ("packed_gemm.c", "decode_attention.c", "elementwise.c", "decode_layer.c")
+    _DIR / n
+    for n in (
+        "packed_gemm.c",
+        "decode_attention.c",
+        "extend_attention.c",
+        "elementwise.c",
+        "decode_layer.c",
+    )  # fmt: skip
 ]
 _HEADERS = [_DIR / "simd_math.h", _DIR / "kernels.h"]
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
@@ -120,6 +129,8 @@ class CpuKernels:
         self._gemm = _bind(lib.radixlm_packed_gemm, [p, p, p, i64, i64, i64, i32])
         attn_args = [p, i64, p, p, p, i64, p, p, i64, i64, i64, i64, f32, i32]
         self._attn = _bind(lib.radixlm_decode_attention, attn_args, ctypes.c_int)
+        ext_args = [p, i64, p, p, p, i64, p, p, p, i64, i64, i64, i64, f32, i32]
+        self._ext_attn = _bind(lib.radixlm_extend_attention, ext_args, ctypes.c_int)
         self._norm = _bind(lib.radixlm_rms_norm, [p, i64, p, p, i64, i64, f32, i32])
         self._silu_mul = _bind(lib.radixlm_silu_mul, [p, p, i64, i64, i32])
         self._rope = _bind(lib.radixlm_rope, [p, i64, i64, i64, i64, p, p, i32])
@@ -160,6 +171,57 @@ class CpuKernels:
         y = torch.empty(m, n, dtype=torch.float32)
         self._gemm(x.data_ptr(), panels.data_ptr(), y.data_ptr(), m, k, n, torch.get_num_threads())
         return y
+
+    def extend_attention(
+        self,
+        q: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        slots: torch.Tensor,
+        seq_lens: torch.Tensor,
+        ext_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """Causal softmax(scale * q K^T) V of every new token of an extend step.
+
+        Args:
+            q: float32 [T, H, D], T = ext_lens.sum(), each request's new tokens in order;
+                token rows may be strided (else it is copied); D a multiple of 16.
+            k_buf, v_buf: float32 [num_slots, Hkv, D] contiguous, one layer of the KV pool,
+                the new tokens' K/V already stored; H a multiple of Hkv.
+            slots: int64 [B, >= max(seq_lens)]; row b's first seq_lens[b] entries are the
+                request's KV slots in order (cached prefix, then the new tokens).
+            seq_lens: int64 [B]; ext_lens: int64 [B], 1 <= ext_lens[b] <= seq_lens[b].
+        Returns:
+            float32 [T, H, D]: new token j of request b (position seq_lens[b] -
+            ext_lens[b] + j) attends over keys 0..that position. Raises ValueError on
+            shapes or dtypes outside the above, MemoryError when the kernel cannot
+            allocate its buffers.
+        """
+        t, h, d = q.shape
+        _check_pool(k_buf, v_buf, h, d)
+        if q.dtype != torch.float32 or d % 16:
+            raise ValueError(
+                f"CPU extend attention needs float32 and D % 16 == 0, got {q.dtype}, D={d}"
+            )
+        b = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
+        _check_tables(b, slots, seq_lens)
+        if ext_lens.dtype != torch.int64 or ext_lens.shape != (b,):
+            raise ValueError("ext_lens must be int64 [B]")
+        if int(ext_lens.sum()) != t or bool(((ext_lens < 1) | (ext_lens > seq_lens)).any()):
+            raise ValueError("ext_lens must be in [1, seq_lens] and sum to q's token count")
+        if q.stride(2) != 1 or q.stride(1) != d:
+            q = q.contiguous()
+        slots, seq_lens, ext_lens = slots.contiguous(), seq_lens.contiguous(), ext_lens.contiguous()
+        out = torch.empty(t, h, d, dtype=torch.float32)
+        rc = self._ext_attn(
+            q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(), slots.data_ptr(),
+            slots.shape[1], seq_lens.data_ptr(), ext_lens.data_ptr(), out.data_ptr(), b, h,
+            k_buf.shape[1], d, scale, torch.get_num_threads(),
+        )  # fmt: skip
+        if rc != 0:
+            raise MemoryError("CPU extend attention could not allocate its buffers")
+        return out
 
     def decode_attention(
         self,

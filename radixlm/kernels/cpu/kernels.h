@@ -5,6 +5,14 @@
 
 void radixlm_packed_gemm(const float *x, const float *panels, float *y, int64_t M, int64_t K,
                          int64_t N, int num_threads);
+/* y[0:M, 0:16] (+= when acc) x[0:M, 0:kn] @ w[0:kn, 0:16]: x rows of stride ldx, w one
+ * panel slice (row stride 16), y rows of stride ldy. One thread. */
+void radixlm_gemm_panel(int64_t M, int acc, const float *x, int64_t ldx, const float *w,
+                        int64_t kn, float *y, int64_t ldy);
+int radixlm_extend_attention(const float *q, int64_t ldq, const float *k_buf, const float *v_buf,
+                             const int64_t *slots, int64_t ld_slots, const int64_t *seq_lens,
+                             const int64_t *ext_lens, float *out, int64_t B, int64_t H,
+                             int64_t Hkv, int64_t D, float scale, int num_threads);
 int radixlm_decode_attention(const float *q, int64_t ldq, const float *k_buf, const float *v_buf,
                              const int64_t *slots, int64_t ld_slots, const int64_t *seq_lens,
                              float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D,

@@ -123,6 +123,15 @@ static void panel_rows(int64_t M, int64_t K, const float *x, const float *panel,
     }
 }
 
+void radixlm_gemm_panel(int64_t M, int acc, const float *x, int64_t ldx, const float *w,
+                        int64_t kn, float *y, int64_t ldy) {
+    for (int64_t m = 0; m < M;) {
+        int64_t left = M - m, ntiles = (left + 5) / 6, mr = (left + ntiles - 1) / ntiles;
+        TILES[mr](acc, x + m * ldx, ldx, w, kn, y + m * ldy, ldy);
+        m += mr;
+    }
+}
+
 /* Copies x[0:mn, 0:kn] (row stride ldx) into 6-row micro-panels xp[ceil(mn / 6)][kn][6]. */
 static void pack_x(const float *x, int64_t ldx, int64_t mn, int64_t kn, float *restrict xp) {
     for (int64_t m0 = 0; m0 < mn; m0 += 6) {

@@ -1,0 +1,170 @@
+/* Paged extend (prefill) attention on CPU, fp32, AVX2 + FMA, OpenMP.
+ *
+ * Request b has ext_lens[b] new tokens at positions p .. seq_lens[b] - 1 (p, its cached
+ * prefix); new token j attends causally over keys 0 .. p + j, read through the request's
+ * slot list. The work splits into tasks of (request, KV head, block of new tokens); a
+ * task holds its G = H / Hkv query heads x QB tokens as one block of rows and walks the
+ * keys in blocks of KB, with the online softmax of FlashAttention (Dao et al. 2022):
+ *
+ *   S = Q K^T (scaled); m' = max(m, rowmax S); P = exp(S - m'); l = l e^(m - m') + rowsum P;
+ *   O = O e^(m - m') + P V;   finally out = O / l.
+ *
+ * Both products run the packed GEMM's 6 x 16 register tile (`radixlm_gemm_panel`): the
+ * key block is copied transposed into 16-key panels [KB / 16][D][16] and the value block
+ * into 16-column panels [D / 16][KB][16]. Needs D % 16 == 0.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "simd_math.h"
+
+#define KB 64         /* keys per block */
+#define ROWS_MAX 96   /* query rows (tokens x heads of one KV head) per task, about */
+
+typedef struct {
+    int64_t b, h, j0, j1; /* request, KV head, new tokens [j0, j1) */
+} task_t;
+
+static void run_task(const task_t *tk, const float *q, int64_t ldq, const float *k_buf,
+                     const float *v_buf, const int64_t *sl, int64_t p, int64_t q_row0,
+                     float *out, int64_t H, int64_t Hkv, int64_t D, float scale, float *buf) {
+    const int64_t G = H / Hkv, h = tk->h, nq = tk->j1 - tk->j0, R = nq * G;
+    float *Q = buf, *O = Q + R * D, *S = O + R * D, *kp = S + R * KB, *vp = kp + KB * D;
+    float *m = vp + KB * D, *l = m + R;
+    /* Rows r = (j - j0) * G + g: the G heads of token j sharing KV head h. */
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (int64_t j = 0; j < nq; ++j)
+        for (int64_t g = 0; g < G; ++g) {
+            const float *src = q + (q_row0 + tk->j0 + j) * ldq + (h * G + g) * D;
+            float *dst = Q + (j * G + g) * D;
+            for (int64_t i = 0; i < D; i += 8)
+                _mm256_storeu_ps(dst + i, _mm256_mul_ps(vs, _mm256_loadu_ps(src + i)));
+        }
+    memset(O, 0, (size_t)(R * D) * sizeof(float));
+    for (int64_t r = 0; r < R; ++r) m[r] = -INFINITY, l[r] = 0.0f;
+
+    const int64_t kmax = p + tk->j1; /* keys the last token sees */
+    for (int64_t t0 = 0; t0 < kmax; t0 += KB) {
+        const int64_t nk = kmax - t0 < KB ? kmax - t0 : KB, npan = (nk + 15) / 16;
+        /* K block transposed into key panels kp[c][d][16]; V block into column panels
+         * vp[dp][t][16]; keys past nk are zero (their scores are masked below). */
+        for (int64_t c = 0; c < npan; ++c)
+            for (int64_t tt = 0; tt < 16; ++tt) {
+                int64_t t = c * 16 + tt;
+                float *col = kp + c * D * 16 + tt;
+                if (t < nk) {
+                    const float *row = k_buf + (sl[t0 + t] * Hkv + h) * D;
+                    for (int64_t d = 0; d < D; ++d) col[d * 16] = row[d];
+                } else {
+                    for (int64_t d = 0; d < D; ++d) col[d * 16] = 0.0f;
+                }
+            }
+        for (int64_t t = 0; t < npan * 16; ++t) {
+            const float *row = t < nk ? v_buf + (sl[t0 + t] * Hkv + h) * D : 0;
+            for (int64_t dp = 0; dp < D / 16; ++dp) {
+                float *dst = vp + (dp * npan * 16 + t) * 16;
+                if (row) {
+                    _mm256_storeu_ps(dst, _mm256_loadu_ps(row + dp * 16));
+                    _mm256_storeu_ps(dst + 8, _mm256_loadu_ps(row + dp * 16 + 8));
+                } else {
+                    _mm256_storeu_ps(dst, _mm256_setzero_ps());
+                    _mm256_storeu_ps(dst + 8, _mm256_setzero_ps());
+                }
+            }
+        }
+        for (int64_t c = 0; c < npan; ++c)
+            radixlm_gemm_panel(R, 0, Q, D, kp + c * D * 16, D, S + c * 16, KB);
+        /* Causal mask, online softmax; P overwrites S. */
+        for (int64_t r = 0; r < R; ++r) {
+            float *s = S + r * KB;
+            int64_t last = p + tk->j0 + r / G - t0; /* last visible key of this block */
+            int64_t vis = last + 1 < nk ? last + 1 : nk;
+            if (vis <= 0) { /* the whole block is in this token's future: P = 0 */
+                memset(s, 0, (size_t)(npan * 16) * sizeof(float));
+                continue;
+            }
+            for (int64_t t = vis; t < npan * 16; ++t) s[t] = -INFINITY;
+            float mx = m[r];
+            for (int64_t t = 0; t < vis; ++t) mx = s[t] > mx ? s[t] : mx;
+            const float corr = expf(m[r] - mx);
+            __m256 vmx = _mm256_set1_ps(mx), sum = _mm256_setzero_ps();
+            for (int64_t t = 0; t < npan * 16; t += 8) {
+                __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), vmx));
+                _mm256_storeu_ps(s + t, e);
+                sum = _mm256_add_ps(sum, e);
+            }
+            l[r] = l[r] * corr + hsum256(sum);
+            m[r] = mx;
+            if (corr != 1.0f) {
+                __m256 vc = _mm256_set1_ps(corr);
+                float *o = O + r * D;
+                for (int64_t i = 0; i < D; i += 8)
+                    _mm256_storeu_ps(o + i, _mm256_mul_ps(vc, _mm256_loadu_ps(o + i)));
+            }
+        }
+        for (int64_t dp = 0; dp < D / 16; ++dp)
+            radixlm_gemm_panel(R, 1, S, KB, vp + dp * npan * 16 * 16, npan * 16, O + dp * 16, D);
+    }
+    for (int64_t j = 0; j < nq; ++j)
+        for (int64_t g = 0; g < G; ++g) {
+            int64_t r = j * G + g;
+            const __m256 inv = _mm256_set1_ps(1.0f / l[r]);
+            float *dst = out + (q_row0 + tk->j0 + j) * H * D + (h * G + g) * D;
+            for (int64_t i = 0; i < D; i += 8)
+                _mm256_storeu_ps(dst + i, _mm256_mul_ps(inv, _mm256_loadu_ps(O + r * D + i)));
+        }
+}
+
+/* q [T, H, D] (token row stride ldq), out [T, H, D] contiguous, T = sum(ext_lens), the
+ * requests' new tokens in order; k_buf, v_buf [slots, Hkv, D]; slots [B, ld_slots]
+ * (int64, the first seq_lens[b] valid, the new tokens' K/V already stored);
+ * 1 <= ext_lens[b] <= seq_lens[b]. D % 16 == 0, H % Hkv == 0. Returns 0, or -1 when out
+ * of memory. */
+int radixlm_extend_attention(const float *q, int64_t ldq, const float *k_buf, const float *v_buf,
+                             const int64_t *slots, int64_t ld_slots, const int64_t *seq_lens,
+                             const int64_t *ext_lens, float *out, int64_t B, int64_t H,
+                             int64_t Hkv, int64_t D, float scale, int num_threads) {
+    const int64_t G = H / Hkv, qb = ROWS_MAX / G > 0 ? ROWS_MAX / G : 1;
+    int64_t ntasks = 0;
+    for (int64_t b = 0; b < B; ++b) ntasks += Hkv * ((ext_lens[b] + qb - 1) / qb);
+    task_t *tasks = malloc((size_t)(ntasks > 0 ? ntasks : 1) * sizeof(task_t));
+    int64_t *row0 = malloc((size_t)(B > 0 ? B : 1) * sizeof(int64_t));
+    if (!tasks || !row0) {
+        free(tasks), free(row0);
+        return -1;
+    }
+    /* Longest key ranges first (the last token blocks of each request), so the dynamic
+     * schedule ends with short tasks. */
+    int64_t n = 0, start = 0;
+    for (int64_t b = 0; b < B; ++b) {
+        row0[b] = start;
+        start += ext_lens[b];
+    }
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t j1 = ext_lens[b]; j1 > 0; j1 -= qb)
+            for (int64_t h = 0; h < Hkv; ++h)
+                tasks[n++] = (task_t){b, h, j1 - qb > 0 ? j1 - qb : 0, j1};
+    const int64_t R = qb * G;
+    const size_t floats = (size_t)(2 * R * D + R * KB + 2 * KB * D + 2 * R);
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    {
+        float *buf = aligned_alloc(32, (floats * sizeof(float) + 31) / 32 * 32);
+        if (!buf) failed = 1;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < n; ++i) {
+            if (!buf) continue;
+            const task_t *tk = tasks + i;
+            const int64_t p = seq_lens[tk->b] - ext_lens[tk->b];
+            run_task(tk, q, ldq, k_buf, v_buf, slots + tk->b * ld_slots, p, row0[tk->b], out, H,
+                     Hkv, D, scale, buf);
+        }
+        free(buf);
+    }
+    free(tasks), free(row0);
+    return failed ? -1 : 0;
+}
