@@ -2,8 +2,9 @@
 
 Messages are normalised first: text content parts are joined with newlines (other part
 types are refused), ``developer`` becomes ``system``, assistant ``tool_calls`` are
-checked (``{"id", "type": "function", "function": {"name", "arguments": str}}``) and
-``tool`` messages need their content. Tools are rendered by `tool_prompt.render_chat`.
+checked (``{"id", "type": "function", "function": {"name", "arguments": str}}``), and
+every message needs its content except an assistant turn that carries tool_calls or a
+refusal (as the OpenAI API requires). Tools are rendered by `tool_prompt.render_chat`.
 The template writes BOS itself when the model has one; no special tokens are added on
 top (no double BOS).
 """
@@ -53,6 +54,9 @@ def _message(index: int, m: ChatMessage) -> dict[str, Any]:
             param=f"messages.{index}",
             code="unsupported_parameter",
         )
+    if m.content is None and not (m.role == "assistant" and (m.tool_calls or m.refusal)):
+        need = "'content' or 'tool_calls'" if m.role == "assistant" else "'content'"
+        raise invalid_request(f"a {m.role} message needs {need}", param=f"messages.{index}.content")
     out: dict[str, Any] = {
         "role": "system" if m.role == "developer" else m.role,
         "content": _text(index, m),
@@ -63,13 +67,8 @@ def _message(index: int, m: ChatMessage) -> dict[str, Any]:
                 "only assistant messages carry tool_calls", param=f"messages.{index}.tool_calls"
             )
         out["tool_calls"] = [_tool_call(index, j, c) for j, c in enumerate(m.tool_calls)]
-    if m.role == "tool":
-        if m.content is None:
-            raise invalid_request(
-                "a tool message needs 'content'", param=f"messages.{index}.content"
-            )
-        if m.tool_call_id is not None:
-            out["tool_call_id"] = m.tool_call_id
+    if m.role == "tool" and m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
     return out
 
 

@@ -152,7 +152,7 @@ class Engine:
         ]
         for ids, p, lp in zip(token_lists, params, lps):
             self._validate(ids, p)
-            lp.validate(self.config.vocab_size)
+            lp.validate(self.config.vocab_size, len(ids))
         if stream:  # submitted on first iteration: an unused stream never runs
             return self._stream(token_lists, params, cache_salt, lps)
         rids = self._submit_all(token_lists, params, cache_salt, lps)

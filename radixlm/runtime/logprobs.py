@@ -172,8 +172,11 @@ class LogprobOptions(msgspec.Struct, frozen=True):
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
 
-    def validate(self, vocab_size: int) -> None:
-        """Raise InvalidRequestError for wrong types or out-of-range values."""
+    def validate(self, vocab_size: int, prompt_len: int | None = None) -> None:
+        """Raise InvalidRequestError for wrong types or out-of-range values; with
+        `prompt_len` (tokens), also for prompt logprobs asked from past the prompt's last
+        position (`logprob_start_len >= prompt_len` with return_logprob, as SGLang
+        refuses)."""
         from radixlm.errors import InvalidRequestError
 
         if not isinstance(self.return_logprob, bool):
@@ -185,6 +188,11 @@ class LogprobOptions(msgspec.Struct, frozen=True):
         if self.logprob_start_len < -1:
             raise InvalidRequestError(
                 f"logprob_start_len must be >= -1, got {self.logprob_start_len}"
+            )
+        if self.return_logprob and prompt_len is not None and self.logprob_start_len >= prompt_len:
+            raise InvalidRequestError(
+                f"logprob_start_len {self.logprob_start_len} is past the prompt's last position "
+                f"({prompt_len} tokens); use -1 for no prompt logprobs"
             )
         if not 0 <= self.top_logprobs_num <= vocab_size:
             raise InvalidRequestError(

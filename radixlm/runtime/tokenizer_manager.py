@@ -146,7 +146,7 @@ class TokenizerManager:
         """Raise InvalidRequestError for a request that can never run (see check_request)
         bad logprob options, or a grammar that does not compile."""
         if logprobs is not None:
-            logprobs.validate(self.vocab_size)
+            logprobs.validate(self.vocab_size, len(input_ids))
         check_request(
             input_ids,
             params,

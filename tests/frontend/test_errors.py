@@ -62,6 +62,15 @@ BAD = [
     (CHAT, {"messages": "hi"}, "messages", None),
     (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role", None),
     (CHAT, {"messages": [{"role": "user", "content": 5}]}, None, None),
+    (CHAT, {"messages": [{"role": "user"}]}, "messages.0.content", None),
+    (CHAT, {"messages": [{"role": "system", "content": None}, *USER]}, "messages.0.content", None),
+    (CHAT, {"messages": [*USER, {"role": "assistant"}, *USER]}, "messages.1.content", None),
+    (
+        CHAT,
+        {"messages": [*USER, {"role": "tool", "tool_call_id": "c"}]},
+        "messages.1.content",
+        None,
+    ),
     (CHAT, {"messages": USER, "max_completion_tokens": -5}, "max_completion_tokens", None),
     (CHAT, {"messages": [{"role": "user", "content": TOO_LONG}]}, "messages", None),
     (CHAT, {"messages": [{"role": "user", "content": HUGE}]}, None, None),
@@ -88,6 +97,13 @@ BAD = [
     ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}, None, None),
     ("/generate", {"text": "x", "stream": 1}, "stream", None),
     ("/generate", {"text": TOO_LONG}, "text", None),
+    # Prompt logprobs from past the prompt's last position (the prompt is 3 tokens).
+    (
+        "/generate",
+        {"input_ids": [1, 2, 3], "return_logprob": True, "logprob_start_len": 3},
+        "logprob_start_len",
+        None,
+    ),
 ]
 
 

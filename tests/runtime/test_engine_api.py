@@ -129,6 +129,10 @@ def test_sampling_params_object_and_dict_agree(engine):
         ({"prompt": PROMPT, "sampling_params": {"stop_token_ids": [-1]}}, "stop_token_ids"),
         ({"prompt": PROMPT, "sampling_params": SamplingParams(stop_token_ids=None)}, "array"),
         ({}, "exactly one of"),
+        (
+            {"input_ids": [1, 2, 3], "return_logprob": True, "logprob_start_len": 3},
+            "past the prompt's last position",
+        ),
     ],
 )
 def test_bad_input_raises_typed_error_and_engine_keeps_serving(engine, kwargs, message):
