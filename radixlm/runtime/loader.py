@@ -121,9 +121,17 @@ def check_request(
 
 def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> dict[str, Any]:
     """Settings, KV capacity and pool counters (tokens unless stated): the payload of
-    `Engine.get_server_info()` and `GET /get_server_info`."""
+    `Engine.get_server_info()` and `GET /get_server_info`. `args` echoes the settings as
+    given; `resolved` says what they chose: the attention backend class (after `auto`
+    and any fallback, e.g. `cpu` -> TorchNativeBackend where the C kernels cannot run)
+    and the CPU weight layout (`packed`, `input-major`, or None on CUDA)."""
     return {
         "args": dataclasses.asdict(args),
+        "resolved": {
+            "device": runner.device,
+            "attention_backend": type(runner.backend).__name__,
+            "cpu_layout": runner.cpu_layout,
+        },
         "kv_bytes_per_token": runner.kv_bytes_per_token,
         "max_total_tokens": runner.max_total_tokens,
         "weights_bytes": runner.weights_bytes,

@@ -23,7 +23,7 @@ from radixlm.runtime.memory import (
     kv_bytes_per_token,
     kv_capacity_tokens,
 )
-from radixlm.runtime.models.cpu_layout import use_cpu_layout
+from radixlm.runtime.models.cpu_layout import PackedHead, use_cpu_layout
 from radixlm.runtime.weights import load_model, weights_bytes
 
 logger = logging.getLogger(__name__)
@@ -51,9 +51,14 @@ class ModelRunner:
         # CPU decode streams packed (or input-major) weights faster (models/cpu_layout.py);
         # the head's second layout comes out of the KV budget like the weights.
         self.weight_copy_bytes = 0
+        #: The CPU weight layout in use ("packed" panels and C kernels, or "input-major"
+        #: for torch's GEMM); None on CUDA.
+        self.cpu_layout: str | None = None
         if self.device == "cpu":
             gemm = CpuKernels.load() if args.cpu_gemm == "auto" else None
             self.weight_copy_bytes = use_cpu_layout(self.model, gemm)
+            packed = isinstance(self.model.lm_head, PackedHead)
+            self.cpu_layout = "packed" if packed else "input-major"
 
         attn = self.model.model.layers[0].self_attn
         num_layers = config.num_hidden_layers

@@ -184,6 +184,22 @@ def test_blocking_generate_inside_a_stream_loop(engine):
     _idle(engine)
 
 
+def test_server_info_says_which_paths_were_chosen(engine):
+    from radixlm.kernels.cpu import CpuKernels
+
+    info = engine.get_server_info()
+    assert info["args"]["attention_backend"] == "auto" and info["args"]["cpu_gemm"] == "auto"
+    built = CpuKernels.load() is not None
+    assert info["resolved"] == {
+        "device": "cpu",
+        "attention_backend": "CpuNativeBackend" if built else "TorchNativeBackend",
+        "cpu_layout": "packed" if built else "input-major",
+    }
+    with Engine(MODEL, max_total_tokens=256, cpu_gemm="torch") as ref:
+        resolved = ref.get_server_info()["resolved"]
+    assert resolved["cpu_layout"] == "input-major"
+
+
 def test_unused_stream_never_runs(engine):
     engine.generate(PROMPT, greedy(8), stream=True)
     info = engine.get_server_info()
