@@ -52,16 +52,15 @@ class CpuNativeBackend(TorchNativeBackend):
 
     def _extend_kernel(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         """forward_extend by the C kernel: q [T, H, D] -> [T, H, D] in q's dtype."""
+        k_buf, v_buf = self._layer_kv(layer_id)
         out = self.kernels.extend_attention(
-            q.float(),
-            self.kv_pool.k_buffer[layer_id],
-            self.kv_pool.v_buffer[layer_id],
-            self._slots,
-            self._lens,
-            self._ext,
-            self.scaling,
+            q.float(), k_buf, v_buf, self._slots, self._lens, self._ext, self.scaling
         )
         return out.to(q.dtype)
+
+    def _layer_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's K and V buffers, float32 [num_slots, Hkv, D]."""
+        return self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
 
     def _padding_mask(self, valid: torch.Tensor, max_len: int) -> None:
         """The C decode kernel stops at each request's length: no mask to build."""
@@ -72,16 +71,11 @@ class CpuNativeBackend(TorchNativeBackend):
         return self._slots, self._lens
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
-        self.kernels.store_kv(k.float(), v.float(), k_buf, v_buf, loc)
+        self.kernels.store_kv(k.float(), v.float(), *self._layer_kv(layer_id), loc)
 
     def forward_decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        k_buf, v_buf = self._layer_kv(layer_id)
         out = self.kernels.decode_attention(
-            q.float(),
-            self.kv_pool.k_buffer[layer_id],
-            self.kv_pool.v_buffer[layer_id],
-            self._slots,
-            self._lens,
-            self.scaling,
+            q.float(), k_buf, v_buf, self._slots, self._lens, self.scaling
         )
         return out.to(q.dtype)
