@@ -76,9 +76,11 @@ class ServerArgs:
     attention_backend: str = _opt(
         "auto",
         "attention backend ('auto' = flashinfer on CUDA when installed, else triton on CUDA; "
-        "cpu on CPU: torch_native with radixlm's C decode attention and KV store, itself "
-        "torch_native for non-fp32 KV pools or without a C compiler; torch_native = the "
-        "torch reference)",
+        "cpu on CPU: radixlm's C decode attention, KV store and (head_dim a multiple of 16) "
+        "prefill attention, torch_native for the rest; it is torch_native altogether for "
+        "non-fp32 KV pools, head_dim not a multiple of 8, query heads not a multiple of KV "
+        "heads, or without a C compiler; torch_native = the torch reference; "
+        "get_server_info's 'resolved' says which ran)",
         choices=["auto", "cpu", "torch_native", "triton", "flashinfer"],
     )
     cpu_gemm: str = _opt(

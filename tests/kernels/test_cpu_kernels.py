@@ -63,6 +63,21 @@ def test_into_huge_pages_copies_into_one_aligned_mapping():
     assert cpu.into_huge_pages([]) == (None, [])
 
 
+def test_into_huge_pages_keeps_the_tensors_when_the_kernel_refuses(monkeypatch):
+    import mmap
+    from types import SimpleNamespace
+
+    class NoHugePages(mmap.mmap):
+        def madvise(self, *args):
+            raise OSError(22, "Invalid argument")
+
+    fake = SimpleNamespace(**{n: getattr(mmap, n) for n in dir(mmap) if n.isupper()})
+    fake.mmap = NoHugePages
+    monkeypatch.setattr(cpu, "mmap", fake)
+    a = torch.randn(4)
+    assert cpu.into_huge_pages([a]) == (None, [a])
+
+
 def test_non_contiguous_input_and_zero_rows(cpu_kernels):
     w = torch.randn(48, 40)
     x = torch.randn(40, 6).t()  # [6, 40], not contiguous

@@ -1,5 +1,6 @@
-"""Tiny random-initialised Llama-family models (untied head, QKV bias, RoPE scaling) saved as
-Hugging Face directories: greedy output equals transformers token for token."""
+"""Tiny random-initialised Llama-family models (untied head, QKV bias, Llama's q/k/v/o
+attention_bias, RoPE scaling) saved as Hugging Face directories: greedy output equals
+transformers token for token."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def _tiny(kind: str):
     )
     if kind == "qwen2":
         return Qwen2Config(**common, tie_word_embeddings=False)
+    if kind == "llama-attn-bias":  # biases on q/k/v and o: the C decode stack steps aside
+        return LlamaConfig(**common, tie_word_embeddings=False, attention_bias=True)
     if kind == "llama3-rope":
         rope = {
             "rope_type": "llama3",
@@ -48,7 +51,7 @@ CPU_PATHS = {
 
 
 @pytest.mark.parametrize("path", sorted(CPU_PATHS))
-@pytest.mark.parametrize("kind", ["llama-tied", "qwen2", "llama3-rope"])
+@pytest.mark.parametrize("kind", ["llama-tied", "qwen2", "llama3-rope", "llama-attn-bias"])
 def test_tiny_model_matches_transformers(kind, path, tmp_path, hf_dir):
     model = save_random_model(_tiny(kind), tmp_path, hf_dir)
     prompts = [[5, 17, 300, 4000, 9], [77] * 30 + [123, 456], list(range(100, 200))]

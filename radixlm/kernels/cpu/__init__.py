@@ -82,8 +82,8 @@ def into_huge_pages(tensors: list[torch.Tensor]) -> tuple[mmap.mmap | None, list
     26.99 ms.
 
     Returns (mapping, copies): the copies are views of the mapping, which the caller must
-    keep alive as long as them. Where the platform has no MADV_HUGEPAGE, returns
-    (None, tensors) unchanged.
+    keep alive as long as them. Where the platform has no MADV_HUGEPAGE or the kernel
+    refuses it, returns (None, tensors) unchanged.
     """
     if not hasattr(mmap, "MADV_HUGEPAGE") or not tensors:
         return None, tensors
@@ -91,7 +91,12 @@ def into_huge_pages(tensors: list[torch.Tensor]) -> tuple[mmap.mmap | None, list
     arena = mmap.mmap(
         -1, sum(sizes) + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
     )  # fmt: skip
-    arena.madvise(mmap.MADV_HUGEPAGE)
+    try:
+        arena.madvise(mmap.MADV_HUGEPAGE)
+    except OSError as exc:  # e.g. a kernel built without transparent huge pages
+        logger.info("packed weights stay in 4 KiB pages (madvise: %s)", exc)
+        arena.close()
+        return None, tensors
     flat = torch.frombuffer(arena, dtype=torch.float32)
     offset = (-flat.data_ptr() % HUGE_PAGE) // 4
     copies = []

@@ -163,8 +163,13 @@ class CpuDecoderLayer(nn.Module):
             head_dim=attn.head_dim,
             eps=self.input_layernorm.eps,
         )  # fmt: skip
-        #: The C layer needs whole 8-float vectors per head and whole query groups.
-        self.fused_decode = attn.head_dim % 8 == 0 and attn.num_heads % attn.num_kv_heads == 0
+        #: The C layer needs whole 8-float vectors per head and whole query groups, and
+        #: has no output-projection bias (Llama's attention_bias).
+        self.fused_decode = (
+            attn.head_dim % 8 == 0
+            and attn.num_heads % attn.num_kv_heads == 0
+            and attn.o_proj.bias is None
+        )
 
     def weights(self) -> tuple[torch.Tensor | None, ...]:
         """The tensors `spec` points at, in LayerSpec's pointer order: ln1, ln2, qkv panels,

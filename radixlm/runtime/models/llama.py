@@ -79,7 +79,7 @@ def _head_dim(config) -> int:
 class Attention(nn.Module):
     """GQA self-attention: q/k/v projections, RoPE, backend attention, output projection."""
 
-    def __init__(self, config, layer_id: int, qkv_bias: bool):
+    def __init__(self, config, layer_id: int, qkv_bias: bool, o_bias: bool = False):
         super().__init__()
         self.layer_id = layer_id
         self.num_heads = config.num_attention_heads
@@ -89,7 +89,7 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=o_bias)
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], backend: AttentionBackend, fb):
         t = x.shape[0]
@@ -118,9 +118,9 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, config, layer_id: int, qkv_bias: bool):
+    def __init__(self, config, layer_id: int, qkv_bias: bool, o_bias: bool = False):
         super().__init__()
-        self.self_attn = Attention(config, layer_id, qkv_bias)
+        self.self_attn = Attention(config, layer_id, qkv_bias, o_bias)
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -142,12 +142,12 @@ class LlamaModel(nn.Module):
     """Embedding, decoder layers and final norm. `run_layers(layers, x, rope, backend, fb)`
     is the strategy that runs the layers (`run_in_order`)."""
 
-    def __init__(self, config, qkv_bias: bool):
+    def __init__(self, config, qkv_bias: bool, o_bias: bool = False):
         super().__init__()
         self.run_layers = run_in_order
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, qkv_bias) for i in range(config.num_hidden_layers)
+            DecoderLayer(config, i, qkv_bias, o_bias) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
@@ -161,6 +161,8 @@ class LlamaForCausalLM(nn.Module):
     """
 
     qkv_bias_default = False
+    #: Whether `attention_bias` also biases o_proj (Llama: q/k/v/o; Qwen2: q/k/v only).
+    o_bias_with_attention_bias = True
     #: When True, `forward` keeps the normed last hidden states of every new token
     #: (float [T, hidden]) in `last_hidden` (EAGLE drafting reads them).
     capture_hidden = False
@@ -170,7 +172,8 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         qkv_bias = getattr(config, "attention_bias", self.qkv_bias_default)
-        self.model = LlamaModel(config, qkv_bias)
+        o_bias = self.o_bias_with_attention_bias and bool(getattr(config, "attention_bias", False))
+        self.model = LlamaModel(config, qkv_bias, o_bias)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -202,3 +205,4 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
     """Qwen2: the Llama layout with biases on the q/k/v projections."""
 
     qkv_bias_default = True
+    o_bias_with_attention_bias = False

@@ -1,0 +1,30 @@
+"""`radixlm --help` and every subcommand's help render (argparse formats help strings with
+%-interpolation, so a stray '%' in a flag's help only breaks when someone asks for it)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from radixlm.cli import build_parser
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def test_top_level_help_lists_every_subcommand():
+    text = build_parser().format_help()
+    for name in ("serve", "generate", "bench", "plan", "train-eagle"):
+        assert name in text
+
+
+@pytest.mark.parametrize("name", sorted(_subcommands()))
+def test_subcommand_help_renders(name):
+    text = _subcommands()[name].format_help()
+    assert text.startswith("usage: ") and len(text) > 200
+    if name in ("serve", "generate"):
+        assert "--attention-backend" in text and "--cpu-gemm" in text
