@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import radixlm.kernels.cpu as cpu
+import radixlm.kernels.cpu.build as cpu_build
+import radixlm.kernels.cpu.weights as cpu_weights
 from radixlm.kernels.cpu import CpuKernels, pack_panels
 from radixlm.runtime.models.llama import RMSNorm, apply_rotary
 
@@ -73,7 +75,7 @@ def test_into_huge_pages_keeps_the_tensors_when_the_kernel_refuses(monkeypatch):
 
     fake = SimpleNamespace(**{n: getattr(mmap, n) for n in dir(mmap) if n.isupper()})
     fake.mmap = NoHugePages
-    monkeypatch.setattr(cpu, "mmap", fake)
+    monkeypatch.setattr(cpu_weights, "mmap", fake)
     a = torch.randn(4)
     assert cpu.into_huge_pages([a]) == (None, [a])
 
@@ -98,18 +100,18 @@ def test_bad_input_is_a_value_error(cpu_kernels):
 def test_build_failure_falls_back_to_none(monkeypatch, tmp_path):
     monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
-    monkeypatch.setattr(cpu, "_unsupported_reason", lambda: None)
+    monkeypatch.setattr(cpu_build, "unsupported_reason", lambda: None)
     assert CpuKernels.load.__wrapped__() is None  # uncached: really tries to build
     assert not list(tmp_path.glob("*.so"))
 
 
 def test_build_is_cached(monkeypatch, tmp_path, cpu_kernels):
     monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path))
-    so = cpu._build()
+    so = cpu_build.build()
     assert so.parent == tmp_path and so.exists()
     calls = []
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a))
-    assert cpu._build() == so and not calls
+    assert cpu_build.build() == so and not calls
 
 
 @pytest.mark.parametrize("rows,dim", [(1, 576), (3, 100), (300, 576)])  # 300 x 576: threaded
@@ -219,13 +221,13 @@ def test_row_kernels_reject_mismatched_inputs(cpu_kernels):
 
 def test_cc_with_arguments_and_compiler_errors_are_reported(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("CC", "cc -DRADIXLM_NOT_A_REAL_FLAG_TEST")  # arguments are allowed
-    assert cpu._compiler() == ["cc", "-DRADIXLM_NOT_A_REAL_FLAG_TEST"]
+    assert cpu_build.compiler() == ["cc", "-DRADIXLM_NOT_A_REAL_FLAG_TEST"]
     fake = tmp_path / "fakecc"
     fake.write_text("#!/bin/sh\necho 'fatal error: omp.h: No such file' >&2\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("CC", str(fake))
     monkeypatch.setenv("RADIXLM_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(cpu, "_unsupported_reason", lambda: None)
+    monkeypatch.setattr(cpu_build, "unsupported_reason", lambda: None)
     with caplog.at_level("INFO", logger="radixlm.kernels.cpu"):
         assert CpuKernels.load.__wrapped__() is None
     assert "omp.h: No such file" in caplog.text

@@ -13,101 +13,26 @@ The sources are built with the system C compiler (`$CC`, else `cc`) into one lib
 loaded with ctypes. It links the OpenMP runtime torch already loaded (libgomp.so.1), so
 it shares torch's threads. Where it cannot be built (no compiler, no AVX2/FMA, not x86),
 `CpuKernels.load()` returns None with the reason logged, and callers keep torch's ops.
+Building lives in `build.py`, the packed weight layouts in `weights.py`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import mmap
-import os
-import platform
-import shlex
-import shutil
 import subprocess
-import tempfile
 from functools import cache
-from pathlib import Path
 
 import torch
 
-from radixlm.config import cache_dir
+from radixlm.kernels.cpu import build
+from radixlm.kernels.cpu.weights import HUGE_PAGE, PANEL, into_huge_pages, pack_panels
 
 logger = logging.getLogger(__name__)
 
-_DIR = Path(__file__).parent
-_SOURCES = [
-    _DIR / n
-    for n in (
-        "packed_gemm.c",
-        "decode_attention.c",
-        "extend_attention.c",
-        "elementwise.c",
-        "decode_layer.c",
-    )  # fmt: skip
-]
-_HEADERS = [_DIR / "simd_math.h", _DIR / "kernels.h"]
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
-#: Panel width in output columns (two AVX2 registers of fp32).
-PANEL = 16
-
-
-def pack_panels(weight: torch.Tensor) -> torch.Tensor:
-    """Pack W [N, K] (fp32) into panels [ceil(N / 16), K, 16], zero-padding the last one.
-
-    Panel b holds columns 16b..16b+15 of W^T, so it is one contiguous stream of K * 64
-    bytes. Same bytes as W plus the padding.
-    """
-    n, k = weight.shape
-    nb = -(-n // PANEL)
-    padded = torch.zeros(nb * PANEL, k, dtype=weight.dtype)
-    padded[:n] = weight.detach()
-    return padded.view(nb, PANEL, k).transpose(1, 2).contiguous()
-
-
-#: Transparent huge page size on x86-64 (bytes).
-HUGE_PAGE = 2 << 20
-
-
-def into_huge_pages(tensors: list[torch.Tensor]) -> tuple[mmap.mmap | None, list[torch.Tensor]]:
-    """Copy fp32 `tensors` into one anonymous mapping advised for transparent huge pages
-    (Linux `madvise(MADV_HUGEPAGE)`; the mapping is 2 MiB-aligned before it is touched).
-
-    Decode steps stream every weight once per step; with 4 KiB pages each page of that
-    stream costs a TLB miss. Measured on the 2-core AVX2 machine at 2 threads, alternated
-    in one process: SmolLM2-135M's 120 decoder projections, 1 row 16.41 -> 15.45 ms, 4 rows
-    17.85 -> 16.91 ms (16 rows, compute-bound: unchanged); the engine's decode step
-    (median of 12 alternated repetitions), batch 1 23.06 -> 22.20 ms, batch 4 28.58 ->
-    26.99 ms.
-
-    Returns (mapping, copies): the copies are views of the mapping, which the caller must
-    keep alive as long as them. Where the platform has no MADV_HUGEPAGE or the kernel
-    refuses it, returns (None, tensors) unchanged.
-    """
-    if not hasattr(mmap, "MADV_HUGEPAGE") or not tensors:
-        return None, tensors
-    sizes = [-(-t.numel() * 4 // 64) * 64 for t in tensors]  # 64-byte aligned starts
-    arena = mmap.mmap(
-        -1, sum(sizes) + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-    )  # fmt: skip
-    try:
-        arena.madvise(mmap.MADV_HUGEPAGE)
-    except OSError as exc:  # e.g. a kernel built without transparent huge pages
-        logger.info("packed weights stay in 4 KiB pages (madvise: %s)", exc)
-        arena.close()
-        return None, tensors
-    flat = torch.frombuffer(arena, dtype=torch.float32)
-    offset = (-flat.data_ptr() % HUGE_PAGE) // 4
-    copies = []
-    for t, size in zip(tensors, sizes):
-        if t.dtype != torch.float32:
-            raise ValueError(f"into_huge_pages takes fp32 tensors, got {t.dtype}")
-        view = flat[offset : offset + t.numel()].view(t.shape)
-        view.copy_(t)
-        copies.append(view)
-        offset += size // 4
-    return arena, copies
+__all__ = [
+    "HUGE_PAGE", "PANEL", "CpuKernels", "LayerSpec", "into_huge_pages", "pack_panels",
+]  # fmt: skip
 
 
 class LayerSpec(ctypes.Structure):
@@ -148,10 +73,10 @@ class CpuKernels:
     def load() -> CpuKernels | None:
         """Build (once per source version) and load the kernels; None where they cannot
         run here (the reason is logged at INFO)."""
-        reason = _unsupported_reason()
+        reason = build.unsupported_reason()
         if reason is None:
             try:
-                kernels = CpuKernels(ctypes.CDLL(str(_build())))
+                kernels = CpuKernels(ctypes.CDLL(str(build.build())))
                 logger.info("radixlm's CPU kernels loaded (packed GEMM, attention, fused layer)")
                 return kernels
             except subprocess.CalledProcessError as exc:
@@ -204,20 +129,15 @@ class CpuKernels:
             allocate its buffers.
         """
         t, h, d = q.shape
-        _check_pool(k_buf, v_buf, h, d)
-        if q.dtype != torch.float32 or d % 16:
-            raise ValueError(
-                f"CPU extend attention needs float32 and D % 16 == 0, got {q.dtype}, D={d}"
-            )
+        if d % 16:
+            raise ValueError(f"CPU extend attention needs D % 16 == 0, got D={d}")
         b = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
-        _check_tables(b, slots, seq_lens)
+        q, slots, seq_lens = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
         if ext_lens.dtype != torch.int64 or ext_lens.shape != (b,):
             raise ValueError("ext_lens must be int64 [B]")
         if int(ext_lens.sum()) != t or bool(((ext_lens < 1) | (ext_lens > seq_lens)).any()):
             raise ValueError("ext_lens must be in [1, seq_lens] and sum to q's token count")
-        if q.stride(2) != 1 or q.stride(1) != d:
-            q = q.contiguous()
-        slots, seq_lens, ext_lens = slots.contiguous(), seq_lens.contiguous(), ext_lens.contiguous()
+        ext_lens = ext_lens.contiguous()
         out = torch.empty(t, h, d, dtype=torch.float32)
         rc = self._ext_attn(
             q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(), slots.data_ptr(),
@@ -252,13 +172,7 @@ class CpuKernels:
         """
         b, h, d = q.shape
         hkv = k_buf.shape[1]
-        _check_pool(k_buf, v_buf, h, d)
-        if q.dtype != torch.float32:
-            raise ValueError("CPU decode attention is fp32 only")
-        _check_tables(b, slots, seq_lens)
-        if q.stride(2) != 1 or q.stride(1) != d:
-            q = q.contiguous()  # rows may be strided (q inside a fused qkv row), heads not
-        slots, seq_lens = slots.contiguous(), seq_lens.contiguous()
+        q, slots, seq_lens = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
         out = torch.empty(b, h, d, dtype=torch.float32)
         rc = self._attn(
             q.data_ptr(),
@@ -427,6 +341,19 @@ def _bind(fn, argtypes: list, restype=None):
     return fn
 
 
+def _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens):
+    """Checks an attention call's q (float32 [rows, H, D]), pool buffers and tables for B =
+    `b` requests (ValueError); returns (q, slots, seq_lens) ready for C: token rows may
+    stay strided (q inside a fused qkv row), heads and dims made contiguous."""
+    _check_pool(k_buf, v_buf, q.shape[1], q.shape[2])
+    if q.dtype != torch.float32:
+        raise ValueError(f"CPU attention is fp32 only, got {q.dtype}")
+    _check_tables(b, slots, seq_lens)
+    if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
+        q = q.contiguous()
+    return q, slots.contiguous(), seq_lens.contiguous()
+
+
 def _check_pool(k_buf: torch.Tensor, v_buf: torch.Tensor, heads: int, head_dim: int) -> None:
     """One layer's K/V buffers: float32 [slots, Hkv, D] contiguous on the CPU, D % 8 == 0,
     `heads` a multiple of Hkv."""
@@ -465,44 +392,3 @@ def _check_rows(name: str, *tensors: torch.Tensor) -> None:
                 f"{name}: expected 2-D float32 rows with unit inner stride, "
                 f"got {t.dtype} {tuple(t.shape)} strides {t.stride()}"
             )
-
-
-def _unsupported_reason() -> str | None:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"not x86-64 ({platform.machine()})"
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        return "the CPU lacks AVX2/FMA"
-    if _compiler() is None:
-        return "no C compiler (set $CC)"
-    return None
-
-
-def _compiler() -> list[str] | None:
-    """The C compiler command: `$CC` (may carry arguments, e.g. "ccache gcc"), else cc/gcc."""
-    if os.environ.get("CC"):
-        return shlex.split(os.environ["CC"])
-    found = shutil.which("cc") or shutil.which("gcc")
-    return [found] if found else None
-
-
-def _build() -> Path:
-    """Compile the sources unless this version is already in the cache; returns the .so."""
-    digest = hashlib.sha256(" ".join(_FLAGS).encode())
-    for src in _SOURCES + _HEADERS:
-        digest.update(src.read_bytes())
-    out = cache_dir() / f"radixlm_cpu-{digest.hexdigest()[:16]}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        tmp_so = Path(tmp) / out.name
-        subprocess.run(
-            [*_compiler(), *_FLAGS, *map(str, _SOURCES), "-o", str(tmp_so), "-lm"],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        logger.info("built radixlm's CPU kernels into %s", out)
-        os.replace(tmp_so, out)  # atomic: concurrent builders race harmlessly
-    return out

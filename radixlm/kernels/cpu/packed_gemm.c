@@ -108,28 +108,31 @@ typedef void (*pfptile_fn)(int, const float *, const float *, int64_t, float *, 
 static const pfptile_fn PFPTILES[7] = {0, pfptile1, pfptile2, pfptile3, pfptile4, pfptile5,
                                        pfptile6};
 
-/* Rows m of one panel's k range [k0, k0 + kn), into y16 (row stride ldy). */
-static void panel_rows(int64_t M, int64_t K, const float *x, const float *panel, int64_t k0,
-                       int64_t kn, float *y16, int64_t ldy) {
-    int64_t m = 0;
-    while (m < M) {
-        int64_t left = M - m, ntiles = (left + 5) / 6, mr = (left + ntiles - 1) / ntiles;
-        if (m == 0 && M > 1) /* the first tile fetches the next weight block meanwhile */
-            PFTILES[mr](k0 > 0, x + k0, K, panel + k0 * 16, kn, y16, ldy,
-                        (const char *)(panel + (k0 + kn) * 16));
-        else
-            TILES[mr](k0 > 0, x + m * K + k0, K, panel + k0 * 16, kn, y16 + m * ldy, ldy);
-        m += mr;
-    }
+/* Rows per tile for `left` rows still to do: as even a split into <= 6-row tiles as fits. */
+static inline int64_t tile_rows(int64_t left) {
+    int64_t ntiles = (left + 5) / 6;
+    return (left + ntiles - 1) / ntiles;
 }
 
 void radixlm_gemm_panel(int64_t M, int acc, const float *x, int64_t ldx, const float *w,
                         int64_t kn, float *y, int64_t ldy) {
-    for (int64_t m = 0; m < M;) {
-        int64_t left = M - m, ntiles = (left + 5) / 6, mr = (left + ntiles - 1) / ntiles;
+    for (int64_t m = 0, mr; m < M; m += mr) {
+        mr = tile_rows(M - m);
         TILES[mr](acc, x + m * ldx, ldx, w, kn, y + m * ldy, ldy);
-        m += mr;
     }
+}
+
+/* Rows m of one panel's k range [k0, k0 + kn), into y16 (row stride ldy). With more than
+ * one row, the first tile fetches the next weight block meanwhile. */
+static void panel_rows(int64_t M, int64_t K, const float *x, const float *panel, int64_t k0,
+                       int64_t kn, float *y16, int64_t ldy) {
+    const float *w = panel + k0 * 16;
+    int64_t mr = 0;
+    if (M > 1) {
+        mr = tile_rows(M);
+        PFTILES[mr](k0 > 0, x + k0, K, w, kn, y16, ldy, (const char *)(w + kn * 16));
+    }
+    radixlm_gemm_panel(M - mr, k0 > 0, x + mr * K + k0, K, w, kn, y16 + mr * ldy, ldy);
 }
 
 /* Copies x[0:mn, 0:kn] (row stride ldx) into 6-row micro-panels xp[ceil(mn / 6)][kn][6]. */

@@ -1,0 +1,71 @@
+"""Weight layouts the CPU kernels read: 16-column packed panels, and a transparent-huge-page
+mapping to hold them (fp32)."""
+
+from __future__ import annotations
+
+import logging
+import mmap
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+#: Panel width in output columns (two AVX2 registers of fp32).
+PANEL = 16
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """Pack W [N, K] (fp32) into panels [ceil(N / 16), K, 16], zero-padding the last one.
+
+    Panel b holds columns 16b..16b+15 of W^T, so it is one contiguous stream of K * 64
+    bytes. Same bytes as W plus the padding.
+    """
+    n, k = weight.shape
+    nb = -(-n // PANEL)
+    padded = torch.zeros(nb * PANEL, k, dtype=weight.dtype)
+    padded[:n] = weight.detach()
+    return padded.view(nb, PANEL, k).transpose(1, 2).contiguous()
+
+
+#: Transparent huge page size on x86-64 (bytes).
+HUGE_PAGE = 2 << 20
+
+
+def into_huge_pages(tensors: list[torch.Tensor]) -> tuple[mmap.mmap | None, list[torch.Tensor]]:
+    """Copy fp32 `tensors` into one anonymous mapping advised for transparent huge pages
+    (Linux `madvise(MADV_HUGEPAGE)`; the mapping is 2 MiB-aligned before it is touched).
+
+    Decode steps stream every weight once per step; with 4 KiB pages each page of that
+    stream costs a TLB miss. Measured on the 2-core AVX2 machine at 2 threads, alternated
+    in one process: SmolLM2-135M's 120 decoder projections, 1 row 16.41 -> 15.45 ms, 4 rows
+    17.85 -> 16.91 ms (16 rows, compute-bound: unchanged); the engine's decode step
+    (median of 12 alternated repetitions), batch 1 23.06 -> 22.20 ms, batch 4 28.58 ->
+    26.99 ms.
+
+    Returns (mapping, copies): the copies are views of the mapping, which the caller must
+    keep alive as long as them. Where the platform has no MADV_HUGEPAGE or the kernel
+    refuses it, returns (None, tensors) unchanged.
+    """
+    if not hasattr(mmap, "MADV_HUGEPAGE") or not tensors:
+        return None, tensors
+    sizes = [-(-t.numel() * 4 // 64) * 64 for t in tensors]  # 64-byte aligned starts
+    arena = mmap.mmap(
+        -1, sum(sizes) + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    )  # fmt: skip
+    try:
+        arena.madvise(mmap.MADV_HUGEPAGE)
+    except OSError as exc:  # e.g. a kernel built without transparent huge pages
+        logger.info("packed weights stay in 4 KiB pages (madvise: %s)", exc)
+        arena.close()
+        return None, tensors
+    flat = torch.frombuffer(arena, dtype=torch.float32)
+    offset = (-flat.data_ptr() % HUGE_PAGE) // 4
+    copies = []
+    for t, size in zip(tensors, sizes):
+        if t.dtype != torch.float32:
+            raise ValueError(f"into_huge_pages takes fp32 tensors, got {t.dtype}")
+        view = flat[offset : offset + t.numel()].view(t.shape)
+        view.copy_(t)
+        copies.append(view)
+        offset += size // 4
+    return arena, copies
