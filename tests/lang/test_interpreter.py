@@ -86,6 +86,7 @@ def test_gen_inherits_run_defaults_and_overrides(fake):
 
     state = prog.run(backend=fake, max_new_tokens=7, temperature=0, stop=["END"])
     assert state["x"] == "<7>" and state["y"] == "<3>"
+    state.sync()  # the program runs on in the background: wait for its last gen call
     params = [c["sampling_params"] for k, c in fake.calls]
     assert params[0] == {"max_new_tokens": 7, "temperature": 0, "stop": ["END"]}
     assert params[1] == {"max_new_tokens": 3, "temperature": 0.5, "top_k": 4, "stop": ["\n"]}
