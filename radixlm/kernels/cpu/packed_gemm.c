@@ -13,9 +13,10 @@
  * into 6-row micro-panels (k-major, so the 6 broadcasts of a k step are adjacent) that
  * stay in L2, and runs every 6-row tile of it against one KC x 16 panel slice.
  *
- * Decode-sized products (2 to PREFETCH_ROWS rows) are compute-heavy enough that the
- * hardware prefetcher falls behind the weight stream: there the first row tile of each
- * weight block software-prefetches the next block while it computes.
+ * With more than one row the products are compute-heavy enough that the hardware
+ * prefetcher falls behind the weight stream, so the row tiles software-prefetch the next
+ * weight block while they compute, each tile its share of the block's lines (one tile
+ * fetching it all left the memory idle while the others ran).
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -29,12 +30,12 @@
  * L2 with the panel slice (KC x 16 floats, 36 KB); K up to KC is one block, so y is written
  * once. Picked by measuring SmolLM2-135M's four projections on the 2-core AVX2 machine,
  * 2 threads: L3-resident, GFLOP/s at 64 / 512 rows: unblocked 88 / 86, MC 144 x KC 256:
- * 97 / 97, MC 144 x KC 576: 106 / 108 (prefetching the next panel there: no gain, so
- * only below PREFETCH_ROWS rows). All 30 layers streamed from memory, ms per pass, rows
- * 4 / 12 / 16: 22.5 / 37.5 / 42.7 -> 19.8 / 33.6 / 39.1 with the prefetch and blocking
- * from 12 rows; engine decode step at batch 4 / 16: -7% / -8%. */
+ * 97 / 97, MC 144 x KC 576: 106 / 108. All 30 layers streamed from memory, ms per pass,
+ * rows 4 / 12 / 16: 22.5 / 37.5 / 42.7 -> 19.8 / 33.6 / 39.1 with blocking from 12 rows
+ * and the first row tile prefetching the next block; with every tile prefetching its
+ * share (alternated A/B), rows 8 / 16 / 24: -20%, 32 / 64: -20% / -7%, 256 / 512: -11% /
+ * -5%; prefetching two panels ahead: no gain. */
 #define BLOCKED_ROWS 12
-#define PREFETCH_ROWS 32
 #define MC 144
 #define KC 576
 
@@ -65,11 +66,11 @@ static inline __attribute__((always_inline)) void tile(int mr, int acc, const fl
                                                        int64_t ldx, int64_t sk,
                                                        const float *restrict w, int64_t kn,
                                                        float *restrict y, int64_t ldy,
-                                                       const char *pf) {
+                                                       const char *pf, int64_t pstep) {
     ALL_ROWS(ACC_DECL)
     ALL_ROWS(ACC_LOAD)
     for (int64_t k = 0; k < kn; ++k) {
-        if (pf) _mm_prefetch(pf + k * 64, _MM_HINT_T0);
+        if (pf) _mm_prefetch(pf + k * pstep, _MM_HINT_T0);
         __m256 w0 = _mm256_loadu_ps(w + k * 16);
         __m256 w1 = _mm256_loadu_ps(w + k * 16 + 8);
         ALL_ROWS(ACC_STEP)
@@ -81,30 +82,30 @@ static inline __attribute__((always_inline)) void tile(int mr, int acc, const fl
 #define TILE_N(N)                                                                          \
     static void tile##N(int acc, const float *x, int64_t ldx, const float *w, int64_t kn, \
                         float *y, int64_t ldy) {                                           \
-        tile(N, acc, x, ldx, 1, w, kn, y, ldy, 0);                                         \
+        tile(N, acc, x, ldx, 1, w, kn, y, ldy, 0, 0);                                       \
     }                                                                                      \
     static void pftile##N(int acc, const float *x, int64_t ldx, const float *w, int64_t kn, \
-                          float *y, int64_t ldy, const char *pf) {                         \
-        tile(N, acc, x, ldx, 1, w, kn, y, ldy, pf);                                        \
+                          float *y, int64_t ldy, const char *pf, int64_t pstep) {          \
+        tile(N, acc, x, ldx, 1, w, kn, y, ldy, pf, pstep);                                 \
     }                                                                                      \
     static void ptile##N(int acc, const float *xp, const float *w, int64_t kn, float *y,  \
                          int64_t ldy) {                                                    \
-        tile(N, acc, xp, 1, 6, w, kn, y, ldy, 0);                                          \
+        tile(N, acc, xp, 1, 6, w, kn, y, ldy, 0, 0);                                        \
     }                                                                                      \
     static void pfptile##N(int acc, const float *xp, const float *w, int64_t kn, float *y, \
-                           int64_t ldy, const char *pf) {                                  \
-        tile(N, acc, xp, 1, 6, w, kn, y, ldy, pf);                                         \
+                           int64_t ldy, const char *pf, int64_t pstep) {                   \
+        tile(N, acc, xp, 1, 6, w, kn, y, ldy, pf, pstep);                                  \
     }
 TILE_N(1) TILE_N(2) TILE_N(3) TILE_N(4) TILE_N(5) TILE_N(6)
 typedef void (*tile_fn)(int, const float *, int64_t, const float *, int64_t, float *, int64_t);
 static const tile_fn TILES[7] = {0, tile1, tile2, tile3, tile4, tile5, tile6};
 typedef void (*pftile_fn)(int, const float *, int64_t, const float *, int64_t, float *, int64_t,
-                          const char *);
+                          const char *, int64_t);
 static const pftile_fn PFTILES[7] = {0, pftile1, pftile2, pftile3, pftile4, pftile5, pftile6};
 typedef void (*ptile_fn)(int, const float *, const float *, int64_t, float *, int64_t);
 static const ptile_fn PTILES[7] = {0, ptile1, ptile2, ptile3, ptile4, ptile5, ptile6};
 typedef void (*pfptile_fn)(int, const float *, const float *, int64_t, float *, int64_t,
-                           const char *);
+                           const char *, int64_t);
 static const pfptile_fn PFPTILES[7] = {0, pfptile1, pfptile2, pfptile3, pfptile4, pfptile5,
                                        pfptile6};
 
@@ -123,16 +124,22 @@ void radixlm_gemm_panel(int64_t M, int acc, const float *x, int64_t ldx, const f
 }
 
 /* Rows m of one panel's k range [k0, k0 + kn), into y16 (row stride ldy). With more than
- * one row, the first tile fetches the next weight block meanwhile. */
+ * one row, the row tiles fetch the next weight block (kn lines of 64 bytes) meanwhile, each
+ * its share of it. */
 static void panel_rows(int64_t M, int64_t K, const float *x, const float *panel, int64_t k0,
                        int64_t kn, float *y16, int64_t ldy) {
     const float *w = panel + k0 * 16;
-    int64_t mr = 0;
-    if (M > 1) {
-        mr = tile_rows(M);
-        PFTILES[mr](k0 > 0, x + k0, K, w, kn, y16, ldy, (const char *)(w + kn * 16));
+    if (M == 1) {
+        TILES[1](k0 > 0, x + k0, K, w, kn, y16, ldy);
+        return;
     }
-    radixlm_gemm_panel(M - mr, k0 > 0, x + mr * K + k0, K, w, kn, y16 + mr * ldy, ldy);
+    const char *next = (const char *)(w + kn * 16);
+    int64_t ntiles = (M + 5) / 6, pstep = (64 + ntiles - 1) / ntiles;
+    for (int64_t m = 0, mr, i = 0; m < M; m += mr, ++i) {
+        mr = tile_rows(M - m);
+        PFTILES[mr](k0 > 0, x + m * K + k0, K, w, kn, y16 + m * ldy, ldy,
+                    next + i * kn * 64 / ntiles, pstep);
+    }
 }
 
 /* Copies x[0:mn, 0:kn] (row stride ldx) into 6-row micro-panels xp[ceil(mn / 6)][kn][6]. */
@@ -158,18 +165,21 @@ static void blocked_panels(const float *x, const float *panels, float *y, int64_
         int64_t nk = (K + KC - 1) / KC, kb = (K + nk - 1) / nk;
         for (int64_t k0 = 0; k0 < K; k0 += kb) {
             int64_t kn = K - k0 < kb ? K - k0 : kb;
+            int64_t ntiles = (mn + 5) / 6, pstep = (64 + ntiles - 1) / ntiles;
             pack_x(x + m0 * K + k0, K, mn, kn, xp);
             for (int64_t b = b0; b < b1; ++b) {
                 const float *w = panels + (b * K + k0) * 16;
                 int64_t cols = N - b * 16 < 16 ? N - b * 16 : 16;
                 float *dst = cols == 16 ? y + m0 * N + b * 16 : tail;
                 int64_t ldy = cols == 16 ? N : 16;
-                for (int64_t r = 0; r < mn; r += 6) {
+                /* The row tiles fetch the next panel's slice meanwhile, each its share. */
+                int pf = b + 1 < b1;
+                const char *next = (const char *)(w + K * 16);
+                for (int64_t r = 0, i = 0; r < mn; r += 6, ++i) {
                     int64_t mr = mn - r < 6 ? mn - r : 6;
-                    /* With few row tiles the first fetches the next panel's slice
-                     * meanwhile (with many, it only costs). */
-                    if (r == 0 && mn < PREFETCH_ROWS && b + 1 < b1)
-                        PFPTILES[mr](k0 > 0, xp, w, kn, dst, ldy, (const char *)(w + K * 16));
+                    if (pf)
+                        PFPTILES[mr](k0 > 0, xp + r * kn, w, kn, dst + r * ldy, ldy,
+                                     next + i * kn * 64 / ntiles, pstep);
                     else
                         PTILES[mr](k0 > 0, xp + r * kn, w, kn, dst + r * ldy, ldy);
                 }
