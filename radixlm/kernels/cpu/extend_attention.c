@@ -2,7 +2,8 @@
  *
  * Request b has ext_lens[b] new tokens at positions p .. seq_lens[b] - 1 (p, its cached
  * prefix); new token j attends causally over keys 0 .. p + j, read through the request's
- * slot list. The work splits into tasks of (request, KV head, block of new tokens); a
+ * slot list. The work splits into tasks of (request, KV head, block of new tokens; a
+ * request's blocks are of equal size); a
  * task holds its G = H / Hkv query heads x QB tokens as one block of rows and walks the
  * keys in blocks of KB, with the online softmax of FlashAttention (Dao et al. 2022):
  *
@@ -144,10 +145,13 @@ int radixlm_extend_attention(const float *q, int64_t ldq, const float *k_buf, co
         row0[b] = start;
         start += ext_lens[b];
     }
-    for (int64_t b = 0; b < B; ++b)
-        for (int64_t j1 = ext_lens[b]; j1 > 0; j1 -= qb)
+    for (int64_t b = 0; b < B; ++b) {
+        /* Equal blocks (33 tokens: 17 + 16, not 32 + 1: every task packs all its keys). */
+        const int64_t nb = (ext_lens[b] + qb - 1) / qb;
+        for (int64_t i = nb; i > 0; --i)
             for (int64_t h = 0; h < Hkv; ++h)
-                tasks[n++] = (task_t){b, h, j1 - qb > 0 ? j1 - qb : 0, j1};
+                tasks[n++] = (task_t){b, h, ext_lens[b] * (i - 1) / nb, ext_lens[b] * i / nb};
+    }
     const int64_t R = qb * G;
     const size_t floats = (size_t)(2 * R * D + R * KB + 2 * KB * D + 2 * R);
     int failed = 0;
