@@ -3,9 +3,9 @@
  * Request b has ext_lens[b] new tokens at positions p .. seq_lens[b] - 1 (p, its cached
  * prefix); new token j attends causally over keys 0 .. p + j, read through the request's
  * slot list. The work splits into tasks of (request, KV head, block of new tokens; a
- * request's blocks are of equal size); a
- * task holds its G = H / Hkv query heads x QB tokens as one block of rows and walks the
- * keys in blocks of KB, with the online softmax of FlashAttention (Dao et al. 2022):
+ * request's blocks are of equal size); a task holds its G = H / Hkv query heads x its
+ * tokens as one block of rows and walks the keys in blocks of KB, with the online softmax
+ * of FlashAttention (Dao et al. 2022):
  *
  *   S = Q K^T (scaled); m' = max(m, rowmax S); P = exp(S - m'); l = l e^(m - m') + rowsum P;
  *   O = O e^(m - m') + P V;   finally out = O / l.
