@@ -126,11 +126,15 @@ def test_triton_gpu_tile_sizes(mode, device):
 @pytest.mark.parametrize("group", [1, 3])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("longest", [130, 1500])
-def test_cpu_decode_kernel_matches_torch_native(page_size, head_dim, group, threads, longest):
-    """The C decode kernel reads K/V in place and equals the gather + SDPA reference."""
+@pytest.mark.parametrize("alone", [False, True])
+def test_cpu_decode_kernel_matches_torch_native(page_size, head_dim, group, threads, longest, alone):
+    """The C decode kernel reads K/V in place and equals the gather + SDPA reference, in
+    a batch (a task per request, all KV heads in one pass) and alone (a task per KV head)."""
     from radixlm.kernels.cpu_native import CpuNativeBackend
 
     fmode, prefix_lens, extend_lens = MODES["decode"]
+    if alone:
+        prefix_lens, extend_lens = [], []
     # 131 keys: several 32-key V blocks plus a ragged 4-key tail; 1501 keys: a long
     # context (47 V blocks, rows prefetched through the slot list).
     case = make_case(

@@ -1,9 +1,14 @@
-/* Paged decode attention on CPU, fp32, AVX2 + FMA, OpenMP over (request, KV head).
+/* Paged decode attention on CPU, fp32, AVX2 + FMA, OpenMP over requests (and KV heads).
  *
  * One new token per request attends over its whole sequence, read in place from the KV
  * pool through the request's slot list (no gather copy). The G = H / Hkv query heads of
  * a KV head share every K and V row they load (grouped-query attention, Ainslie et al.
  * 2023). Softmax is the exact two-pass form: scores, max, exp, sum, then the V sum.
+ *
+ * A task covers nh consecutive KV heads of one request: all Hkv when there are requests
+ * enough to share out (a slot's K and V rows of every head are then read in one
+ * contiguous pass, 768 bytes for SmolLM2; batch 16 x 300 keys, 30 layers from memory:
+ * 15.7 -> 13.3 ms, batch 4 x 450: 9.1 -> 7.6 ms), else one (batch 1: three tasks).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -31,20 +36,24 @@ static inline float dot(const float *a, const float *b, int64_t d) {
     return hsum256(_mm256_add_ps(s0, s1));
 }
 
-#define ROW(buf, t) ((buf) + (sl[(t)] * Hkv + h) * D)
+#define ROWH(buf, t, hh) ((buf) + (sl[(t)] * Hkv + (hh)) * D)
+#define ROW(buf, t) ROWH(buf, t, h)
 
-/* scores[g * stride + t] = scale * q_g . k_t for t < L, four keys at a time: each key row
- * is loaded once per query head from L1, and four dot products are reduced together. */
+/* scores[g * stride + t] = scale * q_g . k_t for t < L and the nh * G query heads g of
+ * KV heads h0 .. h0 + nh - 1, four keys at a time: each key row is loaded once per query
+ * head from L1, and four dot products are reduced together. */
 static void qk_scores(const float *qb, const float *k_buf, const int64_t *sl, int64_t L,
-                      int64_t Hkv, int64_t h, int64_t D, int64_t G, float scale,
+                      int64_t Hkv, int64_t h0, int64_t nh, int64_t D, int64_t G, float scale,
                       float *scores, int64_t stride) {
     const __m128 vscale = _mm_set1_ps(scale);
-    int64_t t = 0;
+    int64_t t = 0, h = h0;
     for (; t + 4 <= L; t += 4) {
-        const float *k0 = ROW(k_buf, t), *k1 = ROW(k_buf, t + 1);
-        const float *k2 = ROW(k_buf, t + 2), *k3 = ROW(k_buf, t + 3);
-        for (int64_t a = t + AHEAD; a < t + AHEAD + 4 && a < L; ++a) prefetch_row(ROW(k_buf, a), D);
-        for (int64_t g = 0; g < G; ++g) {
+        for (int64_t a = t + AHEAD; a < t + AHEAD + 4 && a < L; ++a)
+            prefetch_row(ROWH(k_buf, a, h0), nh * D);
+        for (int64_t g = 0; g < nh * G; ++g) {
+            h = h0 + g / G;
+            const float *k0 = ROW(k_buf, t), *k1 = ROW(k_buf, t + 1);
+            const float *k2 = ROW(k_buf, t + 2), *k3 = ROW(k_buf, t + 3);
             const float *qg = qb + g * D;
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int64_t i = 0; i < D; i += 8) {
@@ -62,20 +71,27 @@ static void qk_scores(const float *qb, const float *k_buf, const int64_t *sl, in
         }
     }
     for (; t < L; ++t)
-        for (int64_t g = 0; g < G; ++g)
+        for (int64_t g = 0; g < nh * G; ++g) {
+            h = h0 + g / G;
             scores[g * stride + t] = scale * dot(qb + g * D, ROW(k_buf, t), D);
+        }
 }
 
-/* acc[g] = sum_t p[g][t] v_t: tokens in blocks of VBLOCK (their V rows stay in L1 while
- * every query head uses them), 64 columns at a time in eight registers. */
+/* acc[g] = sum_t p[g][t] v_t for the nh * G query heads of KV heads h0 .. h0 + nh - 1:
+ * tokens in blocks of VBLOCK (their V rows stay in L1 while every query head uses them),
+ * 64 columns at a time in eight registers. */
 #define VBLOCK 32
 static void pv_sum(const float *scores, int64_t stride, const float *v_buf, const int64_t *sl,
-                   int64_t L, int64_t Hkv, int64_t h, int64_t D, int64_t G, float *acc) {
-    for (int64_t i = 0; i < G * D; ++i) acc[i] = 0.0f;
+                   int64_t L, int64_t Hkv, int64_t h0, int64_t nh, int64_t D, int64_t G,
+                   float *acc) {
+    int64_t h = h0;
+    for (int64_t i = 0; i < nh * G * D; ++i) acc[i] = 0.0f;
     for (int64_t t0 = 0; t0 < L; t0 += VBLOCK) {
         const int64_t t1 = t0 + VBLOCK < L ? t0 + VBLOCK : L;
-        for (int64_t a = t1; a < t1 + VBLOCK && a < L; ++a) prefetch_row(ROW(v_buf, a), D);
-        for (int64_t g = 0; g < G; ++g) {
+        for (int64_t a = t1; a < t1 + VBLOCK && a < L; ++a)
+            prefetch_row(ROWH(v_buf, a, h0), nh * D);
+        for (int64_t g = 0; g < nh * G; ++g) {
+            h = h0 + g / G;
             const float *p = scores + g * stride;
             int64_t c = 0;
             for (; c + 64 <= D; c += 64) {
@@ -121,24 +137,27 @@ int radixlm_decode_attention(const float *q, int64_t ldq, const float *k_buf, co
     const int64_t G = H / Hkv;
     int64_t max_len = 1;
     for (int64_t b = 0; b < B; ++b) max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;
+    /* A task per request and KV head; with requests enough to share out, a task per
+     * request that reads each K / V row of all the KV heads in one pass. */
+    const int64_t nh = B >= 2 * num_threads ? Hkv : 1;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
         /* Per thread: G score rows (padded to 8), G accumulators of D floats, and G
          * inverse sums (padded to 8 so the allocation stays a multiple of 32 bytes). */
-        int64_t stride = (max_len + 7) / 8 * 8;
+        int64_t stride = (max_len + 7) / 8 * 8, R = nh * G;
         float *scores =
-            aligned_alloc(32, (size_t)(G * stride + G * D + (G + 7) / 8 * 8) * sizeof(float));
+            aligned_alloc(32, (size_t)(R * stride + R * D + (R + 7) / 8 * 8) * sizeof(float));
         if (!scores) failed = 1;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < B * Hkv; ++task) {
+        for (int64_t task = 0; task < B * Hkv / nh; ++task) {
             if (!scores) continue;
-            const int64_t b = task / Hkv, h = task % Hkv, L = seq_lens[b];
+            const int64_t b = task / (Hkv / nh), h = task % (Hkv / nh) * nh, L = seq_lens[b];
             const int64_t *sl = slots + b * ld_slots;
             const float *qb = q + b * ldq + h * G * D;
-            float *acc = scores + G * stride, *inv_sum = acc + G * D;
-            qk_scores(qb, k_buf, sl, L, Hkv, h, D, G, scale, scores, stride);
-            for (int64_t g = 0; g < G; ++g) {
+            float *acc = scores + R * stride, *inv_sum = acc + R * D;
+            qk_scores(qb, k_buf, sl, L, Hkv, h, nh, D, G, scale, scores, stride);
+            for (int64_t g = 0; g < R; ++g) {
                 float *s = scores + g * stride;
                 float m = -INFINITY;
                 for (int64_t t = 0; t < L; ++t) m = s[t] > m ? s[t] : m;
@@ -151,8 +170,8 @@ int radixlm_decode_attention(const float *q, int64_t ldq, const float *k_buf, co
                 }
                 inv_sum[g] = 1.0f / hsum256(vs);
             }
-            pv_sum(scores, stride, v_buf, sl, L, Hkv, h, D, G, acc);
-            for (int64_t g = 0; g < G; ++g) {
+            pv_sum(scores, stride, v_buf, sl, L, Hkv, h, nh, D, G, acc);
+            for (int64_t g = 0; g < R; ++g) {
                 float *o = out + (b * H + h * G + g) * D;
                 __m256 inv = _mm256_set1_ps(inv_sum[g]);
                 for (int64_t i = 0; i < D; i += 8)
