@@ -3,26 +3,27 @@
 Decode reads each request's K/V in place from the pool through its slot list
 (`radixlm/kernels/cpu/decode_attention.c`) instead of gathering them into a padded
 block for SDPA; extend runs FlashAttention-style blocks over the slot list
-(`extend_attention.c`; head_dim a multiple of 16, else torch_native's SDPA). fp32 pools
-only; `create_attention_backend` falls back to torch_native where the CPU kernels cannot
-be built or the pool's shape is outside them (`supports_pool`).
+(`extend_attention.c`; head_dim a multiple of 16, else torch_native's SDPA). float32 or
+float16 pools (`--kv-cache-dtype float16`: half the KV bytes, computed in fp32);
+`create_attention_backend` falls back to torch_native where the CPU kernels cannot be
+built or the pool's dtype or shape is outside them (`supports_pool`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from radixlm.kernels.cpu import CpuKernels
+from radixlm.kernels.cpu import KV_DTYPES, CpuKernels
 from radixlm.kernels.forward_batch import ForwardBatch
 from radixlm.kernels.torch_native import TorchNativeBackend
 
 
 def supports_pool(kv_pool, num_heads: int | None) -> bool:
-    """Whether the C kernels can serve this pool: float32 CPU buffers, head_dim a multiple
-    of 8, and (when known) the query heads a multiple of the KV heads."""
+    """Whether the C kernels can serve this pool: float32 or float16 CPU buffers, head_dim a
+    multiple of 8, and (when known) the query heads a multiple of the KV heads."""
     k = kv_pool.k_buffer[0]
     return (
-        k.dtype == torch.float32
+        k.dtype in KV_DTYPES
         and k.device.type == "cpu"
         and k.shape[2] % 8 == 0
         and (num_heads is None or num_heads % k.shape[1] == 0)
@@ -35,7 +36,7 @@ class CpuNativeBackend(TorchNativeBackend):
     the new K/V rows in one C call.
 
     Args:
-        kv_pool, scaling: as `AttentionBackend`; the pool's buffers must be float32.
+        kv_pool, scaling: as `AttentionBackend`; the pool's buffers float32 or float16.
         kernels: the loaded `CpuKernels`.
     """
 
@@ -59,7 +60,7 @@ class CpuNativeBackend(TorchNativeBackend):
         return out.to(q.dtype)
 
     def _layer_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer's K and V buffers, float32 [num_slots, Hkv, D]."""
+        """One layer's K and V buffers, float32 or float16 [num_slots, Hkv, D]."""
         return self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
 
     def _padding_mask(self, valid: torch.Tensor, max_len: int) -> None:

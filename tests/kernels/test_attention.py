@@ -200,13 +200,52 @@ def test_cpu_extend_kernel_rejects_bad_lengths(cpu_kernels):
         cpu_kernels.extend_attention(torch.zeros(3, 1, 24), k24, k24, slots, seq, seq - 1, 1.0)
 
 
-def test_cpu_backend_falls_back_for_half_pools():
+def test_cpu_backend_falls_back_for_bfloat16_pools():
     from radixlm.kernels.torch_native import TorchNativeBackend
 
     case = make_case(ForwardMode.DECODE, [3], [1])
-    case.pool.k_buffer = [b.half() for b in case.pool.k_buffer]
+    case.pool.k_buffer = [b.bfloat16() for b in case.pool.k_buffer]
+    case.pool.v_buffer = [b.bfloat16() for b in case.pool.v_buffer]
     backend = create_attention_backend("cpu", case.pool, case.scaling)
     assert type(backend) is TorchNativeBackend
+
+
+def _half_pool(case):
+    """The case with its KV pool in float16 (q, k, v stay float32)."""
+    case.pool.k_buffer = [b.half() for b in case.pool.k_buffer]
+    case.pool.v_buffer = [b.half() for b in case.pool.v_buffer]
+    case.pool.dtype = torch.float16
+    return case
+
+
+@pytest.mark.parametrize("mode", ["extend", "decode"])
+@pytest.mark.parametrize("page_size,group", [(1, 1), (16, 3), (4, 3)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_kernels_on_float16_pools_match_torch_native(mode, page_size, group, threads):
+    """--kv-cache-dtype float16: the C store rounds K/V to float16 exactly as torch does
+    (nearest even), and the C attention over the float16 pool (computed in fp32) equals
+    torch_native's over the same pool."""
+    from radixlm.kernels.cpu_native import CpuNativeBackend
+
+    fmode, prefix_lens, extend_lens = MODES[mode]
+    prefix_lens, extend_lens = [*prefix_lens, 300], [*extend_lens, 1 if mode == "decode" else 40]
+    case = _half_pool(
+        make_case(fmode, prefix_lens, extend_lens, page_size=page_size, group=group, head_dim=64)
+    )
+    ref, ref_pool = _run("torch_native", case)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        if not isinstance(create_attention_backend("cpu", case.pool, case.scaling), CpuNativeBackend):
+            pytest.skip("the CPU kernels cannot be built here")
+        out, pool = _run("cpu", case)
+    finally:
+        torch.set_num_threads(before)
+    assert pool.k_buffer[0].dtype == torch.float16
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
+    loc = case.fb.out_cache_loc
+    for got, want in ((pool.k_buffer[0], ref_pool.k_buffer[0]), (pool.v_buffer[0], ref_pool.v_buffer[0])):
+        torch.testing.assert_close(got[loc], want[loc], atol=0, rtol=0)
 
 
 def test_cpu_backend_falls_back_for_head_dims_outside_the_kernel():

@@ -290,6 +290,29 @@ def test_kv_cache_dtype_differs_from_model_dtype():
         assert len(out["output_ids"]) == 8 and out["text"].startswith(", the city")
 
 
+def test_float16_kv_pool_on_the_cpu_kernels_matches_torch_native():
+    """--kv-cache-dtype float16 with fp32 weights: the C kernels (fused decode stack,
+    extend attention) serve the half pool and give torch_native's greedy tokens, over a
+    batch and across a prefix-cache hit."""
+    from radixlm.kernels.cpu import CpuKernels
+
+    prompts = [PROMPT, PROMPT + " It is", "The capital of Italy"]
+    outs = {}
+    for backend in ("auto", "torch_native"):
+        with Engine(
+            MODEL, max_total_tokens=1024, kv_cache_dtype="float16", attention_backend=backend
+        ) as e:
+            resolved = e.get_server_info()["resolved"]["attention_backend"]
+            outs[resolved] = [
+                [o["output_ids"] for o in e.generate(prompts, greedy(12))] for _ in range(2)
+            ]
+    if CpuKernels.load() is None:
+        pytest.skip("the CPU kernels cannot be built here")
+    assert set(outs) == {"CpuNativeBackend", "TorchNativeBackend"}
+    first, again = outs["CpuNativeBackend"]
+    assert first == again == outs["TorchNativeBackend"][0] == outs["TorchNativeBackend"][1]
+
+
 def test_closed_engine_raises_typed_error():
     from radixlm.errors import EngineClosedError
 

@@ -1,8 +1,9 @@
-"""CPU kernels compiled on first use (fp32, AVX2 + FMA, OpenMP):
+"""CPU kernels compiled on first use (fp32 compute, AVX2 + FMA + F16C, OpenMP; the KV pool
+may be float32 or float16, `KV_DTYPES`):
 
 * `packed_gemm.c`: the few-row GEMM over packed weight panels (`CpuKernels.mm`);
 * `decode_attention.c`: paged decode attention read in place from the KV pool
-  (`CpuKernels.decode_attention`);
+  (`CpuKernels.decode_attention`; `decode_attention_kv.h` is its body, once per KV dtype);
 * `extend_attention.c`: paged causal prefill attention, FlashAttention-style blocks
   (`CpuKernels.extend_attention`);
 * `elementwise.c`: RMSNorm, silu(gate) * up, RoPE in place, and the KV-pool store;
@@ -31,8 +32,12 @@ from radixlm.kernels.cpu.weights import HUGE_PAGE, PANEL, into_huge_pages, pack_
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "HUGE_PAGE", "PANEL", "CpuKernels", "LayerSpec", "into_huge_pages", "pack_panels",
+    "HUGE_PAGE", "KV_DTYPES", "PANEL", "CpuKernels", "LayerSpec", "into_huge_pages",
+    "pack_panels",
 ]  # fmt: skip
+
+#: KV pool dtypes the attention and KV-store kernels read and write (computing in fp32).
+KV_DTYPES = (torch.float32, torch.float16)
 
 
 class LayerSpec(ctypes.Structure):
@@ -57,15 +62,15 @@ class CpuKernels:
     def __init__(self, lib: ctypes.CDLL):
         p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
         self._gemm = _bind(lib.radixlm_packed_gemm, [p, p, p, i64, i64, i64, i32])
-        attn_args = [p, i64, p, p, p, i64, p, p, i64, i64, i64, i64, f32, i32]
+        attn_args = [p, i64, p, p, i32, p, i64, p, p, i64, i64, i64, i64, f32, i32]
         self._attn = _bind(lib.radixlm_decode_attention, attn_args, ctypes.c_int)
-        ext_args = [p, i64, p, p, p, i64, p, p, p, i64, i64, i64, i64, f32, i32]
+        ext_args = [p, i64, p, p, i32, p, i64, p, p, p, i64, i64, i64, i64, f32, i32]
         self._ext_attn = _bind(lib.radixlm_extend_attention, ext_args, ctypes.c_int)
         self._norm = _bind(lib.radixlm_rms_norm, [p, i64, p, p, i64, i64, f32, i32])
         self._silu_mul = _bind(lib.radixlm_silu_mul, [p, p, i64, i64, i32])
         self._rope = _bind(lib.radixlm_rope, [p, i64, i64, i64, i64, p, p, i32])
-        self._store_kv = _bind(lib.radixlm_store_kv, [p, p, i64, p, p, p, i64, i64, i32])
-        layers_args = [ctypes.POINTER(LayerSpec), i64, p, p, p, i64, p, p, p, p, i64, p, p, i32]
+        self._store_kv = _bind(lib.radixlm_store_kv, [p, p, i64, p, p, i32, p, i64, i64, i32])
+        layers_args = [ctypes.POINTER(LayerSpec), i64, p, p, i32, p, i64, p, p, p, p, i64, p, p, i32]
         self._layers = _bind(lib.radixlm_decode_layers, layers_args, ctypes.c_int)
 
     @staticmethod
@@ -117,8 +122,8 @@ class CpuKernels:
         Args:
             q: float32 [T, H, D], T = ext_lens.sum(), each request's new tokens in order;
                 token rows may be strided (else it is copied); D a multiple of 16.
-            k_buf, v_buf: float32 [num_slots, Hkv, D] contiguous, one layer of the KV pool,
-                the new tokens' K/V already stored; H a multiple of Hkv.
+            k_buf, v_buf: float32 or float16 [num_slots, Hkv, D] contiguous, one layer of
+                the KV pool, the new tokens' K/V already stored; H a multiple of Hkv.
             slots: int64 [B, >= max(seq_lens)]; row b's first seq_lens[b] entries are the
                 request's KV slots in order (cached prefix, then the new tokens).
             seq_lens: int64 [B]; ext_lens: int64 [B], 1 <= ext_lens[b] <= seq_lens[b].
@@ -132,7 +137,7 @@ class CpuKernels:
         if d % 16:
             raise ValueError(f"CPU extend attention needs D % 16 == 0, got D={d}")
         b = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
-        q, slots, seq_lens = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
+        q, slots, seq_lens, f16 = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
         if ext_lens.dtype != torch.int64 or ext_lens.shape != (b,):
             raise ValueError("ext_lens must be int64 [B]")
         if int(ext_lens.sum()) != t or bool(((ext_lens < 1) | (ext_lens > seq_lens)).any()):
@@ -140,7 +145,7 @@ class CpuKernels:
         ext_lens = ext_lens.contiguous()
         out = torch.empty(t, h, d, dtype=torch.float32)
         rc = self._ext_attn(
-            q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(), slots.data_ptr(),
+            q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(), f16, slots.data_ptr(),
             slots.shape[1], seq_lens.data_ptr(), ext_lens.data_ptr(), out.data_ptr(), b, h,
             k_buf.shape[1], d, scale, torch.get_num_threads(),
         )  # fmt: skip
@@ -161,8 +166,8 @@ class CpuKernels:
 
         Args:
             q: float32 [B, H, D], rows may be strided (else it is copied); D a multiple of 8.
-            k_buf, v_buf: float32 [num_slots, Hkv, D] contiguous, one layer of the KV pool;
-                H a multiple of Hkv.
+            k_buf, v_buf: float32 or float16 [num_slots, Hkv, D] contiguous (one dtype),
+                one layer of the KV pool; H a multiple of Hkv.
             slots: int64 [B, >= max(seq_lens)] contiguous; row b's first seq_lens[b]
                 entries are the request's KV slots in order.
             seq_lens: int64 [B], each >= 1.
@@ -172,13 +177,14 @@ class CpuKernels:
         """
         b, h, d = q.shape
         hkv = k_buf.shape[1]
-        q, slots, seq_lens = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
+        q, slots, seq_lens, f16 = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
         out = torch.empty(b, h, d, dtype=torch.float32)
         rc = self._attn(
             q.data_ptr(),
             q.stride(0),
             k_buf.data_ptr(),
             v_buf.data_ptr(),
+            f16,
             slots.data_ptr(),
             slots.shape[1],
             seq_lens.data_ptr(),
@@ -218,8 +224,9 @@ class CpuKernels:
             raise ValueError(f"decode_layers: x must be contiguous float32 [B, {spec.hidden}]")
         if len(k_bufs) != n or len(v_bufs) != n:
             raise ValueError(f"decode_layers: {n} layers but {len(k_bufs)} / {len(v_bufs)} buffers")
-        for k_buf, v_buf in zip(k_bufs, v_bufs):
-            _check_pool(k_buf, v_buf, spec.heads, spec.head_dim)
+        f16 = {_check_pool(k, v, spec.heads, spec.head_dim) for k, v in zip(k_bufs, v_bufs)}
+        if len(f16) != 1:
+            raise ValueError("decode_layers: the layers' KV buffers mix float32 and float16")
         _check_tables(b, slots, seq_lens)
         if loc.dtype != torch.int64 or loc.shape != (b,):
             raise ValueError("decode_layers: loc must be int64 [B]")
@@ -233,7 +240,7 @@ class CpuKernels:
         k_ptrs = (ctypes.c_void_p * n)(*(t.data_ptr() for t in k_bufs))
         v_ptrs = (ctypes.c_void_p * n)(*(t.data_ptr() for t in v_bufs))
         rc = self._layers(
-            specs, n, k_ptrs, v_ptrs, x.data_ptr(), b, cos.data_ptr(), sin.data_ptr(),
+            specs, n, k_ptrs, v_ptrs, f16.pop(), x.data_ptr(), b, cos.data_ptr(), sin.data_ptr(),
             loc.data_ptr(), slots.data_ptr(), slots.shape[1], seq_lens.data_ptr(),
             scratch.data_ptr(), torch.get_num_threads(),
         )  # fmt: skip
@@ -308,12 +315,12 @@ class CpuKernels:
         loc: torch.Tensor,
     ) -> None:
         """k_buf[loc] = k, v_buf[loc] = v: k, v float32 [T, Hkv, D] with contiguous
-        [Hkv, D] rows and one row stride between them; buffers float32 [slots, Hkv, D]
-        contiguous; loc int64 [T] (not checked against the buffer size: the allocator owns
-        the slots)."""
+        [Hkv, D] rows and one row stride between them; buffers float32 or float16 [slots,
+        Hkv, D] contiguous (float16: rounded to nearest even); loc int64 [T] (not checked
+        against the buffer size: the allocator owns the slots)."""
         t = k.shape[0]
         width = k.shape[1] * k.shape[2]
-        _check_pool(k_buf, v_buf, k.shape[1], k.shape[2])
+        f16 = _check_pool(k_buf, v_buf, k.shape[1], k.shape[2])
         if k_buf.shape[1:] != k.shape[1:] or v.shape != k.shape:
             raise ValueError("store_kv: k, v and the buffers need the same [Hkv, D]")
         k2, v2 = k.reshape(t, width), v.reshape(t, width)
@@ -327,6 +334,7 @@ class CpuKernels:
             k2.stride(0),
             k_buf.data_ptr(),
             v_buf.data_ptr(),
+            f16,
             loc.data_ptr(),
             t,
             width,
@@ -343,22 +351,24 @@ def _bind(fn, argtypes: list, restype=None):
 
 def _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens):
     """Checks an attention call's q (float32 [rows, H, D]), pool buffers and tables for B =
-    `b` requests (ValueError); returns (q, slots, seq_lens) ready for C: token rows may
-    stay strided (q inside a fused qkv row), heads and dims made contiguous."""
-    _check_pool(k_buf, v_buf, q.shape[1], q.shape[2])
+    `b` requests (ValueError); returns (q, slots, seq_lens, kv_f16) ready for C: token rows
+    may stay strided (q inside a fused qkv row), heads and dims made contiguous."""
+    f16 = _check_pool(k_buf, v_buf, q.shape[1], q.shape[2])
     if q.dtype != torch.float32:
         raise ValueError(f"CPU attention is fp32 only, got {q.dtype}")
     _check_tables(b, slots, seq_lens)
     if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
         q = q.contiguous()
-    return q, slots.contiguous(), seq_lens.contiguous()
+    return q, slots.contiguous(), seq_lens.contiguous(), f16
 
 
-def _check_pool(k_buf: torch.Tensor, v_buf: torch.Tensor, heads: int, head_dim: int) -> None:
-    """One layer's K/V buffers: float32 [slots, Hkv, D] contiguous on the CPU, D % 8 == 0,
-    `heads` a multiple of Hkv."""
+def _check_pool(k_buf: torch.Tensor, v_buf: torch.Tensor, heads: int, head_dim: int) -> int:
+    """One layer's K/V buffers: float32 or float16 (both one dtype) [slots, Hkv, D]
+    contiguous on the CPU, D % 8 == 0, `heads` a multiple of Hkv. Returns the kernels'
+    kv_f16 flag (1 for float16)."""
     ok = (
-        k_buf.dtype == v_buf.dtype == torch.float32
+        k_buf.dtype == v_buf.dtype
+        and k_buf.dtype in KV_DTYPES
         and k_buf.device.type == v_buf.device.type == "cpu"
         and k_buf.is_contiguous()
         and v_buf.is_contiguous()
@@ -371,8 +381,10 @@ def _check_pool(k_buf: torch.Tensor, v_buf: torch.Tensor, heads: int, head_dim: 
     if not ok:
         raise ValueError(
             f"unsupported KV buffers {k_buf.dtype} {tuple(k_buf.shape)} for {heads} heads of "
-            f"{head_dim} (need float32 [slots, Hkv, D] contiguous, D % 8 == 0, Hkv | heads)"
+            f"{head_dim} (need float32 or float16 [slots, Hkv, D] contiguous, D % 8 == 0, "
+            "Hkv | heads)"
         )
+    return int(k_buf.dtype == torch.float16)
 
 
 def _check_tables(b: int, slots: torch.Tensor, seq_lens: torch.Tensor) -> None:

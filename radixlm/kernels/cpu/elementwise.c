@@ -1,5 +1,5 @@
 /* Row-wise fp32 kernels around the GEMMs of a decoder layer (AVX2 + FMA): RMSNorm,
- * SwiGLU's silu(gate) * up, RoPE in place, and the KV-pool store. Each replaces several
+ * SwiGLU's silu(gate) * up, RoPE in place, and the KV-pool store (fp32 or fp16 pool). Each replaces several
  * torch ops whose per-call cost dominates at decode sizes. Rows split across OpenMP
  * threads only when a call is large enough (prefill) to pay for the fork.
  */
@@ -84,12 +84,26 @@ void radixlm_rope(float *x, int64_t ldx, int64_t rows, int64_t heads, int64_t he
     }
 }
 
-/* k_buf[loc[t]] = k[t], v_buf[loc[t]] = v[t]; rows of `width` floats, source row stride ld. */
-void radixlm_store_kv(const float *k, const float *v, int64_t ld, float *k_buf, float *v_buf,
-                      const int64_t *loc, int64_t tokens, int64_t width, int num_threads) {
+/* float32 -> IEEE binary16, round to nearest even, `n` a multiple of 8 (F16C). */
+static inline void to_half(uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+}
+
+/* k_buf[loc[t]] = k[t], v_buf[loc[t]] = v[t]; rows of `width` floats (a multiple of 8),
+ * source row stride ld; the buffers hold float32, or float16 when kv_f16 (converted here). */
+void radixlm_store_kv(const float *k, const float *v, int64_t ld, void *k_buf, void *v_buf,
+                      int kv_f16, const int64_t *loc, int64_t tokens, int64_t width,
+                      int num_threads) {
 #pragma omp parallel for num_threads(num_threads) if (tokens * width >= PARALLEL_MIN)
     for (int64_t t = 0; t < tokens; ++t) {
-        memcpy(k_buf + loc[t] * width, k + t * ld, width * sizeof(float));
-        memcpy(v_buf + loc[t] * width, v + t * ld, width * sizeof(float));
+        if (kv_f16) {
+            to_half((uint16_t *)k_buf + loc[t] * width, k + t * ld, width);
+            to_half((uint16_t *)v_buf + loc[t] * width, v + t * ld, width);
+        } else {
+            memcpy((float *)k_buf + loc[t] * width, k + t * ld, width * sizeof(float));
+            memcpy((float *)v_buf + loc[t] * width, v + t * ld, width * sizeof(float));
+        }
     }
 }

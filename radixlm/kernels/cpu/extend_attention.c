@@ -30,12 +30,23 @@ typedef struct {
     int64_t b, h, j0, j1; /* request, KV head, new tokens [j0, j1) */
 } task_t;
 
-static void run_task(const task_t *tk, const float *q, int64_t ldq, const float *k_buf,
-                     const float *v_buf, const int64_t *sl, int64_t p, int64_t q_row0,
+/* Row `index` (D elements) of a KV buffer as floats: in place for float32, converted into
+ * tmp [D] for float16 (kv_f16). */
+static inline const float *kv_row(const void *buf, int kv_f16, int64_t index, int64_t D,
+                                  float *tmp) {
+    if (!kv_f16) return (const float *)buf + index * D;
+    const uint16_t *src = (const uint16_t *)buf + index * D;
+    for (int64_t i = 0; i < D; i += 8)
+        _mm256_storeu_ps(tmp + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    return tmp;
+}
+
+static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *k_buf,
+                     const void *v_buf, int kv_f16, const int64_t *sl, int64_t p, int64_t q_row0,
                      float *out, int64_t H, int64_t Hkv, int64_t D, float scale, float *buf) {
     const int64_t G = H / Hkv, h = tk->h, nq = tk->j1 - tk->j0, R = nq * G;
     float *Q = buf, *O = Q + R * D, *S = O + R * D, *kp = S + R * KB, *vp = kp + KB * D;
-    float *m = vp + KB * D, *l = m + R;
+    float *m = vp + KB * D, *l = m + R, *tmp = l + R;
     /* Rows r = (j - j0) * G + g: the G heads of token j sharing KV head h. */
     const __m256 vs = _mm256_set1_ps(scale);
     for (int64_t j = 0; j < nq; ++j)
@@ -58,14 +69,14 @@ static void run_task(const task_t *tk, const float *q, int64_t ldq, const float 
                 int64_t t = c * 16 + tt;
                 float *col = kp + c * D * 16 + tt;
                 if (t < nk) {
-                    const float *row = k_buf + (sl[t0 + t] * Hkv + h) * D;
+                    const float *row = kv_row(k_buf, kv_f16, sl[t0 + t] * Hkv + h, D, tmp);
                     for (int64_t d = 0; d < D; ++d) col[d * 16] = row[d];
                 } else {
                     for (int64_t d = 0; d < D; ++d) col[d * 16] = 0.0f;
                 }
             }
         for (int64_t t = 0; t < npan * 16; ++t) {
-            const float *row = t < nk ? v_buf + (sl[t0 + t] * Hkv + h) * D : 0;
+            const float *row = t < nk ? kv_row(v_buf, kv_f16, sl[t0 + t] * Hkv + h, D, tmp) : 0;
             for (int64_t dp = 0; dp < D / 16; ++dp) {
                 float *dst = vp + (dp * npan * 16 + t) * 16;
                 if (row) {
@@ -121,14 +132,16 @@ static void run_task(const task_t *tk, const float *q, int64_t ldq, const float 
 }
 
 /* q [T, H, D] (token row stride ldq), out [T, H, D] contiguous, T = sum(ext_lens), the
- * requests' new tokens in order; k_buf, v_buf [slots, Hkv, D]; slots [B, ld_slots]
+ * requests' new tokens in order; k_buf, v_buf [slots, Hkv, D] of float32 (kv_f16 0) or
+ * float16 (kv_f16 1); slots [B, ld_slots]
  * (int64, the first seq_lens[b] valid, the new tokens' K/V already stored);
  * 1 <= ext_lens[b] <= seq_lens[b]. D % 16 == 0, H % Hkv == 0. Returns 0, or -1 when out
  * of memory. */
-int radixlm_extend_attention(const float *q, int64_t ldq, const float *k_buf, const float *v_buf,
-                             const int64_t *slots, int64_t ld_slots, const int64_t *seq_lens,
-                             const int64_t *ext_lens, float *out, int64_t B, int64_t H,
-                             int64_t Hkv, int64_t D, float scale, int num_threads) {
+int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
+                             int kv_f16, const int64_t *slots, int64_t ld_slots,
+                             const int64_t *seq_lens, const int64_t *ext_lens, float *out,
+                             int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,
+                             int num_threads) {
     const int64_t G = H / Hkv, qb = ROWS_MAX / G > 0 ? ROWS_MAX / G : 1;
     int64_t ntasks = 0;
     for (int64_t b = 0; b < B; ++b) ntasks += Hkv * ((ext_lens[b] + qb - 1) / qb);
@@ -153,7 +166,7 @@ int radixlm_extend_attention(const float *q, int64_t ldq, const float *k_buf, co
                 tasks[n++] = (task_t){b, h, ext_lens[b] * (i - 1) / nb, ext_lens[b] * i / nb};
     }
     const int64_t R = qb * G;
-    const size_t floats = (size_t)(2 * R * D + R * KB + 2 * KB * D + 2 * R);
+    const size_t floats = (size_t)(2 * R * D + R * KB + 2 * KB * D + 2 * R + D);
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
@@ -164,8 +177,8 @@ int radixlm_extend_attention(const float *q, int64_t ldq, const float *k_buf, co
             if (!buf) continue;
             const task_t *tk = tasks + i;
             const int64_t p = seq_lens[tk->b] - ext_lens[tk->b];
-            run_task(tk, q, ldq, k_buf, v_buf, slots + tk->b * ld_slots, p, row0[tk->b], out, H,
-                     Hkv, D, scale, buf);
+            run_task(tk, q, ldq, k_buf, v_buf, kv_f16, slots + tk->b * ld_slots, p, row0[tk->b],
+                     out, H, Hkv, D, scale, buf);
         }
         free(buf);
     }

@@ -9,19 +9,22 @@ void radixlm_packed_gemm(const float *x, const float *panels, float *y, int64_t 
  * panel slice (row stride 16), y rows of stride ldy. One thread. */
 void radixlm_gemm_panel(int64_t M, int acc, const float *x, int64_t ldx, const float *w,
                         int64_t kn, float *y, int64_t ldy);
-int radixlm_extend_attention(const float *q, int64_t ldq, const float *k_buf, const float *v_buf,
-                             const int64_t *slots, int64_t ld_slots, const int64_t *seq_lens,
-                             const int64_t *ext_lens, float *out, int64_t B, int64_t H,
+/* KV pool buffers (k_buf, v_buf) hold float32, or IEEE float16 when kv_f16 is 1. */
+int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
+                             int kv_f16, const int64_t *slots, int64_t ld_slots,
+                             const int64_t *seq_lens, const int64_t *ext_lens, float *out,
+                             int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,
+                             int num_threads);
+int radixlm_decode_attention(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
+                             int kv_f16, const int64_t *slots, int64_t ld_slots,
+                             const int64_t *seq_lens, float *out, int64_t B, int64_t H,
                              int64_t Hkv, int64_t D, float scale, int num_threads);
-int radixlm_decode_attention(const float *q, int64_t ldq, const float *k_buf, const float *v_buf,
-                             const int64_t *slots, int64_t ld_slots, const int64_t *seq_lens,
-                             float *out, int64_t B, int64_t H, int64_t Hkv, int64_t D,
-                             float scale, int num_threads);
 void radixlm_rms_norm(const float *x, int64_t ldx, const float *w, float *y, int64_t rows,
                       int64_t dim, float eps, int num_threads);
 void radixlm_silu_mul(const float *gu, float *y, int64_t rows, int64_t n, int num_threads);
 void radixlm_rope(float *x, int64_t ldx, int64_t rows, int64_t heads, int64_t head_dim,
                   const float *cos, const float *sin, int num_threads);
-void radixlm_store_kv(const float *k, const float *v, int64_t ld, float *k_buf, float *v_buf,
-                      const int64_t *loc, int64_t tokens, int64_t width, int num_threads);
+void radixlm_store_kv(const float *k, const float *v, int64_t ld, void *k_buf, void *v_buf,
+                      int kv_f16, const int64_t *loc, int64_t tokens, int64_t width,
+                      int num_threads);
 #endif

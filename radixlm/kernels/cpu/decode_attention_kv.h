@@ -1,0 +1,162 @@
+/* The decode attention kernel on one KV element type, included by decode_attention.c once
+ * per type with KV_T (the pool's element), KV_LOAD(p) (8 KV_T at p as 8 floats) and
+ * KV_FN(name) (the name with the type's suffix) defined. Everything computes in fp32. */
+#define ROWH(buf, t, hh) ((buf) + (sl[(t)] * Hkv + (hh)) * D)
+#define ROW(buf, t) ROWH(buf, t, h)
+
+static inline float KV_FN(dot)(const float *a, const KV_T *b, int64_t d) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= d; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), KV_LOAD(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), KV_LOAD(b + i + 8), s1);
+    }
+    for (; i < d; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), KV_LOAD(b + i), s0);
+    return hsum256(_mm256_add_ps(s0, s1));
+}
+
+
+/* scores[g * stride + t] = scale * q_g . k_t for t < L and the nh * G query heads g of
+ * KV heads h0 .. h0 + nh - 1, four keys at a time: each key row is loaded once per query
+ * head from L1, and four dot products are reduced together. */
+static void KV_FN(qk_scores)(const float *qb, const KV_T *k_buf, const int64_t *sl, int64_t L,
+                      int64_t Hkv, int64_t h0, int64_t nh, int64_t D, int64_t G, float scale,
+                      float *scores, int64_t stride) {
+    const __m128 vscale = _mm_set1_ps(scale);
+    int64_t t = 0, h = h0;
+    for (; t + 4 <= L; t += 4) {
+        for (int64_t a = t + AHEAD; a < t + AHEAD + 4 && a < L; ++a)
+            prefetch_row(ROWH(k_buf, a, h0), nh * D * sizeof(KV_T));
+        for (int64_t g = 0; g < nh * G; ++g) {
+            h = h0 + g / G;
+            const KV_T *k0 = ROW(k_buf, t), *k1 = ROW(k_buf, t + 1);
+            const KV_T *k2 = ROW(k_buf, t + 2), *k3 = ROW(k_buf, t + 3);
+            const float *qg = qb + g * D;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t i = 0; i < D; i += 8) {
+                __m256 qv = _mm256_loadu_ps(qg + i);
+                a0 = _mm256_fmadd_ps(qv, KV_LOAD(k0 + i), a0);
+                a1 = _mm256_fmadd_ps(qv, KV_LOAD(k1 + i), a1);
+                a2 = _mm256_fmadd_ps(qv, KV_LOAD(k2 + i), a2);
+                a3 = _mm256_fmadd_ps(qv, KV_LOAD(k3 + i), a3);
+            }
+            /* hadd(hadd(a0, a1), hadd(a2, a3)) holds each sum's low and high halves in
+             * the two 128-bit lanes; adding the lanes gives the four dot products. */
+            __m256 hh = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+            __m128 sums = _mm_add_ps(_mm256_castps256_ps128(hh), _mm256_extractf128_ps(hh, 1));
+            _mm_storeu_ps(scores + g * stride + t, _mm_mul_ps(sums, vscale));
+        }
+    }
+    for (; t < L; ++t)
+        for (int64_t g = 0; g < nh * G; ++g) {
+            h = h0 + g / G;
+            scores[g * stride + t] = scale * KV_FN(dot)(qb + g * D, ROW(k_buf, t), D);
+        }
+}
+
+/* acc[g] = sum_t p[g][t] v_t for the nh * G query heads of KV heads h0 .. h0 + nh - 1:
+ * tokens in blocks of VBLOCK (their V rows stay in L1 while every query head uses them),
+ * 64 columns at a time in eight registers. */
+#define VBLOCK 32
+static void KV_FN(pv_sum)(const float *scores, int64_t stride, const KV_T *v_buf, const int64_t *sl,
+                   int64_t L, int64_t Hkv, int64_t h0, int64_t nh, int64_t D, int64_t G,
+                   float *acc) {
+    int64_t h = h0;
+    for (int64_t i = 0; i < nh * G * D; ++i) acc[i] = 0.0f;
+    for (int64_t t0 = 0; t0 < L; t0 += VBLOCK) {
+        const int64_t t1 = t0 + VBLOCK < L ? t0 + VBLOCK : L;
+        for (int64_t a = t1; a < t1 + VBLOCK && a < L; ++a)
+            prefetch_row(ROWH(v_buf, a, h0), nh * D * sizeof(KV_T));
+        for (int64_t g = 0; g < nh * G; ++g) {
+            h = h0 + g / G;
+            const float *p = scores + g * stride;
+            int64_t c = 0;
+            for (; c + 64 <= D; c += 64) {
+                float *ac = acc + g * D + c;
+                __m256 r0 = _mm256_loadu_ps(ac), r1 = _mm256_loadu_ps(ac + 8);
+                __m256 r2 = _mm256_loadu_ps(ac + 16), r3 = _mm256_loadu_ps(ac + 24);
+                __m256 r4 = _mm256_loadu_ps(ac + 32), r5 = _mm256_loadu_ps(ac + 40);
+                __m256 r6 = _mm256_loadu_ps(ac + 48), r7 = _mm256_loadu_ps(ac + 56);
+                for (int64_t t = t0; t < t1; ++t) {
+                    const KV_T *v = ROW(v_buf, t) + c;
+                    __m256 pt = _mm256_set1_ps(p[t]);
+                    r0 = _mm256_fmadd_ps(pt, KV_LOAD(v), r0);
+                    r1 = _mm256_fmadd_ps(pt, KV_LOAD(v + 8), r1);
+                    r2 = _mm256_fmadd_ps(pt, KV_LOAD(v + 16), r2);
+                    r3 = _mm256_fmadd_ps(pt, KV_LOAD(v + 24), r3);
+                    r4 = _mm256_fmadd_ps(pt, KV_LOAD(v + 32), r4);
+                    r5 = _mm256_fmadd_ps(pt, KV_LOAD(v + 40), r5);
+                    r6 = _mm256_fmadd_ps(pt, KV_LOAD(v + 48), r6);
+                    r7 = _mm256_fmadd_ps(pt, KV_LOAD(v + 56), r7);
+                }
+                _mm256_storeu_ps(ac, r0), _mm256_storeu_ps(ac + 8, r1);
+                _mm256_storeu_ps(ac + 16, r2), _mm256_storeu_ps(ac + 24, r3);
+                _mm256_storeu_ps(ac + 32, r4), _mm256_storeu_ps(ac + 40, r5);
+                _mm256_storeu_ps(ac + 48, r6), _mm256_storeu_ps(ac + 56, r7);
+            }
+            for (; c < D; c += 8) {  /* head_dim not a multiple of 64: eight columns a pass */
+                __m256 r = _mm256_loadu_ps(acc + g * D + c);
+                for (int64_t t = t0; t < t1; ++t)
+                    r = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), KV_LOAD(ROW(v_buf, t) + c), r);
+                _mm256_storeu_ps(acc + g * D + c, r);
+            }
+        }
+    }
+}
+
+/* radixlm_decode_attention on KV_T buffers. */
+static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_buf,
+                                    const KV_T *v_buf, const int64_t *slots, int64_t ld_slots,
+                                    const int64_t *seq_lens, float *out, int64_t B, int64_t H,
+                                    int64_t Hkv, int64_t D, float scale, int num_threads) {
+    const int64_t G = H / Hkv;
+    int64_t max_len = 1;
+    for (int64_t b = 0; b < B; ++b) max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;
+    /* A task per request and KV head; with requests enough to share out, a task per
+     * request that reads each K / V row of all the KV heads in one pass. */
+    const int64_t nh = B >= 2 * num_threads ? Hkv : 1;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads) reduction(| : failed)
+    {
+        /* Per thread: G score rows (padded to 8), G accumulators of D floats, and G
+         * inverse sums (padded to 8 so the allocation stays a multiple of 32 bytes). */
+        int64_t stride = (max_len + 7) / 8 * 8, R = nh * G;
+        float *scores =
+            aligned_alloc(32, (size_t)(R * stride + R * D + (R + 7) / 8 * 8) * sizeof(float));
+        if (!scores) failed = 1;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < B * Hkv / nh; ++task) {
+            if (!scores) continue;
+            const int64_t b = task / (Hkv / nh), h = task % (Hkv / nh) * nh, L = seq_lens[b];
+            const int64_t *sl = slots + b * ld_slots;
+            const float *qb = q + b * ldq + h * G * D;
+            float *acc = scores + R * stride, *inv_sum = acc + R * D;
+            KV_FN(qk_scores)(qb, k_buf, sl, L, Hkv, h, nh, D, G, scale, scores, stride);
+            for (int64_t g = 0; g < R; ++g) {
+                float *s = scores + g * stride;
+                float m = -INFINITY;
+                for (int64_t t = 0; t < L; ++t) m = s[t] > m ? s[t] : m;
+                for (int64_t t = L; t < stride; ++t) s[t] = -INFINITY;
+                __m256 vm = _mm256_set1_ps(m), vs = _mm256_setzero_ps();
+                for (int64_t t = 0; t < stride; t += 8) {
+                    __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(s + t), vm));
+                    _mm256_store_ps(s + t, e);
+                    vs = _mm256_add_ps(vs, e);
+                }
+                inv_sum[g] = 1.0f / hsum256(vs);
+            }
+            KV_FN(pv_sum)(scores, stride, v_buf, sl, L, Hkv, h, nh, D, G, acc);
+            for (int64_t g = 0; g < R; ++g) {
+                float *o = out + (b * H + h * G + g) * D;
+                __m256 inv = _mm256_set1_ps(inv_sum[g]);
+                for (int64_t i = 0; i < D; i += 8)
+                    _mm256_storeu_ps(o + i, _mm256_mul_ps(inv, _mm256_loadu_ps(acc + g * D + i)));
+            }
+        }
+        free(scores);
+    }
+    return failed ? -1 : 0;
+}
+
+#undef ROW
+#undef ROWH
