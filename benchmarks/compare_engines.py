@@ -138,7 +138,8 @@ def markdown_table(table: dict[str, Any], engines: list[EngineSpec]) -> str:
     """One markdown table: workload x engine, with radixlm's throughput ratio."""
     head = (
         "| threads | workload | engine | out tok/s median (min-max) | TTFT p50 / p99 ms "
-        "| TPOT p50 / p99 ms | cache hit | radixlm / engine |\n|---|---|---|---|---|---|---|---|"
+        "| TPOT p50 / p99 ms | cache hit | radixlm / engine | radixlm fp16 KV / engine |\n"
+        "|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for threads, by_wl in table.items():
@@ -147,21 +148,28 @@ def markdown_table(table: dict[str, Any], engines: list[EngineSpec]) -> str:
                 row = by_engine.get(e.name)
                 if row is None or "status" in row:
                     status = "not run" if row is None else row["status"].split(" (")[0]
-                    lines.append(f"| {threads} | {wl} | {e.name} | {status} | | | | |")
+                    lines.append(f"| {threads} | {wl} | {e.name} | {status} | | | | | |")
                     continue
-                ref = by_engine.get(e.reference, {}) if e.reference else {}
-                ratio = ""
-                if ref.get("output_tps_median"):
-                    ratio = f"{ref['output_tps_median'] / row['output_tps_median']:.2f}x"
+                ratio, ratio16 = (
+                    _ratio(by_engine.get(name or "", {}), row)
+                    for name in (e.reference, e.reference_kv16)
+                )
                 hit = row["cache_hit_rate"]
                 t, p = row["ttft_ms"], row["tpot_ms"]
                 lines.append(
                     f"| {threads} | {wl} | {e.name} | {row['output_tps_median']:.1f} "
                     f"({row['output_tps_min']:.1f}-{row['output_tps_max']:.1f}) | "
                     f"{_ms(t['p50'])} / {_ms(t['p99'])} | {_ms(p['p50'])} / {_ms(p['p99'])} | "
-                    f"{'n/a' if hit is None else f'{hit:.2f}'} | {ratio} |"
+                    f"{'n/a' if hit is None else f'{hit:.2f}'} | {ratio} | {ratio16} |"
                 )
     return "\n".join(lines)
+
+
+def _ratio(ref: dict[str, Any], row: dict[str, Any]) -> str:
+    """ref's median output tokens/s over row's ("" when ref did not run)."""
+    if not ref.get("output_tps_median"):
+        return ""
+    return f"{ref['output_tps_median'] / row['output_tps_median']:.2f}x"
 
 
 def _ms(v: float | None) -> str:

@@ -81,11 +81,17 @@ def next_turn(tok, sessions: list[dict[str, Any]], timer: Timer, t0: float):
 class RadixlmAdapter:
     """radixlm.Engine: streams consumed round-robin; new turns enter between steps."""
 
+    #: Engine settings beyond the model, threads and KV pool size.
+    options: dict[str, Any] = {}
+
     def __init__(self, model_dir: str, threads: int, spec: dict[str, Any]):
         import radixlm
 
         self.engine = radixlm.Engine(
-            model=model_dir, num_threads=threads, max_total_tokens=spec["max_total_tokens"]
+            model=model_dir,
+            num_threads=threads,
+            max_total_tokens=spec["max_total_tokens"],
+            **self.options,
         )
         self.tok = self.engine.tokenizer
 
@@ -125,6 +131,12 @@ class RadixlmAdapter:
 
     def close(self) -> None:
         self.engine.shutdown()
+
+
+class RadixlmKv16Adapter(RadixlmAdapter):
+    """radixlm.Engine with a float16 KV cache (--kv-cache-dtype float16)."""
+
+    options = {"kv_cache_dtype": "float16"}
 
 
 class StaticBatchAdapter:
@@ -323,7 +335,8 @@ class OpenVINOAdapter:
         pass
 
 
-ADAPTERS = {"radixlm": RadixlmAdapter, "transformers": TransformersAdapter,
+ADAPTERS = {"radixlm": RadixlmAdapter, "radixlm-kv16": RadixlmKv16Adapter,
+            "transformers": TransformersAdapter,
             "openvino": OpenVINOAdapter, "ortgenai": OrtGenaiAdapter}  # fmt: skip
 
 

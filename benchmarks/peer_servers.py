@@ -50,7 +50,8 @@ class EngineSpec:
     `python` (default: this interpreter) on `model_dir` (default: the shared fp32
     safetensors directory); launch: (model_dir, threads, port, kv_tokens) -> (argv,
     extra env) for HTTP engines; needs: files that must exist; reference: the radixlm
-    row its ratio uses."""
+    row its ratio uses; reference_kv16: the radixlm row with a float16 KV cache its second
+    ratio uses."""
 
     key: str
     name: str
@@ -60,6 +61,7 @@ class EngineSpec:
     needs: tuple[Path, ...] = ()
     reference: str | None = None
     model_dir: Path | None = None
+    reference_kv16: str | None = None
 
     def availability(self) -> str | None:
         """None when runnable, else why not ("not installed: ...")."""
@@ -69,11 +71,15 @@ class EngineSpec:
         return None
 
 
-def _radixlm_serve(model_dir: Path, threads: int, port: int, kv: int):
+def _radixlm_serve(model_dir: Path, threads: int, port: int, kv: int, *extra: str):
     argv = [sys.executable, "-m", "radixlm", "serve", "--model", str(model_dir),
             "--port", str(port), "--num-threads", str(threads), "--max-total-tokens", str(kv),
-            "--served-model-name", SERVED_NAME]  # fmt: skip
+            "--served-model-name", SERVED_NAME, *extra]  # fmt: skip
     return argv, {}
+
+
+def _radixlm_serve_kv16(model_dir: Path, threads: int, port: int, kv: int):
+    return _radixlm_serve(model_dir, threads, port, kv, "--kv-cache-dtype", "float16")
 
 
 def _vllm(model_dir: Path, threads: int, port: int, kv: int):
@@ -97,24 +103,30 @@ def _llama_server(model_dir: Path, threads: int, port: int, kv: int):
 
 
 INPROC, HTTP = "radixlm (in-process)", "radixlm serve (HTTP)"
+# The same engines with a float16 KV cache (fp32 weights and compute), the KV precision
+# OpenVINO GenAI's CPU plugin and llama.cpp use by default.
+INPROC16, HTTP16 = "radixlm, fp16 KV (in-process)", "radixlm serve, fp16 KV (HTTP)"
 OV_PY, OV_DIR = PEERS / "openvino/bin/python", PEERS / "ov-smollm2-135m-fp32"
 ORT_PY, ORT_DIR = PEERS / "onnxruntime-genai/bin/python", PEERS / "ortgenai-smollm2-135m-fp32"
 ENGINES: list[EngineSpec] = [
     EngineSpec("radixlm", INPROC, harness="radixlm"),
+    EngineSpec("radixlm-kv16", INPROC16, harness="radixlm-kv16", reference=INPROC),
     EngineSpec("transformers", "transformers generate (in-process)", harness="transformers",
-               reference=INPROC),
+               reference=INPROC, reference_kv16=INPROC16),
     EngineSpec("openvino", "OpenVINO GenAI (in-process)", harness="openvino",
                python=str(OV_PY), model_dir=OV_DIR, needs=(OV_PY, OV_DIR / "openvino_model.xml"),
-               reference=INPROC),
+               reference=INPROC, reference_kv16=INPROC16),
     EngineSpec("onnxruntime-genai", "onnxruntime-genai (in-process)", harness="ortgenai",
                python=str(ORT_PY), model_dir=ORT_DIR,
-               needs=(ORT_PY, ORT_DIR / "genai_config.json"), reference=INPROC),
+               needs=(ORT_PY, ORT_DIR / "genai_config.json"), reference=INPROC,
+               reference_kv16=INPROC16),
     EngineSpec("radixlm-http", HTTP, launch=_radixlm_serve),
+    EngineSpec("radixlm-http-kv16", HTTP16, launch=_radixlm_serve_kv16, reference=HTTP),
     EngineSpec("vllm", "vLLM CPU (HTTP)", launch=_vllm, needs=(PEERS / "vllm/bin/python",),
-               reference=HTTP),
+               reference=HTTP, reference_kv16=HTTP16),
     EngineSpec("llama-server", "llama-server (HTTP)", launch=_llama_server,
                needs=(PEERS / "llama.cpp/build/bin/llama-server",
-                      PEERS / "smollm2-135m-f32.gguf"), reference=HTTP),
+                      PEERS / "smollm2-135m-f32.gguf"), reference=HTTP, reference_kv16=HTTP16),
 ]  # fmt: skip
 
 
