@@ -24,6 +24,16 @@ def _run(name: str, case, pool=None):
     return backend.forward(case.q, case.k, case.v, 0, case.fb), pool
 
 
+def _assert_same_new_kv(case, pool, ref_pool) -> None:
+    """Both pools hold bit-identical K and V at the step's new slots."""
+    loc = case.fb.out_cache_loc
+    for got, want in (
+        (pool.k_buffer[0], ref_pool.k_buffer[0]),
+        (pool.v_buffer[0], ref_pool.v_buffer[0]),
+    ):
+        torch.testing.assert_close(got[loc], want[loc], atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("group", [1, 3])
@@ -35,12 +45,7 @@ def test_triton_matches_torch_native(mode, page_size, group, device):
     ref, ref_pool = _run("torch_native", case)
     out, pool = _run("triton", case)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
-    loc = case.fb.out_cache_loc
-    for got, want in (
-        (pool.k_buffer[0], ref_pool.k_buffer[0]),
-        (pool.v_buffer[0], ref_pool.v_buffer[0]),
-    ):
-        torch.testing.assert_close(got[loc], want[loc], atol=0, rtol=0)
+    _assert_same_new_kv(case, pool, ref_pool)
 
 
 @pytest.mark.parametrize("mode", ["extend", "decode"])
@@ -127,7 +132,9 @@ def test_triton_gpu_tile_sizes(mode, device):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("longest", [130, 1500])
 @pytest.mark.parametrize("alone", [False, True])
-def test_cpu_decode_kernel_matches_torch_native(page_size, head_dim, group, threads, longest, alone):
+def test_cpu_decode_kernel_matches_torch_native(
+    page_size, head_dim, group, threads, longest, alone
+):
     """The C decode kernel reads K/V in place and equals the gather + SDPA reference, in
     a batch (a task per request, all KV heads in one pass) and alone (a task per KV head)."""
     from radixlm.kernels.cpu_native import CpuNativeBackend
@@ -236,16 +243,16 @@ def test_cpu_kernels_on_float16_pools_match_torch_native(mode, page_size, group,
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        if not isinstance(create_attention_backend("cpu", case.pool, case.scaling), CpuNativeBackend):
+        if not isinstance(
+            create_attention_backend("cpu", case.pool, case.scaling), CpuNativeBackend
+        ):
             pytest.skip("the CPU kernels cannot be built here")
         out, pool = _run("cpu", case)
     finally:
         torch.set_num_threads(before)
     assert pool.k_buffer[0].dtype == torch.float16
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
-    loc = case.fb.out_cache_loc
-    for got, want in ((pool.k_buffer[0], ref_pool.k_buffer[0]), (pool.v_buffer[0], ref_pool.v_buffer[0])):
-        torch.testing.assert_close(got[loc], want[loc], atol=0, rtol=0)
+    _assert_same_new_kv(case, pool, ref_pool)
 
 
 def test_cpu_backend_falls_back_for_head_dims_outside_the_kernel():

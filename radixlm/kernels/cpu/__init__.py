@@ -70,7 +70,23 @@ class CpuKernels:
         self._silu_mul = _bind(lib.radixlm_silu_mul, [p, p, i64, i64, i32])
         self._rope = _bind(lib.radixlm_rope, [p, i64, i64, i64, i64, p, p, i32])
         self._store_kv = _bind(lib.radixlm_store_kv, [p, p, i64, p, p, i32, p, i64, i64, i32])
-        layers_args = [ctypes.POINTER(LayerSpec), i64, p, p, i32, p, i64, p, p, p, p, i64, p, p, i32]
+        layers_args = [
+            ctypes.POINTER(LayerSpec),
+            i64,
+            p,
+            p,
+            i32,
+            p,
+            i64,
+            p,
+            p,
+            p,
+            p,
+            i64,
+            p,
+            p,
+            i32,
+        ]
         self._layers = _bind(lib.radixlm_decode_layers, layers_args, ctypes.c_int)
 
     @staticmethod

@@ -1,7 +1,8 @@
 /* Row-wise fp32 kernels around the GEMMs of a decoder layer (AVX2 + FMA): RMSNorm,
- * SwiGLU's silu(gate) * up, RoPE in place, and the KV-pool store (fp32 or fp16 pool). Each replaces several
- * torch ops whose per-call cost dominates at decode sizes. Rows split across OpenMP
- * threads only when a call is large enough (prefill) to pay for the fork.
+ * SwiGLU's silu(gate) * up, RoPE in place, and the KV-pool store (into an fp32 or fp16
+ * pool). Each replaces several torch ops whose per-call cost dominates at decode sizes.
+ * Rows split across OpenMP threads only when a call is large enough (prefill) to pay for
+ * the fork.
  */
 #include <immintrin.h>
 #include <math.h>

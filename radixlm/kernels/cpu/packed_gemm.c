@@ -82,7 +82,7 @@ static inline __attribute__((always_inline)) void tile(int mr, int acc, const fl
 #define TILE_N(N)                                                                          \
     static void tile##N(int acc, const float *x, int64_t ldx, const float *w, int64_t kn, \
                         float *y, int64_t ldy) {                                           \
-        tile(N, acc, x, ldx, 1, w, kn, y, ldy, 0, 0);                                       \
+        tile(N, acc, x, ldx, 1, w, kn, y, ldy, 0, 0);                                      \
     }                                                                                      \
     static void pftile##N(int acc, const float *x, int64_t ldx, const float *w, int64_t kn, \
                           float *y, int64_t ldy, const char *pf, int64_t pstep) {          \
@@ -90,7 +90,7 @@ static inline __attribute__((always_inline)) void tile(int mr, int acc, const fl
     }                                                                                      \
     static void ptile##N(int acc, const float *xp, const float *w, int64_t kn, float *y,  \
                          int64_t ldy) {                                                    \
-        tile(N, acc, xp, 1, 6, w, kn, y, ldy, 0, 0);                                        \
+        tile(N, acc, xp, 1, 6, w, kn, y, ldy, 0, 0);                                       \
     }                                                                                      \
     static void pfptile##N(int acc, const float *xp, const float *w, int64_t kn, float *y, \
                            int64_t ldy, const char *pf, int64_t pstep) {                   \
