@@ -44,7 +44,9 @@ class ServerArgs:
     )
     kv_cache_dtype: str = _opt(
         "auto",
-        "KV cache dtype ('auto' = the model dtype)",
+        "KV cache dtype ('auto' = the model dtype); on CPU the C kernels serve float32 and "
+        "float16 pools (float16: half the KV bytes, attention still computed in fp32), "
+        "bfloat16 falls back to torch_native attention",
         choices=["auto", "float32", "bfloat16", "float16"],
     )
     device: str = _opt(
@@ -78,9 +80,9 @@ class ServerArgs:
         "attention backend ('auto' = flashinfer on CUDA when installed, else triton on CUDA; "
         "cpu on CPU: radixlm's C decode attention, KV store and (head_dim a multiple of 16) "
         "prefill attention, torch_native for the rest; it is torch_native altogether for "
-        "non-fp32 KV pools, head_dim not a multiple of 8, query heads not a multiple of KV "
-        "heads, or without a C compiler; torch_native = the torch reference; "
-        "get_server_info's 'resolved' says which ran)",
+        "KV pools other than float32 / float16, head_dim not a multiple of 8, query heads "
+        "not a multiple of KV heads, or without a C compiler; torch_native = the torch "
+        "reference; get_server_info's 'resolved' says which ran)",
         choices=["auto", "cpu", "torch_native", "triton", "flashinfer"],
     )
     cpu_gemm: str = _opt(
