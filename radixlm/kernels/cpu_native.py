@@ -43,7 +43,9 @@ class CpuNativeBackend(TorchNativeBackend):
     def __init__(self, kv_pool, scaling: float, kernels: CpuKernels):
         super().__init__(kv_pool, scaling)
         self.kernels = kernels
-        if kv_pool.k_buffer[0].shape[2] % 16 == 0:
+        #: Whether extend attention runs the C kernel (head_dim % 16 == 0).
+        self.extend_kernel = kv_pool.k_buffer[0].shape[2] % 16 == 0
+        if self.extend_kernel:
             self.forward_extend = self._extend_kernel
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:

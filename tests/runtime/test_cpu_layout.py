@@ -134,24 +134,49 @@ def test_packed_decoder_layer_equals_the_original(cpu_kernels):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("mode", ["DECODE", "EXTEND"])
-def test_fused_decode_stack_equals_the_llama_layers(cpu_kernels, mode):
-    """On the cpu backend FusedDecodeStack runs a decode step's layers as one C call (and
-    other steps layer by layer): same output and the same K/V written in every layer as
-    the llama layers in order on torch_native."""
+# step -> (mode, new tokens per request, whether the fused C stack runs it)
+STEPS = {
+    "decode": ("DECODE", [1, 1, 1], True),
+    "extend": ("EXTEND", [2, 5, 1], True),
+    "long extend": ("EXTEND", [30, 40, 1], False),  # 71 > FUSED_EXTEND_ROWS new tokens
+    "chain verify": ("TARGET_VERIFY", [3, 5, 1], True),
+    "tree verify": ("TARGET_VERIFY", [3, 5, 1], False),
+}
+
+
+@pytest.mark.parametrize("step", sorted(STEPS))
+def test_fused_decode_stack_equals_the_llama_layers(cpu_kernels, step, monkeypatch):
+    """On the cpu backend FusedDecodeStack runs a decode step's layers, and those of a
+    short extend or chain-draft verify, as one C call (other steps layer by layer): same
+    output and the same K/V written in every layer as the llama layers in order on
+    torch_native."""
     from radixlm.kernels import ForwardMode, create_attention_backend
     from radixlm.runtime.models.cpu_layout import CpuDecoderLayer, FusedDecodeStack
     from radixlm.runtime.models.llama import run_in_order
     from tests.kernels.cases import make_case
 
+    mode, extend, fused = STEPS[step]
     mode = ForwardMode[mode]
     layers = nn.ModuleList(_tiny_layer(i, seed=3 + i)[0] for i in range(2))
     rotary = _tiny_layer()[1]
-    extend = [1, 1, 1] if mode is ForwardMode.DECODE else [2, 5, 1]
     case = make_case(mode, [0, 3, 40], extend, page_size=1, group=2, num_layers=2)
+    if step == "chain verify":  # each draft sees the prefix and the drafts before it
+        case.fb.custom_mask = torch.cat(
+            [
+                torch.cat(
+                    [torch.ones(n, p, dtype=torch.bool), torch.ones(n, n).tril() > 0], 1
+                ).flatten()
+                for p, n in zip([0, 3, 40], extend)
+            ]
+        )
     rope = rotary(case.fb.positions, torch.float32)
     x = torch.randn(sum(extend), 64)
     packed = nn.ModuleList(CpuDecoderLayer(layer, cpu_kernels) for layer in layers)
+    calls = []
+    decode_layers = cpu_kernels.decode_layers
+    monkeypatch.setattr(
+        cpu_kernels, "decode_layers", lambda *a: calls.append(1) or decode_layers(*a)
+    )
     results = []
     with torch.inference_mode():
         for name, run in (
@@ -164,6 +189,7 @@ def test_fused_decode_stack_equals_the_llama_layers(cpu_kernels, mode):
             mods = layers if name == "torch_native" else packed
             results.append((run(mods, x.clone(), rope, backend, case.fb), pool))
     (want, ref_pool), (got, pool) = results
+    assert bool(calls) == fused
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     loc = case.fb.out_cache_loc
     for i in range(2):

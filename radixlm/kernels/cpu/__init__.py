@@ -70,23 +70,10 @@ class CpuKernels:
         self._silu_mul = _bind(lib.radixlm_silu_mul, [p, p, i64, i64, i32])
         self._rope = _bind(lib.radixlm_rope, [p, i64, i64, i64, i64, p, p, i32])
         self._store_kv = _bind(lib.radixlm_store_kv, [p, p, i64, p, p, i32, p, i64, i64, i32])
-        layers_args = [
-            ctypes.POINTER(LayerSpec),
-            i64,
-            p,
-            p,
-            i32,
-            p,
-            i64,
-            p,
-            p,
-            p,
-            p,
-            i64,
-            p,
-            p,
-            i32,
-        ]
+        # specs, n, k_bufs, v_bufs, kv_f16, x, T, cos, sin, loc, slots, ld_slots, seq_lens,
+        # B, ext_lens, scratch, threads
+        layers_args = [ctypes.POINTER(LayerSpec), i64, p, p, i32, p, i64, p, p, p, p, i64, p]
+        layers_args += [i64, p, p, i32]
         self._layers = _bind(lib.radixlm_decode_layers, layers_args, ctypes.c_int)
 
     @staticmethod
@@ -154,10 +141,7 @@ class CpuKernels:
             raise ValueError(f"CPU extend attention needs D % 16 == 0, got D={d}")
         b = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
         q, slots, seq_lens, f16 = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
-        if ext_lens.dtype != torch.int64 or ext_lens.shape != (b,):
-            raise ValueError("ext_lens must be int64 [B]")
-        if int(ext_lens.sum()) != t or bool(((ext_lens < 1) | (ext_lens > seq_lens)).any()):
-            raise ValueError("ext_lens must be in [1, seq_lens] and sum to q's token count")
+        _check_extend(ext_lens, seq_lens, t, d)
         ext_lens = ext_lens.contiguous()
         out = torch.empty(t, h, d, dtype=torch.float32)
         rc = self._ext_attn(
@@ -227,41 +211,51 @@ class CpuKernels:
         loc: torch.Tensor,
         slots: torch.Tensor,
         seq_lens: torch.Tensor,
+        ext_lens: torch.Tensor | None = None,
     ) -> None:
         """Run the decoder layers `specs` (a ctypes array of `LayerSpec`, one size for all)
-        of a decode step in place on x float32 [B, hidden] contiguous (one new token per
-        request); layer i uses k_bufs[i] / v_bufs[i]. Each layer: RMSNorm, q/k/v, RoPE (cos,
-        sin float32 [B, head_dim]), KV store at `loc` (int64 [B]), attention over `slots` /
-        `seq_lens` (as `decode_attention`), output projection, residual, RMSNorm, SwiGLU
-        MLP, residual. Raises ValueError on a non-contiguous x or mismatched buffers,
-        MemoryError as `decode_attention`."""
-        b, n, spec = x.shape[0], len(specs), specs[0]
+        in place on x float32 [T, hidden] contiguous; layer i uses k_bufs[i] / v_bufs[i].
+        Each layer: RMSNorm, q/k/v, RoPE (cos, sin float32 [T, head_dim]), KV store at
+        `loc` (int64 [T]), attention over `slots` / `seq_lens` (int64 [B, >= max len] /
+        [B]), output projection, residual, RMSNorm, SwiGLU MLP, residual.
+
+        ext_lens None: a decode step, one new token per request (T == B, as
+        `decode_attention`). ext_lens int64 [B]: a causal extend of ext_lens[b] new tokens
+        per request, in request order (as `extend_attention`; head_dim % 16 == 0).
+        Raises ValueError on a non-contiguous x or mismatched buffers or lengths,
+        MemoryError as the attention kernels."""
+        t, n, spec = x.shape[0], len(specs), specs[0]
         if not x.is_contiguous() or x.dtype != torch.float32 or x.shape[1] != spec.hidden:
-            raise ValueError(f"decode_layers: x must be contiguous float32 [B, {spec.hidden}]")
+            raise ValueError(f"decode_layers: x must be contiguous float32 [T, {spec.hidden}]")
         if len(k_bufs) != n or len(v_bufs) != n:
             raise ValueError(f"decode_layers: {n} layers but {len(k_bufs)} / {len(v_bufs)} buffers")
         f16 = {_check_pool(k, v, spec.heads, spec.head_dim) for k, v in zip(k_bufs, v_bufs)}
         if len(f16) != 1:
             raise ValueError("decode_layers: the layers' KV buffers mix float32 and float16")
+        b = seq_lens.shape[0] if ext_lens is not None else t
         _check_tables(b, slots, seq_lens)
-        if loc.dtype != torch.int64 or loc.shape != (b,):
-            raise ValueError("decode_layers: loc must be int64 [B]")
+        if ext_lens is not None:
+            _check_extend(ext_lens, seq_lens, t, spec.head_dim)
+            ext_lens = ext_lens.contiguous()
+        if loc.dtype != torch.int64 or loc.shape != (t,):
+            raise ValueError("decode_layers: loc must be int64 [T]")
         qkv = (spec.heads + 2 * spec.kv_heads) * spec.head_dim
         hd = spec.heads * spec.head_dim
-        floats = b * (2 * spec.hidden + qkv + hd + 3 * spec.inter)  # decode_layer.c's layout
+        floats = t * (2 * spec.hidden + qkv + hd + 3 * spec.inter)  # decode_layer.c's layout
         scratch = torch.empty(floats, dtype=torch.float32)
-        cos = cos.reshape(b, spec.head_dim).float().contiguous()
-        sin = sin.reshape(b, spec.head_dim).float().contiguous()
+        cos = cos.reshape(t, spec.head_dim).float().contiguous()
+        sin = sin.reshape(t, spec.head_dim).float().contiguous()
         loc, slots, seq_lens = loc.contiguous(), slots.contiguous(), seq_lens.contiguous()
-        k_ptrs = (ctypes.c_void_p * n)(*(t.data_ptr() for t in k_bufs))
-        v_ptrs = (ctypes.c_void_p * n)(*(t.data_ptr() for t in v_bufs))
+        k_ptrs = (ctypes.c_void_p * n)(*(buf.data_ptr() for buf in k_bufs))
+        v_ptrs = (ctypes.c_void_p * n)(*(buf.data_ptr() for buf in v_bufs))
         rc = self._layers(
-            specs, n, k_ptrs, v_ptrs, f16.pop(), x.data_ptr(), b, cos.data_ptr(), sin.data_ptr(),
-            loc.data_ptr(), slots.data_ptr(), slots.shape[1], seq_lens.data_ptr(),
-            scratch.data_ptr(), torch.get_num_threads(),
+            specs, n, k_ptrs, v_ptrs, f16.pop(), x.data_ptr(), t, cos.data_ptr(), sin.data_ptr(),
+            loc.data_ptr(), slots.data_ptr(), slots.shape[1], seq_lens.data_ptr(), b,
+            None if ext_lens is None else ext_lens.data_ptr(), scratch.data_ptr(),
+            torch.get_num_threads(),
         )  # fmt: skip
         if rc != 0:
-            raise MemoryError("CPU decode attention could not allocate its score buffers")
+            raise MemoryError("CPU attention could not allocate its buffers")
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """weight * x / sqrt(mean(x^2) + eps) per row: x float32 [rows, dim] (rows may be
@@ -410,6 +404,17 @@ def _check_tables(b: int, slots: torch.Tensor, seq_lens: torch.Tensor) -> None:
         raise ValueError("slots and seq_lens must be int64")
     if slots.dim() != 2 or slots.shape[0] != b or seq_lens.shape != (b,):
         raise ValueError("slots and seq_lens need one row per request")
+
+
+def _check_extend(ext_lens: torch.Tensor, seq_lens: torch.Tensor, t: int, head_dim: int) -> None:
+    """ext_lens int64 [B], each in [1, seq_lens[b]], summing to the t new tokens; the
+    extend kernel needs head_dim % 16 == 0."""
+    if head_dim % 16:
+        raise ValueError(f"CPU extend attention needs D % 16 == 0, got D={head_dim}")
+    if ext_lens.dtype != torch.int64 or ext_lens.shape != seq_lens.shape:
+        raise ValueError("ext_lens must be int64 [B]")
+    if int(ext_lens.sum()) != t or bool(((ext_lens < 1) | (ext_lens > seq_lens)).any()):
+        raise ValueError("ext_lens must be in [1, seq_lens] and sum to the new token count")
 
 
 def _check_rows(name: str, *tensors: torch.Tensor) -> None:

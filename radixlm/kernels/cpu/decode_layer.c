@@ -1,5 +1,6 @@
-/* The Llama decoder layers of a decode step, in one call (fp32; the KV pool fp32 or fp16).
- * Each layer:
+/* The Llama decoder layers of a decode step (or of a short causal extend: a few new
+ * tokens per request, as a chain-draft verify), in one call (fp32; the KV pool fp32 or
+ * fp16). Each layer:
  *
  *   h = RMSNorm1(x); qkv = h W_qkv (+ b); RoPE(q, k); store k, v; a = attention(q);
  *   x += a W_o; h = RMSNorm2(x); x += (silu(h W_gate) * (h W_up)) W_down
@@ -22,12 +23,15 @@ typedef struct {
 } radixlm_layer;
 
 /* x [T, hidden] is updated in place; cos, sin [T, D]; scratch holds at least
- * T * (2 hidden + (H + 2 Hkv) D + H D + 3 inter) floats. Needs D % 8 == 0 and
- * H % Hkv == 0 (checked by the caller). Returns 0, -1 when attention could not allocate. */
+ * T * (2 hidden + (H + 2 Hkv) D + H D + 3 inter) floats. B requests: ext_lens NULL for a
+ * decode step (T == B, decode attention), else int64 [B] new tokens per request summing
+ * to T (causal extend attention, D % 16 == 0). Needs D % 8 == 0 and H % Hkv == 0
+ * (checked by the caller). Returns 0, -1 when attention could not allocate. */
 static int decode_layer(const radixlm_layer *L, float *x, int64_t T, const float *cos,
                          const float *sin, void *k_buf, void *v_buf, int kv_f16,
                          const int64_t *loc, const int64_t *slots, int64_t ld_slots,
-                         const int64_t *seq_lens, float *scratch, int nt) {
+                         const int64_t *seq_lens, int64_t B, const int64_t *ext_lens,
+                         float *scratch, int nt) {
     const int64_t hid = L->hidden, H = L->heads, Hkv = L->kv_heads, D = L->head_dim;
     const int64_t nqkv = (H + 2 * Hkv) * D;
     float *h = scratch, *qkv = h + T * hid, *attn = qkv + T * nqkv, *proj = attn + T * H * D;
@@ -41,9 +45,12 @@ static int decode_layer(const radixlm_layer *L, float *x, int64_t T, const float
     radixlm_rope(qkv, nqkv, T, H + Hkv, D, cos, sin, nt);
     radixlm_store_kv(qkv + H * D, qkv + (H + Hkv) * D, nqkv, k_buf, v_buf, kv_f16, loc, T,
                      Hkv * D, nt);
-    if (radixlm_decode_attention(qkv, nqkv, k_buf, v_buf, kv_f16, slots, ld_slots, seq_lens, attn,
-                                 T, H, Hkv, D, L->scale, nt))
-        return -1;
+    int rc = ext_lens ? radixlm_extend_attention(qkv, nqkv, k_buf, v_buf, kv_f16, slots, ld_slots,
+                                                 seq_lens, ext_lens, attn, B, H, Hkv, D,
+                                                 L->scale, nt)
+                      : radixlm_decode_attention(qkv, nqkv, k_buf, v_buf, kv_f16, slots, ld_slots,
+                                                 seq_lens, attn, T, H, Hkv, D, L->scale, nt);
+    if (rc) return -1;
     radixlm_packed_gemm(attn, L->o, proj, T, H * D, hid, nt);
     for (int64_t i = 0; i < T * hid; ++i) x[i] += proj[i];
 
@@ -61,10 +68,11 @@ static int decode_layer(const radixlm_layer *L, float *x, int64_t T, const float
 int radixlm_decode_layers(const radixlm_layer *layers, int64_t n, void *const *k_bufs,
                           void *const *v_bufs, int kv_f16, float *x, int64_t T, const float *cos,
                           const float *sin, const int64_t *loc, const int64_t *slots,
-                          int64_t ld_slots, const int64_t *seq_lens, float *scratch, int nt) {
+                          int64_t ld_slots, const int64_t *seq_lens, int64_t B,
+                          const int64_t *ext_lens, float *scratch, int nt) {
     for (int64_t i = 0; i < n; ++i)
         if (decode_layer(layers + i, x, T, cos, sin, k_bufs[i], v_bufs[i], kv_f16, loc, slots,
-                         ld_slots, seq_lens, scratch, nt))
+                         ld_slots, seq_lens, B, ext_lens, scratch, nt))
             return -1;
     return 0;
 }

@@ -52,6 +52,10 @@ FEW_ROWS = 3
 #: Rows up to which the packed head uses its panels (above: MKL on the original weight,
 #: which is faster for prefill-sized products).
 PACKED_HEAD_ROWS = 256
+#: Extend (and chain-verify) steps of at most this many new tokens run in the fused C
+#: stack too: there the per-layer Python calls are a tenth of the step (a 33-token turn
+#: extend, a 5-token verify); larger prefills are GEMM-bound and keep the layer modules.
+FUSED_EXTEND_ROWS = 64
 
 
 class PackedLinear(nn.Module):
@@ -189,7 +193,9 @@ class CpuDecoderLayer(nn.Module):
 class FusedDecodeStack:
     """`LlamaModel.run_layers` for the packed layout: a decode step on the `cpu` attention
     backend runs every decoder layer in one C call (`CpuKernels.decode_layers`, updating x
-    float32 [B, hidden] in place); other steps run the layers in order (`run_in_order`).
+    float32 [T, hidden] in place), and so does a causal extend or chain-draft verify step
+    of at most `FUSED_EXTEND_ROWS` new tokens when the backend runs the C extend kernel;
+    other steps run the layers in order (`run_in_order`).
     It holds each layer's weight tensors (`CpuDecoderLayer.weights()`) from construction
     and re-reads their addresses every step: a `.data` move is followed, a parameter
     object replaced afterwards is not (build a new stack then).
@@ -208,7 +214,13 @@ class FusedDecodeStack:
         self._weights = [layer.weights() for layer in layers]
 
     def __call__(self, layers, x, rope, backend, fb):
-        if fb.mode is not ForwardMode.DECODE or not isinstance(backend, CpuNativeBackend):
+        if not isinstance(backend, CpuNativeBackend):
+            return run_in_order(layers, x, rope, backend, fb)
+        if fb.mode is ForwardMode.DECODE:
+            ext_lens = None
+        elif x.shape[0] <= FUSED_EXTEND_ROWS and backend.extend_kernel and _causal(fb):
+            ext_lens = fb.extend_seq_lens.to(torch.int64)
+        else:
             return run_in_order(layers, x, rope, backend, fb)
         # Addresses are re-read every step (0.25 us each), so a parameter whose `.data`
         # moved can never leave C a stale pointer.
@@ -221,9 +233,27 @@ class FusedDecodeStack:
         x = x.contiguous()
         self._kernels.decode_layers(
             self._specs, x, rope[0], rope[1], pool.k_buffer, pool.v_buffer, fb.out_cache_loc,
-            *backend.decode_tables(),
+            *backend.decode_tables(), ext_lens,
         )  # fmt: skip
         return x
+
+
+def _causal(fb) -> bool:
+    """Whether every new token of this EXTEND or TARGET_VERIFY step sees exactly its
+    request's cached prefix and the new tokens up to itself: always for EXTEND, and for a
+    verify step whose draft trees are all chains (the --speculative-topk 1 default)."""
+    if fb.mode is ForwardMode.EXTEND:
+        return True
+    if fb.mode is not ForwardMode.TARGET_VERIFY or fb.custom_mask is None:
+        return False
+    offset = 0
+    for pre, n in zip(fb.extend_prefix_lens.tolist(), fb.extend_seq_lens.tolist()):
+        mask = fb.custom_mask[offset : offset + n * (pre + n)].view(n, pre + n)
+        offset += n * (pre + n)
+        chain = torch.ones(n, n, dtype=torch.bool).tril_()
+        if not (bool(mask[:, :pre].all()) and torch.equal(mask[:, pre:], chain)):
+            return False
+    return True
 
 
 def fusable(layers) -> bool:
