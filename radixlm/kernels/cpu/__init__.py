@@ -7,7 +7,8 @@ may be float32 or float16, `KV_DTYPES`):
 * `extend_attention.c`: paged causal prefill attention, FlashAttention-style blocks
   (`CpuKernels.extend_attention`);
 * `elementwise.c`: RMSNorm, silu(gate) * up, RoPE in place, and the KV-pool store;
-* `decode_layer.c`: all the Llama decoder layers of a decode step in one call.
+* `decode_layer.c`: all the Llama decoder layers of a decode step (or a short causal
+  extend) in one call.
 
 The sources are built with the system C compiler (`$CC`, else `cc`) into one library in
 `$RADIXLM_CACHE_DIR` (default `~/.cache/radixlm`), keyed by the sources' hash, and
