@@ -73,6 +73,10 @@ class CpuNativeBackend(TorchNativeBackend):
         """This step's (slots int64 [B, max_len], seq_lens int64 [B]) for decode kernels."""
         return self._slots, self._lens
 
+    def extend_lens(self) -> torch.Tensor:
+        """This step's new tokens per request, int64 [B], for extend kernels."""
+        return self._ext
+
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.kernels.store_kv(k.float(), v.float(), *self._layer_kv(layer_id), loc)
 

@@ -219,7 +219,7 @@ class FusedDecodeStack:
         if fb.mode is ForwardMode.DECODE:
             ext_lens = None
         elif x.shape[0] <= FUSED_EXTEND_ROWS and backend.extend_kernel and _causal(fb):
-            ext_lens = fb.extend_seq_lens.to(torch.int64)
+            ext_lens = backend.extend_lens()
         else:
             return run_in_order(layers, x, rope, backend, fb)
         # Addresses are re-read every step (0.25 us each), so a parameter whose `.data`
