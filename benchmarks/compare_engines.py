@@ -20,13 +20,19 @@ Method
   resends the history with the previous answers).
 * Protocol: for each thread count (--threads, 1 and 2), repetitions (--reps, 3) alternate
   the engines A-B-A-B; each repetition starts the engine fresh (cold caches) and runs the
-  workloads in the order above. `os.getloadavg()` before and after each run. Reported:
+  workloads in the order above. Before each run the script waits (up to 60 s) until the
+  CPUs are at most 10% busy; HTTP servers are stopped with their whole process group.
+  `os.getloadavg()` and the busy fraction before, the load after each run. Reported:
   output tokens/s median (min-max) over repetitions, TTFT and TPOT p50/p99 of the median
   repetition, cache hit rate, radixlm's ratio (in-process vs in-process peers, HTTP vs
   HTTP peers).
-* Memory bandwidth: best of 5 copies of a 256 MiB tensor (read + write bytes / time);
-  the single-stream decode step (radixlm TPOT p50 of `single`) is printed as a ratio to
-  weight bytes / bandwidth, the step time of a purely memory-bound decoder.
+* Machine, per thread count, before and after its runs (the better of the two is used):
+  memory bandwidth (best of 5 copies of a 256 MiB tensor, read + write bytes / time) and
+  fp32 peak (torch's 2048^3 matmul). The single-stream decode step (radixlm TPOT p50 of
+  `single`) is printed as a ratio to weight bytes / bandwidth, the step time of a purely
+  memory-bound decoder; each workload gets its roofline (`machine.py`: the output tokens/s
+  of an ideal prefix-cached engine at that peak and bandwidth) and every row the fraction
+  of it that the engine reached.
 
     python benchmarks/compare_engines.py --quick --threads 1     # 1 repetition, smaller evict
     python benchmarks/compare_engines.py                          # threads 1 and 2, 3 reps
@@ -47,7 +53,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from peer_servers import ENGINES, EngineSpec, http_run, memory_bandwidth
+from machine import (
+    memory_bandwidth,
+    model_params,
+    peak_flops,
+    roofline,
+    wait_for_quiet,
+    workload_work,
+)
+from peer_servers import ENGINES, EngineSpec, http_run
 from report import save_report
 
 from radixlm.bench.stats import RequestResult, summarize
@@ -117,6 +131,11 @@ def run_inprocess(spec: EngineSpec, model_dir: Path, threads: int, wl_file: Path
     }
 
 
+def measure_machine(threads: int) -> dict[str, float]:
+    """Memory bandwidth (GB/s) and fp32 peak (GFLOP/s) on `threads` threads, now."""
+    return {"bandwidth": memory_bandwidth(threads) / 1e9, "peak": peak_flops(threads) / 1e9}
+
+
 def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Median / min / max output tokens/s over repetitions; latencies of the median run."""
     if not runs:
@@ -134,12 +153,15 @@ def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def markdown_table(table: dict[str, Any], engines: list[EngineSpec]) -> str:
-    """One markdown table: workload x engine, with radixlm's throughput ratio."""
+def markdown_table(
+    table: dict[str, Any], engines: list[EngineSpec], roof: dict[str, dict[str, Any]]
+) -> str:
+    """One markdown table: workload x engine, with the fraction of the workload's roofline
+    (`roof[threads][workload]`) reached and radixlm's throughput ratios."""
     head = (
-        "| threads | workload | engine | out tok/s median (min-max) | TTFT p50 / p99 ms "
-        "| TPOT p50 / p99 ms | cache hit | radixlm / engine | radixlm fp16 KV / engine |\n"
-        "|---|---|---|---|---|---|---|---|---|"
+        "| threads | workload | engine | out tok/s median (min-max) | of roofline "
+        "| TTFT p50 / p99 ms | TPOT p50 / p99 ms | cache hit | radixlm / engine "
+        "| radixlm fp16 KV / engine |\n|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for threads, by_wl in table.items():
@@ -148,17 +170,19 @@ def markdown_table(table: dict[str, Any], engines: list[EngineSpec]) -> str:
                 row = by_engine.get(e.name)
                 if row is None or "status" in row:
                     status = "not run" if row is None else row["status"].split(" (")[0]
-                    lines.append(f"| {threads} | {wl} | {e.name} | {status} | | | | | |")
+                    lines.append(f"| {threads} | {wl} | {e.name} | {status} | | | | | | |")
                     continue
                 ratio, ratio16 = (
                     _ratio(by_engine.get(name or "", {}), row)
                     for name in (e.reference, e.reference_kv16)
                 )
+                ceiling = roof.get(threads, {}).get(wl, {}).get("tokens_per_s")
+                of_roof = f"{row['output_tps_median'] / ceiling:.0%}" if ceiling else ""
                 hit = row["cache_hit_rate"]
                 t, p = row["ttft_ms"], row["tpot_ms"]
                 lines.append(
                     f"| {threads} | {wl} | {e.name} | {row['output_tps_median']:.1f} "
-                    f"({row['output_tps_min']:.1f}-{row['output_tps_max']:.1f}) | "
+                    f"({row['output_tps_min']:.1f}-{row['output_tps_max']:.1f}) | {of_roof} | "
                     f"{_ms(t['p50'])} / {_ms(t['p99'])} | {_ms(p['p50'])} / {_ms(p['p99'])} | "
                     f"{'n/a' if hit is None else f'{hit:.2f}'} | {ratio} | {ratio16} |"
                 )
@@ -232,18 +256,20 @@ def main(argv: list[str] | None = None) -> int:
     status = {e.name: e.availability() for e in engines}
     raw: dict[str, Any] = {}
     table: dict[str, Any] = {}
-    bw = memory_bandwidth()
+    machine: dict[str, Any] = {}
     try:
         for threads in args.threads:
+            machine[str(threads)] = probe = {"before": measure_machine(threads)}
             runs: dict[str, dict[str, list]] = {}
             for rep in range(args.reps):
                 for e in engines:  # alternation: A B A B ...
                     if status[e.name] is not None:
                         continue
+                    waited, busy = wait_for_quiet()
                     load_before = os.getloadavg()
-                    print(
-                        f"[threads {threads} rep {rep + 1}] {e.name}", file=sys.stderr, flush=True
-                    )
+                    head = f"[threads {threads} rep {rep + 1}] {e.name}"
+                    quiet = f"waited {waited:.0f} s for quiet, CPUs {busy:.0%} busy"
+                    print(f"{head} ({quiet})", file=sys.stderr, flush=True)
                     t0 = time.perf_counter()
                     try:
                         if e.harness:
@@ -257,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  {status[e.name]}", file=sys.stderr)
                         continue
                     meta = {"load_before": load_before, "load_after": os.getloadavg(),
+                            "busy_before": busy, "quiet_wait_s": waited,
                             "wall_s": time.perf_counter() - t0, "rep": rep}  # fmt: skip
                     raw.setdefault(str(threads), {}).setdefault(e.name, []).append(meta)
                     for wl, (results, duration) in per_wl.items():
@@ -265,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                         runs.setdefault(wl, {}).setdefault(e.name, []).append(s)
                     print(f"  done in {meta['wall_s']:.0f} s, load {load_before[0]:.2f} -> "
                           f"{meta['load_after'][0]:.2f}", file=sys.stderr, flush=True)  # fmt: skip
+            probe["after"] = measure_machine(threads)
             table[str(threads)] = {
                 w["name"]: {
                     e.name: (
@@ -278,28 +306,45 @@ def main(argv: list[str] | None = None) -> int:
             }
     finally:
         wl_file.unlink(missing_ok=True)
-    print(markdown_table(table, engines))
-    weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    bound_ms = weights / bw * 1000
+    body, logits, weights = model_params(model_dir)
+    seen: list[list[int]] = []
+    work = {w["name"]: workload_work(w, seen) for w in workloads}
+    roof: dict[str, dict[str, Any]] = {}
     decode = {}
-    for threads, by_wl in table.items():
-        row = by_wl.get("single", {}).get("radixlm (in-process)", {})
+    for threads, probe in machine.items():
+        best = {k: max(probe["before"][k], probe["after"][k]) for k in ("bandwidth", "peak")}
+        probe["used"] = best
+        roof[threads] = {name: roofline(wk, body, logits, weights, best["peak"] * 1e9,
+                                         best["bandwidth"] * 1e9)
+                         for name, wk in work.items()}  # fmt: skip
+        row = table[threads].get("single", {}).get("radixlm (in-process)", {})
         step = (row.get("tpot_ms") or {}).get("p50")
+        bound_ms = weights / (best["bandwidth"] * 1e9) * 1000
         decode[threads] = None if step is None else {"step_ms": step, "ratio": step / bound_ms}
+        print(f"threads {threads}: memory bandwidth {best['bandwidth']:.1f} GB/s, fp32 peak "
+              f"{best['peak']:.0f} GFLOP/s (better of before / after the runs)")  # fmt: skip
         if step is not None:
             print(f"threads {threads}: single-stream decode step {step:.1f} ms = "
                   f"{step / bound_ms:.2f}x the memory-bound step ({weights / 1e6:.0f} MB / "
-                  f"{bw / 1e9:.1f} GB/s = {bound_ms:.1f} ms)")  # fmt: skip
+                  f"{best['bandwidth']:.1f} GB/s = {bound_ms:.1f} ms)")  # fmt: skip
+        for name, r in roof[threads].items():
+            print(f"threads {threads}: {name} roofline {r['tokens_per_s']:.0f} output tok/s "
+                  f"({r['bound']}-bound, {r['flops'] / 1e9:.0f} GFLOP)")  # fmt: skip
+    markdown = markdown_table(table, engines, roof)
+    print(markdown)
     save_report(
         {
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                        "memory_bandwidth_gbs": bw / 1e9, "weights_bytes": weights},
+                        "weights_bytes": weights, "body_params": body,
+                        "logit_params": logits, "by_threads": machine},
+            "workload_work": work,
+            "roofline": roof,
             "args": {k: str(v) for k, v in vars(args).items()},
             "engine_status": {k: v or "ok" for k, v in status.items()},
             "table": table,
             "decode_vs_bandwidth": decode,
             "runs": raw,
-            "markdown": markdown_table(table, engines),
+            "markdown": markdown,
         },
         args.output,
     )  # fmt: skip

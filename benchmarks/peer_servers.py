@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -145,13 +144,19 @@ def _wait_ready(proc: subprocess.Popen, url: str, log: Path) -> None:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+    """SIGTERM the server's process group (vLLM and radixlm start worker processes), wait
+    up to 30 s for the server, then SIGKILL whatever of the group is left, so that no
+    worker outlives the run and loads the next engine's."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            pass
+    proc.wait()
 
 
 def http_run(
@@ -164,7 +169,9 @@ def http_run(
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), **env}
     log = Path(tempfile.mkstemp(prefix=f"compare-{spec.key}-", suffix=".log")[1])
     with log.open("w") as f:
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     url = f"http://127.0.0.1:{port}"
     out: dict[str, tuple[list, float]] = {}
     try:
@@ -181,24 +188,3 @@ def http_run(
         _stop(proc)
     log.unlink(missing_ok=True)
     return out
-
-
-def memory_bandwidth(mib: int = 256, tries: int = 5) -> float:
-    """Copy bandwidth in bytes/s: best of `tries` copies of a `mib` MiB float32 tensor,
-    counting read + write bytes, with torch's default thread count."""
-    import torch
-
-    src = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(tries):
-        t = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t)
-    return 2 * src.numel() * 4 / best
-
-
-def describe_missing(specs: list[EngineSpec]) -> dict[str, Any]:
-    """{engine name: availability} for the report."""
-    return {s.name: s.availability() or "ok" for s in specs}

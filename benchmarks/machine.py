@@ -1,0 +1,150 @@
+"""What the machine can do, measured in the run: memory bandwidth, fp32 peak, idleness,
+and the roofline of a workload (the fastest any engine could serve it here).
+
+Roofline (Williams, Waterman and Patterson, "Roofline", CACM 2009) applied to a decoder
+workload: a forward pass over n tokens costs 2 * body_params * n FLOPs (every non-embedding
+weight is used once per token in a multiply-add; attention score FLOPs are left out) plus
+2 * logit_params FLOPs per sampled token (the LM head), and reads every weight once, so
+    time >= max(total FLOPs / peak FLOP/s, passes * weight bytes / bandwidth)
+where passes is the longest chain of forward passes one session needs in sequence (one
+per output token: the prefill pass gives the first, each decode step one more). The
+tokens an ideal engine must prefill are those not already in a prefix cache: a prompt's
+longest common prefix with any earlier prompt of the run (a radix cache keeps it), and for
+a turn that resends its history, everything up to the previous turn's last output token.
+The bound ignores attention, sampling and scheduling, so real engines sit below it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+def memory_bandwidth(threads: int, mib: int = 256, tries: int = 5) -> float:
+    """Copy bandwidth in bytes/s: best of `tries` copies of a `mib` MiB float32 tensor on
+    `threads` torch threads, counting read + write bytes."""
+    import torch
+
+    torch.set_num_threads(threads)
+    src = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(tries):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() * 4 / best
+
+
+def peak_flops(threads: int, n: int = 2048, tries: int = 5) -> float:
+    """fp32 FLOP/s of torch's n x n x n matmul (2 n^3 FLOPs) on `threads` threads, best of
+    `tries`: the attainable compute peak of this machine's BLAS."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(tries):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(idle, total) jiffies over all CPUs from /proc/stat (idle includes iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[3] + fields[4], sum(fields)
+
+
+def cpu_busy(interval_s: float = 1.0) -> float:
+    """Fraction of all CPUs' time spent busy (user, system, steal, ...) over the next
+    `interval_s` seconds; 0.0 where /proc/stat is missing."""
+    if not os.path.exists("/proc/stat"):
+        return 0.0
+    idle0, total0 = _cpu_times()
+    time.sleep(interval_s)
+    idle1, total1 = _cpu_times()
+    return 1.0 - (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def wait_for_quiet(busy_max: float = 0.10, limit_s: float = 60.0) -> tuple[float, float]:
+    """Wait (1 s samples, at most `limit_s` seconds) until the CPUs are at most `busy_max`
+    busy, so that a run does not start beside the previous engine's exiting processes.
+    Returns (seconds waited, last busy fraction)."""
+    t0 = time.perf_counter()
+    busy = cpu_busy()
+    while busy > busy_max and time.perf_counter() - t0 < limit_s:
+        busy = cpu_busy()
+    return time.perf_counter() - t0, busy
+
+
+def model_params(model_dir: Path) -> tuple[int, int, int]:
+    """(body params, logit params, weight bytes) of a safetensors model directory: the
+    LM head's size is the embedding's (SmolLM2 ties them; an untied head counts as its
+    own tensor in the body total too, which only raises the bound's FLOPs)."""
+    from safetensors import safe_open
+
+    total, embed, nbytes = 0, 0, 0
+    for f in sorted(model_dir.glob("*.safetensors")):
+        nbytes += f.stat().st_size
+        with safe_open(str(f), "pt") as st:
+            for name in st.keys():
+                shape = st.get_slice(name).get_shape()
+                n = 1
+                for d in shape:
+                    n *= d
+                total += n
+                if name.endswith("embed_tokens.weight"):
+                    embed = n
+    return total - embed, embed, nbytes
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def workload_work(workload: dict[str, Any], seen: list[list[int]]) -> dict[str, int]:
+    """Tokens an ideal prefix-cached engine processes for `workload` (compare_engines'
+    JSON form: sessions of [prompt ids, output length] turns), given the prompts `seen`
+    earlier in the run (appended to). Returns prefill_tokens (uncached prompt tokens),
+    decode_tokens (output tokens after each request's first), output_tokens, and
+    passes (forward passes of the longest session, one per output token)."""
+    prefill = decode = outputs = passes = 0
+    for s in workload["sessions"]:
+        session_passes = 0
+        for k, (ids, out) in enumerate(s["turns"]):
+            if k and s.get("resend_history"):
+                prefill += len(ids) + 1  # the new turn + the previous answer's last token
+            else:
+                cached = max((_common_prefix(ids, p) for p in seen), default=0)
+                prefill += len(ids) - min(cached, len(ids) - 1)
+                seen.append(ids)
+            decode += out - 1
+            outputs += out
+            session_passes += out
+        passes = max(passes, session_passes)
+    return {"prefill_tokens": prefill, "decode_tokens": decode, "output_tokens": outputs,
+            "passes": passes}  # fmt: skip
+
+
+def roofline(work: dict[str, int], body_params: int, logit_params: int, weight_bytes: int,
+             peak: float, bandwidth: float) -> dict[str, float]:  # fmt: skip
+    """The roofline time (seconds) and output tokens/s of `work` (from `workload_work`)
+    on a machine of `peak` FLOP/s and `bandwidth` bytes/s; also its FLOPs and which
+    roof binds ("compute" or "memory")."""
+    flops = 2 * body_params * (work["prefill_tokens"] + work["decode_tokens"])
+    flops += 2 * logit_params * work["output_tokens"]
+    compute_s = flops / peak
+    memory_s = work["passes"] * weight_bytes / bandwidth
+    seconds = max(compute_s, memory_s)
+    return {"flops": flops, "seconds": seconds, "tokens_per_s": work["output_tokens"] / seconds,
+            "bound": "compute" if compute_s >= memory_s else "memory"}  # fmt: skip

@@ -1,0 +1,49 @@
+"""The roofline of benchmarks/machine.py on hand-computed workloads."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from machine import cpu_busy, roofline, workload_work  # noqa: E402
+
+
+def _single(*requests):
+    return {"sessions": [{"turns": [[ids, out]], "resend_history": False} for ids, out in requests]}
+
+
+def test_shared_prefixes_are_prefilled_once():
+    seen: list[list[int]] = []
+    work = workload_work(_single(([1, 2, 3, 4], 3), ([1, 2, 3, 9, 9], 2)), seen)
+    # 4 new tokens, then 5 of which the first 3 are cached; outputs 3 + 2
+    assert work == {"prefill_tokens": 4 + 2, "decode_tokens": 2 + 1, "output_tokens": 5,
+                    "passes": 3}  # fmt: skip
+    # the same prompt again, in a later workload: only its last token is prefilled
+    again = workload_work(_single(([1, 2, 3, 4], 1)), seen)
+    assert again == {"prefill_tokens": 1, "decode_tokens": 0, "output_tokens": 1, "passes": 1}
+
+
+def test_multi_turn_sessions_prefill_only_the_new_turn():
+    wl = {"sessions": [{"turns": [[[5, 6], 2], [[7, 7, 7], 4]], "resend_history": True}]}
+    work = workload_work(wl, [])
+    # turn 0: 2 tokens; turn 1: 3 new + the last answer token; passes = 2 + 4
+    assert work == {"prefill_tokens": 2 + 4, "decode_tokens": 1 + 3, "output_tokens": 6,
+                    "passes": 6}  # fmt: skip
+
+
+def test_roofline_takes_the_binding_roof():
+    work = {"prefill_tokens": 6, "decode_tokens": 3, "output_tokens": 5, "passes": 3}
+    # FLOPs 2*10*9 + 2*5*5 = 230: 0.23 s at 1000 FLOP/s; memory 3 * 100 B / 50 B/s = 6 s
+    slow_memory = roofline(work, 10, 5, 100, peak=1000.0, bandwidth=50.0)
+    assert slow_memory == {"flops": 230, "seconds": 6.0, "tokens_per_s": 5 / 6.0,
+                           "bound": "memory"}  # fmt: skip
+    slow_compute = roofline(work, 10, 5, 100, peak=10.0, bandwidth=1e6)
+    assert slow_compute["bound"] == "compute"
+    assert slow_compute["seconds"] == pytest.approx(23.0)
+
+
+def test_cpu_busy_is_a_fraction():
+    assert 0.0 <= cpu_busy(0.05) <= 1.0
