@@ -16,40 +16,66 @@ static inline float KV_FN(dot)(const float *a, const KV_T *b, int64_t d) {
 }
 
 
+/* Scores of four keys (rows k[0..3] of one KV head) for nq <= 3 of its query heads q
+ * (rows D apart), stored at out[g * stride + 0..3]: nq * 4 independent FMA chains, enough
+ * to hide the FMA latency; each K vector is converted once and kept in a register. */
+static inline __attribute__((always_inline)) void KV_FN(qk_tile)(
+    const float *q, int nq, const KV_T *k0, const KV_T *k1, const KV_T *k2, const KV_T *k3,
+    int64_t D, __m128 vscale, float *out, int64_t stride) {
+    __m256 a[3][4];
+    for (int g = 0; g < nq; ++g)
+        for (int r = 0; r < 4; ++r) a[g][r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < D; i += 8) {
+        const __m256 x0 = KV_LOAD(k0 + i), x1 = KV_LOAD(k1 + i);
+        const __m256 x2 = KV_LOAD(k2 + i), x3 = KV_LOAD(k3 + i);
+        for (int g = 0; g < nq; ++g) {
+            const __m256 qv = _mm256_loadu_ps(q + g * D + i);
+            a[g][0] = _mm256_fmadd_ps(qv, x0, a[g][0]);
+            a[g][1] = _mm256_fmadd_ps(qv, x1, a[g][1]);
+            a[g][2] = _mm256_fmadd_ps(qv, x2, a[g][2]);
+            a[g][3] = _mm256_fmadd_ps(qv, x3, a[g][3]);
+        }
+    }
+    /* hadd(hadd(a0, a1), hadd(a2, a3)) holds each sum's low and high halves in the two
+     * 128-bit lanes; adding the lanes gives the four dot products. */
+    for (int g = 0; g < nq; ++g) {
+        __m256 hh = _mm256_hadd_ps(_mm256_hadd_ps(a[g][0], a[g][1]),
+                                   _mm256_hadd_ps(a[g][2], a[g][3]));
+        __m128 sums = _mm_add_ps(_mm256_castps256_ps128(hh), _mm256_extractf128_ps(hh, 1));
+        _mm_storeu_ps(out + g * stride, _mm_mul_ps(sums, vscale));
+    }
+}
+
 /* scores[g * stride + t] = scale * q_g . k_t for t < L and the nh * G query heads g of
- * KV heads h0 .. h0 + nh - 1, four keys at a time: each key row is loaded once per query
- * head from L1, and four dot products are reduced together. */
+ * KV heads h0 .. h0 + nh - 1: four keys at a time, up to three query heads of a KV head
+ * per tile (`qk_tile`). */
 static void KV_FN(qk_scores)(const float *qb, const KV_T *k_buf, const int64_t *sl, int64_t L,
                       int64_t Hkv, int64_t h0, int64_t nh, int64_t D, int64_t G, float scale,
                       float *scores, int64_t stride) {
     const __m128 vscale = _mm_set1_ps(scale);
-    int64_t t = 0, h = h0;
+    int64_t t = 0;
     for (; t + 4 <= L; t += 4) {
         for (int64_t a = t + AHEAD; a < t + AHEAD + 4 && a < L; ++a)
             prefetch_row(ROWH(k_buf, a, h0), nh * D * sizeof(KV_T));
-        for (int64_t g = 0; g < nh * G; ++g) {
-            h = h0 + g / G;
+        for (int64_t h = h0; h < h0 + nh; ++h) {
             const KV_T *k0 = ROW(k_buf, t), *k1 = ROW(k_buf, t + 1);
             const KV_T *k2 = ROW(k_buf, t + 2), *k3 = ROW(k_buf, t + 3);
-            const float *qg = qb + g * D;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int64_t i = 0; i < D; i += 8) {
-                __m256 qv = _mm256_loadu_ps(qg + i);
-                a0 = _mm256_fmadd_ps(qv, KV_LOAD(k0 + i), a0);
-                a1 = _mm256_fmadd_ps(qv, KV_LOAD(k1 + i), a1);
-                a2 = _mm256_fmadd_ps(qv, KV_LOAD(k2 + i), a2);
-                a3 = _mm256_fmadd_ps(qv, KV_LOAD(k3 + i), a3);
+            for (int64_t g = (h - h0) * G; g < (h - h0 + 1) * G; g += 3) {
+                const float *qg = qb + g * D;
+                float *o = scores + g * stride + t;
+                const int64_t left = (h - h0 + 1) * G - g;
+                if (left >= 3)
+                    KV_FN(qk_tile)(qg, 3, k0, k1, k2, k3, D, vscale, o, stride);
+                else if (left == 2)
+                    KV_FN(qk_tile)(qg, 2, k0, k1, k2, k3, D, vscale, o, stride);
+                else
+                    KV_FN(qk_tile)(qg, 1, k0, k1, k2, k3, D, vscale, o, stride);
             }
-            /* hadd(hadd(a0, a1), hadd(a2, a3)) holds each sum's low and high halves in
-             * the two 128-bit lanes; adding the lanes gives the four dot products. */
-            __m256 hh = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-            __m128 sums = _mm_add_ps(_mm256_castps256_ps128(hh), _mm256_extractf128_ps(hh, 1));
-            _mm_storeu_ps(scores + g * stride + t, _mm_mul_ps(sums, vscale));
         }
     }
     for (; t < L; ++t)
         for (int64_t g = 0; g < nh * G; ++g) {
-            h = h0 + g / G;
+            const int64_t h = h0 + g / G;
             scores[g * stride + t] = scale * KV_FN(dot)(qb + g * D, ROW(k_buf, t), D);
         }
 }
