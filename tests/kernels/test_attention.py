@@ -167,7 +167,12 @@ def test_cpu_decode_kernel_matches_torch_native(
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(
     "prefix_lens,extend_lens",
-    [EXTEND, ([0, 500, 3], [300, 70, 129])],  # the second: several key and token blocks
+    [
+        EXTEND,
+        ([0, 500, 3], [300, 70, 129]),  # several key and token blocks
+        ([3, 40, 500, 64], [30, 2, 1, 1]),  # a mixed step: trailing decodes, decode kernel
+        ([0, 17, 40], [1, 1, 1]),  # only one-token requests
+    ],
 )
 def test_cpu_extend_kernel_matches_torch_native(
     page_size, head_dim, group, threads, prefix_lens, extend_lens
