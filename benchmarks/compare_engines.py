@@ -21,14 +21,15 @@ Method
 * Protocol: for each thread count (--threads, 1 and 2), repetitions (--reps, 3) alternate
   the engines A-B-A-B; each repetition starts the engine fresh (cold caches) and runs the
   workloads in the order above. Before each run the script waits (up to 60 s) until the
-  CPUs are at most 10% busy; HTTP servers are stopped with their whole process group.
+  CPUs are at most 10% busy (the log says when a run started anyway); HTTP servers are
+  stopped with their whole process group.
   `os.getloadavg()` and the busy fraction before, the load after each run. Reported:
   output tokens/s median (min-max) over repetitions, TTFT and TPOT p50/p99 of the median
   repetition, cache hit rate, radixlm's ratio (in-process vs in-process peers, HTTP vs
   HTTP peers).
 * Machine, per thread count, before and after its runs (the better of the two is used):
-  memory bandwidth (best of 5 copies of a 256 MiB tensor, read + write bytes / time) and
-  fp32 peak (torch's 2048^3 matmul). The single-stream decode step (radixlm TPOT p50 of
+  memory bandwidth (the better of a read and a copy of a 256 MiB tensor, best of 5 each)
+  and fp32 peak (torch's 2048^3 matmul). The single-stream decode step (radixlm TPOT p50 of
   `single`) is printed as a ratio to weight bytes / bandwidth, the step time of a purely
   memory-bound decoder; each workload gets its roofline (`machine.py`: the output tokens/s
   of an ideal prefix-cached engine at that peak and bandwidth) and every row the fraction
@@ -72,6 +73,7 @@ DEFAULT_OUTPUT = HERE / "results" / "compare_engines.json"
 QUICK_OUTPUT = HERE / "results" / "compare_engines_quick.json"
 WORKLOAD_NAMES = ("single", "burst16", "shared16-cold", "shared16-warm", "evict", "multiturn")
 RADIXLM_KV_TOKENS = 8192
+QUIET_BUSY = 0.10  # a run starts once the CPUs are at most this busy (or after 60 s)
 
 
 def build_workloads(tok, quick: bool, seed: int = 0) -> list[dict[str, Any]]:
@@ -228,9 +230,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     for flag, given, known in (("--engines", args.engines, [e.key for e in ENGINES]),
                                ("--workloads", args.workloads, WORKLOAD_NAMES)):  # fmt: skip
-        unknown = sorted(set((given or "").split(",")) - set(known) - {""}) if given else []
-        if unknown:
-            p.error(f"{flag}: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+        if given is None:
+            continue
+        names = set(given.split(",")) - {""}
+        unknown = sorted(names - set(known))
+        if unknown or not names:
+            what = f"unknown {', '.join(unknown)}" if unknown else "none given"
+            p.error(f"{flag}: {what}; known: {', '.join(known)}")
+    if min(args.threads) < 1 or args.reps < 1:
+        p.error("--threads and --reps must be at least 1")
     if args.quick:
         args.reps = 1
     if args.output is None:
@@ -265,10 +273,12 @@ def main(argv: list[str] | None = None) -> int:
                 for e in engines:  # alternation: A B A B ...
                     if status[e.name] is not None:
                         continue
-                    waited, busy = wait_for_quiet()
+                    waited, busy = wait_for_quiet(QUIET_BUSY)
                     load_before = os.getloadavg()
                     head = f"[threads {threads} rep {rep + 1}] {e.name}"
                     quiet = f"waited {waited:.0f} s for quiet, CPUs {busy:.0%} busy"
+                    if busy > QUIET_BUSY:
+                        quiet += ", NOT QUIET: started anyway"
                     print(f"{head} ({quiet})", file=sys.stderr, flush=True)
                     t0 = time.perf_counter()
                     try:
@@ -279,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                                 e, model_dir, threads, workloads, tok, RADIXLM_KV_TOKENS
                             )
                     except Exception as exc:  # noqa: BLE001 - record and keep comparing
-                        status[e.name] = f"failed: {str(exc).splitlines()[-1][:120]}"
+                        last = (str(exc).splitlines() or [type(exc).__name__])[-1]
+                        status[e.name] = f"failed: {last[:120]}"
                         print(f"  {status[e.name]}", file=sys.stderr)
                         continue
                     meta = {"load_before": load_before, "load_after": os.getloadavg(),
@@ -292,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                         runs.setdefault(wl, {}).setdefault(e.name, []).append(s)
                     print(f"  done in {meta['wall_s']:.0f} s, load {load_before[0]:.2f} -> "
                           f"{meta['load_after'][0]:.2f}", file=sys.stderr, flush=True)  # fmt: skip
+            wait_for_quiet()
             probe["after"] = measure_machine(threads)
             table[str(threads)] = {
                 w["name"]: {

@@ -11,7 +11,9 @@ per output token: the prefill pass gives the first, each decode step one more). 
 tokens an ideal engine must prefill are those not already in a prefix cache: a prompt's
 longest common prefix with any earlier prompt of the run (a radix cache keeps it), and for
 a turn that resends its history, everything up to the previous turn's last output token.
-The bound ignores attention, sampling and scheduling, so real engines sit below it.
+The bound ignores attention, sampling and scheduling, so real engines sit below it as far
+as the probes measure the machine's real peak and bandwidth: a row above 100% means they
+did not (a noisy neighbour during the probe, or an engine reading faster than torch).
 """
 
 from __future__ import annotations
@@ -23,20 +25,27 @@ from typing import Any
 
 
 def memory_bandwidth(threads: int, mib: int = 256, tries: int = 5) -> float:
-    """Copy bandwidth in bytes/s: best of `tries` copies of a `mib` MiB float32 tensor on
-    `threads` torch threads, counting read + write bytes."""
+    """Memory bandwidth in bytes/s on `threads` torch threads: the better of a read (sum of
+    a `mib` MiB float32 tensor, counting its bytes) and a copy (counting read + write
+    bytes), each the best of `tries`. A decode step is almost all reads, and a copy alone
+    understates them."""
     import torch
 
     torch.set_num_threads(threads)
     src = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(tries):
-        t = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t)
-    return 2 * src.numel() * 4 / best
+    nbytes = src.numel() * 4
+
+    def best_of(fn) -> float:
+        fn()
+        best = float("inf")
+        for _ in range(tries):
+            t = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    return max(nbytes / best_of(src.sum), 2 * nbytes / best_of(lambda: dst.copy_(src)))
 
 
 def peak_flops(threads: int, n: int = 2048, tries: int = 5) -> float:
@@ -56,9 +65,10 @@ def peak_flops(threads: int, n: int = 2048, tries: int = 5) -> float:
 
 
 def _cpu_times() -> tuple[int, int]:
-    """(idle, total) jiffies over all CPUs from /proc/stat (idle includes iowait)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return fields[3] + fields[4], sum(fields)
+    """(idle, total) jiffies over all CPUs from /proc/stat: user .. steal (idle includes
+    iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return fields[3] + fields[4], sum(fields)  # guest time is already inside user / nice
 
 
 def cpu_busy(interval_s: float = 1.0) -> float:
@@ -84,24 +94,26 @@ def wait_for_quiet(busy_max: float = 0.10, limit_s: float = 60.0) -> tuple[float
 
 
 def model_params(model_dir: Path) -> tuple[int, int, int]:
-    """(body params, logit params, weight bytes) of a safetensors model directory: the
-    LM head's size is the embedding's (SmolLM2 ties them; an untied head counts as its
-    own tensor in the body total too, which only raises the bound's FLOPs)."""
+    """(body params, logit params, weight bytes) of a safetensors model directory. Body:
+    every tensor but the token embedding and the LM head (a lookup and the logits, which
+    only sampled tokens need); logit params: the LM head's, the embedding's when the two
+    are tied (SmolLM2)."""
     from safetensors import safe_open
 
-    total, embed, nbytes = 0, 0, 0
+    total, embed, head, nbytes = 0, 0, 0, 0
     for f in sorted(model_dir.glob("*.safetensors")):
         nbytes += f.stat().st_size
         with safe_open(str(f), "pt") as st:
             for name in st.keys():
-                shape = st.get_slice(name).get_shape()
                 n = 1
-                for d in shape:
+                for d in st.get_slice(name).get_shape():
                     n *= d
                 total += n
                 if name.endswith("embed_tokens.weight"):
                     embed = n
-    return total - embed, embed, nbytes
+                elif name.endswith("lm_head.weight"):
+                    head = n
+    return total - embed - head, head or embed, nbytes
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -128,7 +140,7 @@ def workload_work(workload: dict[str, Any], seen: list[list[int]]) -> dict[str, 
                 cached = max((_common_prefix(ids, p) for p in seen), default=0)
                 prefill += len(ids) - min(cached, len(ids) - 1)
                 seen.append(ids)
-            decode += out - 1
+            decode += max(out - 1, 0)
             outputs += out
             session_passes += out
         passes = max(passes, session_passes)
@@ -146,5 +158,6 @@ def roofline(work: dict[str, int], body_params: int, logit_params: int, weight_b
     compute_s = flops / peak
     memory_s = work["passes"] * weight_bytes / bandwidth
     seconds = max(compute_s, memory_s)
-    return {"flops": flops, "seconds": seconds, "tokens_per_s": work["output_tokens"] / seconds,
+    rate = work["output_tokens"] / seconds if seconds > 0 else 0.0
+    return {"flops": flops, "seconds": seconds, "tokens_per_s": rate,
             "bound": "compute" if compute_s >= memory_s else "memory"}  # fmt: skip

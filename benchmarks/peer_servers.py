@@ -143,19 +143,28 @@ def _wait_ready(proc: subprocess.Popen, url: str, log: Path) -> None:
     raise RuntimeError(f"server not ready after {START_TIMEOUT_S} s")
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
     """SIGTERM the server's process group (vLLM and radixlm start worker processes), wait
-    up to 30 s for the server, then SIGKILL whatever of the group is left, so that no
-    worker outlives the run and loads the next engine's."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
+    up to 30 s for the server and then up to `grace_s` for its workers, then SIGKILL
+    whatever of the group is left, so that no worker outlives the run and loads the next
+    engine's."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        proc.wait()
+        return
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        pass
+    deadline = time.monotonic() + grace_s
+    try:
+        while time.monotonic() < deadline:
+            os.killpg(proc.pid, 0)  # raises once no process of the group is left
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     proc.wait()
 
 

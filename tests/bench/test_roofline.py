@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from machine import cpu_busy, roofline, workload_work  # noqa: E402
+from machine import cpu_busy, model_params, roofline, workload_work  # noqa: E402
 
 
 def _single(*requests):
@@ -47,3 +47,29 @@ def test_roofline_takes_the_binding_roof():
 
 def test_cpu_busy_is_a_fraction():
     assert 0.0 <= cpu_busy(0.05) <= 1.0
+
+
+def test_degenerate_workloads_give_zero_not_errors():
+    empty = workload_work({"sessions": []}, [])
+    assert empty == {"prefill_tokens": 0, "decode_tokens": 0, "output_tokens": 0, "passes": 0}
+    assert roofline(empty, 10, 5, 100, peak=1.0, bandwidth=1.0)["tokens_per_s"] == 0.0
+    no_output = workload_work(_single(([1, 2], 0)), [])
+    assert no_output["decode_tokens"] == 0 and no_output["output_tokens"] == 0
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_model_params_split_body_and_logits(tmp_path, tied):
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {
+        "model.embed_tokens.weight": torch.zeros(10, 4),
+        "model.layers.0.mlp.up_proj.weight": torch.zeros(6, 4),
+        "model.norm.weight": torch.zeros(4),
+    }
+    if not tied:
+        tensors["lm_head.weight"] = torch.zeros(10, 4)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    body, logits, nbytes = model_params(tmp_path)
+    assert (body, logits) == (6 * 4 + 4, 10 * 4)
+    assert nbytes == (tmp_path / "model.safetensors").stat().st_size

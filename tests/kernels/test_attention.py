@@ -128,7 +128,7 @@ def test_triton_gpu_tile_sizes(mode, device):
 
 
 @pytest.mark.parametrize("page_size,head_dim", [(1, 16), (16, 24), (4, 64)])
-@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("group", [1, 3, 5])  # 5: score tiles of three and two query heads
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("longest", [130, 1500])
 @pytest.mark.parametrize("alone", [False, True])
