@@ -24,6 +24,17 @@ from pathlib import Path
 from typing import Any
 
 
+def _best_time(fn, tries: int) -> float:
+    """Seconds of the fastest of `tries` timed calls of fn, after one untimed warm-up."""
+    fn()
+    best = float("inf")
+    for _ in range(tries):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def memory_bandwidth(threads: int, mib: int = 256, tries: int = 5) -> float:
     """Memory bandwidth in bytes/s on `threads` torch threads: the better of a read (sum of
     a `mib` MiB float32 tensor, counting its bytes) and a copy (counting read + write
@@ -35,17 +46,9 @@ def memory_bandwidth(threads: int, mib: int = 256, tries: int = 5) -> float:
     src = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
     nbytes = src.numel() * 4
-
-    def best_of(fn) -> float:
-        fn()
-        best = float("inf")
-        for _ in range(tries):
-            t = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t)
-        return best
-
-    return max(nbytes / best_of(src.sum), 2 * nbytes / best_of(lambda: dst.copy_(src)))
+    read_s = _best_time(src.sum, tries)
+    copy_s = _best_time(lambda: dst.copy_(src), tries)
+    return max(nbytes / read_s, 2 * nbytes / copy_s)
 
 
 def peak_flops(threads: int, n: int = 2048, tries: int = 5) -> float:
@@ -55,13 +58,7 @@ def peak_flops(threads: int, n: int = 2048, tries: int = 5) -> float:
 
     torch.set_num_threads(threads)
     a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    best = float("inf")
-    for _ in range(tries):
-        t = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
+    return 2 * n**3 / _best_time(lambda: a @ b, tries)
 
 
 def _cpu_times() -> tuple[int, int]:
