@@ -26,10 +26,23 @@ def test_pack_panels_layout():
     assert not p[1, :, 4:].any()  # zero padding
 
 
+@pytest.fixture(params=["avx2", "avx512"])
+def gemm_isa(request, cpu_kernels):
+    """Runs the test on each packed-GEMM instruction set this CPU has, then restores the
+    default."""
+    default = cpu_kernels.gemm_isa()
+    if cpu_kernels.gemm_isa(request.param == "avx512") != request.param:
+        cpu_kernels.gemm_isa(default == "avx512")
+        pytest.skip(f"the CPU lacks {request.param}")
+    yield request.param
+    cpu_kernels.gemm_isa(default == "avx512")
+
+
 # Rows cover tiles of 1-6 rows, balanced splits above 6 and K blocking (K > 128), and
-# the packed-x path from 32 rows (one and several 144-row blocks, a 1-5 row last tile);
-# N covers exact panels, a ragged last panel and N < 16; K covers one and several
-# 576-deep blocks of the packed-x path.
+# the packed-x path from 12 rows (AVX2: 6-row tiles; AVX-512: balanced tiles of up to 12
+# rows over one or two panels; one and several 144-row blocks, a short last tile); N covers
+# exact panels (even and odd counts), a ragged last panel and N < 16; K covers one and
+# several 576-deep blocks of the packed-x path.
 @pytest.mark.parametrize(
     "m,n,k",
     [
@@ -37,10 +50,14 @@ def test_pack_panels_layout():
         for m in (1, 2, 5, 6, 7, 13, 40)
         for n, k in ((64, 32), (200, 300), (7, 129), (1000, 576))
     ]
-    + [(m, n, k) for m in (32, 145, 301) for n, k in ((37, 1300), (48, 577), (200, 1152))],
+    + [
+        (m, n, k)
+        for m in (12, 16, 25, 32, 145, 301)
+        for n, k in ((37, 1300), (48, 577), (200, 1152), (80, 64))
+    ],
 )
 @pytest.mark.parametrize("threads", [1, 2])
-def test_matches_torch(cpu_kernels, m, n, k, threads):
+def test_matches_torch(cpu_kernels, gemm_isa, m, n, k, threads):
     torch.manual_seed(m * 1000 + n + k)
     w, x = torch.randn(n, k), torch.randn(m, k)
     before = torch.get_num_threads()
@@ -51,6 +68,11 @@ def test_matches_torch(cpu_kernels, m, n, k, threads):
         torch.set_num_threads(before)
     assert y.shape == (m, n) and y.dtype == torch.float32
     torch.testing.assert_close(y, x @ w.t(), rtol=1e-5, atol=1e-4)
+
+
+def test_gemm_isa_defaults_to_avx512_where_the_cpu_has_it(cpu_kernels):
+    has_avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
+    assert cpu_kernels.gemm_isa() == ("avx512" if has_avx512 else "avx2")
 
 
 def test_into_huge_pages_copies_into_one_aligned_mapping():

@@ -1,7 +1,8 @@
 """CPU kernels compiled on first use (fp32 compute, AVX2 + FMA + F16C, OpenMP; the KV pool
 may be float32 or float16, `KV_DTYPES`):
 
-* `packed_gemm.c`: the few-row GEMM over packed weight panels (`CpuKernels.mm`);
+* `packed_gemm.c`: the GEMM over packed weight panels (`CpuKernels.mm`), AVX2 for a few
+  rows and AVX-512 from 12 rows on where the CPU has it (`CpuKernels.gemm_isa`);
 * `decode_attention.c`: paged decode attention read in place from the KV pool
   (`CpuKernels.decode_attention`; `decode_attention_kv.h` is its body, once per KV dtype);
 * `extend_attention.c`: paged causal prefill attention, FlashAttention-style blocks
@@ -63,6 +64,7 @@ class CpuKernels:
     def __init__(self, lib: ctypes.CDLL):
         p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
         self._gemm = _bind(lib.radixlm_packed_gemm, [p, p, p, i64, i64, i64, i32])
+        self._gemm_isa = _bind(lib.radixlm_gemm_isa, [i32], ctypes.c_int)
         attn_args = [p, i64, p, p, i32, p, i64, p, p, i64, i64, i64, i64, f32, i32]
         self._attn = _bind(lib.radixlm_decode_attention, attn_args, ctypes.c_int)
         ext_args = [p, i64, p, p, i32, p, i64, p, p, p, i64, i64, i64, i64, f32, i32]
@@ -110,6 +112,15 @@ class CpuKernels:
         y = torch.empty(m, n, dtype=torch.float32)
         self._gemm(x.data_ptr(), panels.data_ptr(), y.data_ptr(), m, k, n, torch.get_num_threads())
         return y
+
+    def gemm_isa(self, use_avx512: bool | None = None) -> str:
+        """The instruction set `mm` runs from 12 rows on (prefill chunks, batched decode):
+        "avx512" or "avx2" (fewer rows always run AVX2: they wait on memory, not on the
+        FMA units). The default is AVX-512 where the CPU has AVX-512F; `use_avx512`
+        True/False switches it for the whole process (True is ignored without AVX-512F);
+        None only asks."""
+        request = -1 if use_avx512 is None else int(use_avx512)
+        return "avx512" if self._gemm_isa(request) else "avx2"
 
     def extend_attention(
         self,

@@ -1,4 +1,5 @@
-/* Few-row fp32 GEMM over column-panel-packed weights, AVX2 + FMA, OpenMP.
+/* fp32 GEMM over column-panel-packed weights, AVX2 + FMA (AVX-512F from BLOCKED_ROWS rows
+ * where the CPU has it, see radixlm_gemm_isa), OpenMP.
  *
  * y[M, N] = x[M, K] @ W^T, with W [N, K] stored as panels P[NB][K][16] (NB = ceil(N / 16),
  * panel b holds columns 16b..16b+15 of W^T; the last panel is zero-padded). Each panel
@@ -11,7 +12,8 @@
  * in L1 while every row tile uses it. From BLOCKED_ROWS rows on (prefill chunks) the
  * loops follow Goto & van de Geijn's blocking: each thread copies an MC x KC block of x
  * into 6-row micro-panels (k-major, so the 6 broadcasts of a k step are adjacent) that
- * stay in L2, and runs every 6-row tile of it against one KC x 16 panel slice.
+ * stay in L2, and runs every 6-row tile of it against one KC x 16 panel slice. On AVX-512
+ * CPUs that path runs 12-row x 32-column tiles instead (zblocked_panels below).
  *
  * With more than one row the products are compute-heavy enough that the hardware
  * prefetcher falls behind the weight stream, so the row tiles software-prefetch the next
@@ -142,23 +144,27 @@ static void panel_rows(int64_t M, int64_t K, const float *x, const float *panel,
     }
 }
 
-/* Copies x[0:mn, 0:kn] (row stride ldx) into 6-row micro-panels xp[ceil(mn / 6)][kn][6]. */
-static void pack_x(const float *x, int64_t ldx, int64_t mn, int64_t kn, float *restrict xp) {
-    for (int64_t m0 = 0; m0 < mn; m0 += 6) {
-        int64_t mr = mn - m0 < 6 ? mn - m0 : 6;
+/* Copies x[0:mn, 0:kn] (row stride ldx) into micro-panels of `width` rows, k-major:
+ * xp[ceil(mn / width)][kn][width] (a last, shorter micro-panel keeps the stride). */
+static void pack_x(const float *x, int64_t ldx, int64_t mn, int64_t kn, float *restrict xp,
+                   int64_t width) {
+    for (int64_t m0 = 0; m0 < mn; m0 += width) {
+        int64_t mr = mn - m0 < width ? mn - m0 : width;
         float *dst = xp + m0 * kn;
         for (int64_t r = 0; r < mr; ++r) {
             const float *src = x + (m0 + r) * ldx;
-            for (int64_t k = 0; k < kn; ++k) dst[k * 6 + r] = src[k];
+            for (int64_t k = 0; k < kn; ++k) dst[k * width + r] = src[k];
         }
     }
 }
 
+/* Each thread's packed x block (MC x KC floats) for the blocked paths. */
+static __thread float xpack[MC * KC] __attribute__((aligned(64)));
+
 /* Panels [b0, b1) of y for M >= BLOCKED_ROWS rows (one thread's share). */
 static void blocked_panels(const float *x, const float *panels, float *y, int64_t M, int64_t K,
                            int64_t N, int64_t b0, int64_t b1) {
-    static __thread float xp[MC * KC] __attribute__((aligned(64)));
-    float tail[MC * 16];
+    float *xp = xpack, tail[MC * 16];
     for (int64_t m0 = 0; m0 < M; m0 += MC) {
         int64_t mn = M - m0 < MC ? M - m0 : MC;
         /* Equal K blocks of at most KC. */
@@ -166,7 +172,7 @@ static void blocked_panels(const float *x, const float *panels, float *y, int64_
         for (int64_t k0 = 0; k0 < K; k0 += kb) {
             int64_t kn = K - k0 < kb ? K - k0 : kb;
             int64_t ntiles = (mn + 5) / 6, pstep = (64 + ntiles - 1) / ntiles;
-            pack_x(x + m0 * K + k0, K, mn, kn, xp);
+            pack_x(x + m0 * K + k0, K, mn, kn, xp, 6);
             for (int64_t b = b0; b < b1; ++b) {
                 const float *w = panels + (b * K + k0) * 16;
                 int64_t cols = N - b * 16 < 16 ? N - b * 16 : 16;
@@ -191,15 +197,134 @@ static void blocked_panels(const float *x, const float *panels, float *y, int64_
     }
 }
 
+/* ---- AVX-512 (AVX-512F CPUs, chosen at run time): the blocked path with 512-bit
+ * registers and a tile of up to ZMR rows x 32 columns (two panels side by side: 2 * ZMR
+ * accumulators, two weight registers, one broadcast per row shared by both panels). Per
+ * k step: 2 weight loads and ZMR broadcasts feed 2 * ZMR FMAs, so the loads (two per
+ * cycle) keep up with the FMA units; a 16-row x 1-panel tile needs 17 loads per 16 FMAs.
+ * x micro-panels are as wide as the block's row tiles (balanced, at most ZMR). An odd or
+ * zero-padded last panel runs the same tile with one panel. */
+#define AVX512 __attribute__((target("avx512f")))
+#define ZMR 12
+
+#define Z_DECL(R) __m512 a##R = _mm512_setzero_ps(), b##R = _mm512_setzero_ps();
+#define Z_LOAD(R)                                                  \
+    if (mr > R && acc) {                                           \
+        a##R = _mm512_loadu_ps(y + R * ldy);                       \
+        if (np == 2) b##R = _mm512_loadu_ps(y + R * ldy + 16);     \
+    }
+#define Z_STEP(R)                                                  \
+    if (mr > R) {                                                  \
+        __m512 xb = _mm512_set1_ps(xp[k * width + R]);             \
+        a##R = _mm512_fmadd_ps(xb, w0, a##R);                      \
+        if (np == 2) b##R = _mm512_fmadd_ps(xb, w1, b##R);         \
+    }
+#define Z_STORE(R)                                                 \
+    if (mr > R) {                                                  \
+        _mm512_storeu_ps(y + R * ldy, a##R);                       \
+        if (np == 2) _mm512_storeu_ps(y + R * ldy + 16, b##R);     \
+    }
+#define Z_ROWS(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11)
+
+/* y[mr, 16 * np] (+= when acc) xp[0:kn] (a micro-panel `width` rows wide) @ [w0 | w1]
+ * (panel slices, row stride 16), fetching one line of pf0 and of pf1 per pstep bytes of k
+ * meanwhile. */
+static inline __attribute__((always_inline)) AVX512 void ztile(
+    int mr, int np, int acc, const float *restrict xp, int64_t width, const float *restrict wp0,
+    const float *restrict wp1, int64_t kn, float *restrict y, int64_t ldy, const char *pf0,
+    const char *pf1, int64_t pstep) {
+    Z_ROWS(Z_DECL)
+    Z_ROWS(Z_LOAD)
+    for (int64_t k = 0; k < kn; ++k) {
+        _mm_prefetch(pf0 + k * pstep, _MM_HINT_T0);
+        _mm_prefetch(pf1 + k * pstep, _MM_HINT_T0);
+        __m512 w0 = _mm512_loadu_ps(wp0 + k * 16), w1 = w0;
+        if (np == 2) w1 = _mm512_loadu_ps(wp1 + k * 16);
+        Z_ROWS(Z_STEP)
+    }
+    Z_ROWS(Z_STORE)
+}
+
+#define ZTILE_N(N)                                                                          \
+    static AVX512 void ztile##N(int np, int acc, const float *xp, int64_t width,             \
+                                const float *w0, const float *w1, int64_t kn, float *y,     \
+                                int64_t ldy, const char *pf0, const char *pf1,              \
+                                int64_t pstep) {                                            \
+        if (np == 2)                                                                        \
+            ztile(N, 2, acc, xp, width, w0, w1, kn, y, ldy, pf0, pf1, pstep);               \
+        else                                                                                \
+            ztile(N, 1, acc, xp, width, w0, w1, kn, y, ldy, pf0, pf1, pstep);               \
+    }
+ZTILE_N(1) ZTILE_N(2) ZTILE_N(3) ZTILE_N(4) ZTILE_N(5) ZTILE_N(6) ZTILE_N(7) ZTILE_N(8)
+ZTILE_N(9) ZTILE_N(10) ZTILE_N(11) ZTILE_N(12)
+typedef void (*ztile_fn)(int, int, const float *, int64_t, const float *, const float *,
+                         int64_t, float *, int64_t, const char *, const char *, int64_t);
+static const ztile_fn ZTILES[ZMR + 1] = {0,      ztile1, ztile2, ztile3,  ztile4,  ztile5, ztile6,
+                                         ztile7, ztile8, ztile9, ztile10, ztile11, ztile12};
+
+/* blocked_panels with AVX-512 tiles of two panels (same blocking; each tile prefetches its
+ * share of the next tile's two panel slices). */
+static AVX512 void zblocked_panels(const float *x, const float *panels, float *y, int64_t M,
+                                   int64_t K, int64_t N, int64_t b0, int64_t b1) {
+    float *xp = xpack, tail[MC * 16];
+    for (int64_t m0 = 0; m0 < M; m0 += MC) {
+        int64_t mn = M - m0 < MC ? M - m0 : MC;
+        int64_t nk = (K + KC - 1) / KC, kb = (K + nk - 1) / nk;
+        int64_t ntiles = (mn + ZMR - 1) / ZMR, width = (mn + ntiles - 1) / ntiles;
+        int64_t pstep = (64 + ntiles - 1) / ntiles;
+        for (int64_t k0 = 0; k0 < K; k0 += kb) {
+            int64_t kn = K - k0 < kb ? K - k0 : kb;
+            pack_x(x + m0 * K + k0, K, mn, kn, xp, width);
+            for (int64_t b = b0, np; b < b1; b += np) {
+                /* Two panels when both are full (the padded last one goes alone). */
+                np = b + 1 < b1 && N - (b + 1) * 16 >= 16 ? 2 : 1;
+                const float *w = panels + (b * K + k0) * 16;
+                int64_t cols = N - b * 16 < 16 ? N - b * 16 : 16;
+                float *dst = cols == 16 ? y + m0 * N + b * 16 : tail;
+                int64_t ldy = cols == 16 ? N : 16;
+                /* The next tile's panels: b + np and the one after it, within the share. */
+                int64_t nb = b + np < b1 ? b + np : b, nb1 = nb + 1 < b1 ? nb + 1 : nb;
+                const char *pf0 = (const char *)(panels + (nb * K + k0) * 16);
+                const char *pf1 = (const char *)(panels + (nb1 * K + k0) * 16);
+                for (int64_t r = 0, i = 0; r < mn; r += width, ++i) {
+                    int64_t mr = mn - r < width ? mn - r : width, off = i * kn * 64 / ntiles;
+                    ZTILES[mr](np, k0 > 0, xp + r * kn, width, w, w + K * 16, kn,
+                               dst + r * ldy, ldy, pf0 + off, pf1 + off, pstep);
+                }
+                if (cols < 16 && k0 + kn == K)
+                    for (int64_t r = 0; r < mn; ++r)
+                        memcpy(y + (m0 + r) * N + b * 16, tail + r * 16, cols * sizeof(float));
+            }
+        }
+    }
+}
+
+/* -1 until the first GEMM (or radixlm_gemm_isa) looks at the CPU; then 1 to run the
+ * AVX-512 path, 0 for AVX2 only. */
+static int use_avx512 = -1;
+
+int radixlm_gemm_isa(int request) {
+    int have = __builtin_cpu_supports("avx512f") != 0;
+    if (request >= 0)
+        use_avx512 = request && have;
+    else if (use_avx512 < 0)
+        use_avx512 = have;
+    return use_avx512;
+}
+
 /* y [M, N] row-major; x [M, K] row-major; panels [NB, K, 16]. */
 void radixlm_packed_gemm(const float *x, const float *panels, float *y, int64_t M, int64_t K,
                          int64_t N, int num_threads) {
     const int64_t NB = (N + 15) / 16;
     if (M >= BLOCKED_ROWS) {
+        int z = use_avx512 < 0 ? radixlm_gemm_isa(-1) : use_avx512;
 #pragma omp parallel num_threads(num_threads)
         {
             int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-            blocked_panels(x, panels, y, M, K, N, NB * t / nt, NB * (t + 1) / nt);
+            if (z)
+                zblocked_panels(x, panels, y, M, K, N, NB * t / nt, NB * (t + 1) / nt);
+            else
+                blocked_panels(x, panels, y, M, K, N, NB * t / nt, NB * (t + 1) / nt);
         }
         return;
     }

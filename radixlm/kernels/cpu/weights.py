@@ -10,7 +10,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-#: Panel width in output columns (two AVX2 registers of fp32).
+#: Panel width in output columns (two AVX2 registers or one AVX-512 register of fp32).
 PANEL = 16
 
 
