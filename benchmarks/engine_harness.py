@@ -269,8 +269,8 @@ class OpenVINOAdapter:
     CPU plugin, driven step by step: requests enter through `add_request` with token-id
     tensors (int64, shape [1, prompt_len]); after every `step()` each live handle's new
     tokens are read and stamped, so TTFT and ITL are per step. model_dir is the IR
-    directory exported by optimum-cli (weights fp32; the KV cache keeps the plugin's
-    default precision, f16, as llama.cpp's does). The pool holds max_total_tokens tokens
+    directory exported by optimum-cli (weights fp32, compute f32 by INFERENCE_PRECISION_HINT;
+    the KV cache keeps the plugin's default precision, f16, as llama.cpp's does). The pool holds max_total_tokens tokens
     (CPU blocks of OV_CPU_BLOCK tokens), like radixlm's. Cached tokens: None (the
     pipeline reports no per-request prefix hits)."""
 
@@ -289,9 +289,10 @@ class OpenVINOAdapter:
         sched = ov_genai.SchedulerConfig()
         sched.enable_prefix_caching = True
         sched.num_kv_blocks = -(-spec["max_total_tokens"] // self.OV_CPU_BLOCK)
-        self.pipe = ov_genai.ContinuousBatchingPipeline(
-            model_dir, sched, "CPU", {"INFERENCE_NUM_THREADS": threads}
-        )
+        # f32 compute like every engine here: on CPUs with AVX-512 BF16 or AMX the CPU
+        # plugin's default inference precision is bf16.
+        props = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"}
+        self.pipe = ov_genai.ContinuousBatchingPipeline(model_dir, sched, "CPU", props)
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         self.next_id = 0
 
