@@ -38,9 +38,10 @@ def gemm_isa(request, cpu_kernels):
     cpu_kernels.gemm_isa(default == "avx512")
 
 
-# Rows cover tiles of 1-6 rows, balanced splits above 6 and K blocking (K > 128), and
-# the packed-x path from 12 rows (AVX2: 6-row tiles; AVX-512: balanced tiles of up to 12
-# rows over one or two panels; one and several 144-row blocks, a short last tile); N covers
+# AVX2: rows cover tiles of 1-6 rows, balanced splits above 6 and K blocking (K > 128),
+# and the packed-x path of 6-row tiles from 12 rows. AVX-512 (packed x for every row
+# count): balanced tiles of up to 12 rows over one or two panels. Both: one and several
+# 144-row blocks, a short last tile. N covers
 # exact panels (even and odd counts), a ragged last panel and N < 16; K covers one and
 # several 576-deep blocks of the packed-x path.
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
 """CPU kernels compiled on first use (fp32 compute, AVX2 + FMA + F16C, OpenMP; the KV pool
 may be float32 or float16, `KV_DTYPES`):
 
-* `packed_gemm.c`: the GEMM over packed weight panels (`CpuKernels.mm`), AVX2 for a few
-  rows and AVX-512 from 12 rows on where the CPU has it (`CpuKernels.gemm_isa`);
+* `packed_gemm.c`: the GEMM over packed weight panels (`CpuKernels.mm`), AVX-512 where
+  the CPU has it, else AVX2 (`CpuKernels.gemm_isa`);
 * `decode_attention.c`: paged decode attention read in place from the KV pool
   (`CpuKernels.decode_attention`; `decode_attention_kv.h` is its body, once per KV dtype);
 * `extend_attention.c`: paged causal prefill attention, FlashAttention-style blocks
@@ -114,11 +114,9 @@ class CpuKernels:
         return y
 
     def gemm_isa(self, use_avx512: bool | None = None) -> str:
-        """The instruction set `mm` runs from 12 rows on (prefill chunks, batched decode):
-        "avx512" or "avx2" (fewer rows always run AVX2: they wait on memory, not on the
-        FMA units). The default is AVX-512 where the CPU has AVX-512F; `use_avx512`
-        True/False switches it for the whole process (True is ignored without AVX-512F);
-        None only asks."""
+        """The instruction set `mm` (and the fused layers' GEMMs) run: "avx512" or "avx2".
+        The default is AVX-512 where the CPU has AVX-512F; `use_avx512` True/False switches
+        it for the whole process (True is ignored without AVX-512F); None only asks."""
         request = -1 if use_avx512 is None else int(use_avx512)
         return "avx512" if self._gemm_isa(request) else "avx2"
 

@@ -5,8 +5,9 @@
 
 void radixlm_packed_gemm(const float *x, const float *panels, float *y, int64_t M, int64_t K,
                          int64_t N, int num_threads);
-/* The packed GEMM's instruction set: request -1 asks, 0 keeps to AVX2, 1 uses AVX-512
- * where the CPU has it. Returns 1 when the AVX-512 path is in use, else 0. */
+/* The packed GEMM's instruction set for the process: request -1 asks, 0 keeps to AVX2, 1
+ * uses AVX-512 where the CPU has AVX-512F (the default). Returns 1 when the AVX-512 path is
+ * in use, else 0. */
 int radixlm_gemm_isa(int request);
 /* y[0:M, 0:16] (+= when acc) x[0:M, 0:kn] @ w[0:kn, 0:16]: x rows of stride ldx, w one
  * panel slice (row stride 16), y rows of stride ldy. One thread. */
