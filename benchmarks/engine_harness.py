@@ -269,9 +269,10 @@ class OpenVINOAdapter:
     CPU plugin, driven step by step: requests enter through `add_request` with token-id
     tensors (int64, shape [1, prompt_len]); after every `step()` each live handle's new
     tokens are read and stamped, so TTFT and ITL are per step. model_dir is the IR
-    directory exported by optimum-cli (weights fp32, compute f32 by INFERENCE_PRECISION_HINT;
-    the KV cache keeps the plugin's default precision, f16, as llama.cpp's does). The pool holds max_total_tokens tokens
-    (CPU blocks of OV_CPU_BLOCK tokens), like radixlm's. Cached tokens: None (the
+    directory exported by optimum-cli (weights fp32, compute f32 by the
+    INFERENCE_PRECISION_HINT property; the KV cache keeps the plugin's default precision,
+    f16, as llama.cpp's does). The pool holds max_total_tokens tokens (CPU blocks of
+    OV_CPU_BLOCK tokens), like radixlm's. Cached tokens: None (the
     pipeline reports no per-request prefix hits)."""
 
     # KV block of the CPU plugin (openvino-genai 2026.4): 256 blocks report 188,743,680
