@@ -15,3 +15,15 @@ def cpu_kernels():
     if kernels is None:
         pytest.skip("radixlm's CPU kernels cannot be built here (no C compiler or no AVX2)")
     return kernels
+
+
+@pytest.fixture(params=["avx2", "avx512"])
+def gemm_isa(request, cpu_kernels):
+    """Runs the test on each instruction set of the packed GEMM (and the attention products
+    that use its tiles) this CPU has, then restores the default."""
+    default = cpu_kernels.gemm_isa()
+    if cpu_kernels.gemm_isa(request.param == "avx512") != request.param:
+        cpu_kernels.gemm_isa(default == "avx512")
+        pytest.skip(f"the CPU lacks {request.param}")
+    yield request.param
+    cpu_kernels.gemm_isa(default == "avx512")

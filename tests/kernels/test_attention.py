@@ -175,7 +175,7 @@ def test_cpu_decode_kernel_matches_torch_native(
     ],
 )
 def test_cpu_extend_kernel_matches_torch_native(
-    page_size, head_dim, group, threads, prefix_lens, extend_lens
+    gemm_isa, page_size, head_dim, group, threads, prefix_lens, extend_lens
 ):
     """The C extend kernel (head_dim % 16 == 0; 24 takes torch_native's path) equals the
     per-request SDPA reference: causal over the cached prefix and the new tokens."""

@@ -26,18 +26,6 @@ def test_pack_panels_layout():
     assert not p[1, :, 4:].any()  # zero padding
 
 
-@pytest.fixture(params=["avx2", "avx512"])
-def gemm_isa(request, cpu_kernels):
-    """Runs the test on each packed-GEMM instruction set this CPU has, then restores the
-    default."""
-    default = cpu_kernels.gemm_isa()
-    if cpu_kernels.gemm_isa(request.param == "avx512") != request.param:
-        cpu_kernels.gemm_isa(default == "avx512")
-        pytest.skip(f"the CPU lacks {request.param}")
-    yield request.param
-    cpu_kernels.gemm_isa(default == "avx512")
-
-
 # AVX2: rows cover tiles of 1-6 rows, balanced splits above 6 and K blocking (K > 128),
 # and the packed-x path of 6-row tiles from 12 rows. AVX-512 (packed x for every row
 # count): balanced tiles of up to 12 rows over one or two panels. Both: one and several

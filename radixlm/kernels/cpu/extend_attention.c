@@ -1,4 +1,5 @@
-/* Paged extend (prefill) attention on CPU, fp32, AVX2 + FMA, OpenMP.
+/* Paged extend (prefill) attention on CPU, fp32, AVX2 + FMA (products AVX-512 where the CPU
+ * has it), OpenMP.
  *
  * Request b has ext_lens[b] new tokens at positions p .. seq_lens[b] - 1 (p, its cached
  * prefix); new token j attends causally over keys 0 .. p + j, read through the request's
@@ -10,9 +11,11 @@
  *   S = Q K^T (scaled); m' = max(m, rowmax S); P = exp(S - m'); l = l e^(m - m') + rowsum P;
  *   O = O e^(m - m') + P V;   finally out = O / l.
  *
- * Both products run the packed GEMM's 6 x 16 register tile (`radixlm_gemm_panel`): the
+ * Both products run the packed GEMM's register tiles (`radixlm_gemm_panels`): the
  * key block is copied transposed into 16-key panels [KB / 16][D][16] and the value block
- * into 16-column panels [D / 16][KB][16]. Needs D % 16 == 0.
+ * into 16-column panels [D / 16][KB][16]. Needs D % 16 == 0. With AVX-512 tiles (12 rows x
+ * 2 panels) instead of AVX2's 6 x 16: 2 requests x 256 new tokens, 9 / 3 heads, D 64, 30
+ * layers, 2 threads: 43.1 -> 39.2 ms (the packing and the softmax are the rest).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -88,8 +91,7 @@ static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *
                 }
             }
         }
-        for (int64_t c = 0; c < npan; ++c)
-            radixlm_gemm_panel(R, 0, Q, D, kp + c * D * 16, D, S + c * 16, KB);
+        radixlm_gemm_panels(R, 0, Q, D, kp, npan, D * 16, D, S, KB);
         /* Causal mask, online softmax; P overwrites S. */
         for (int64_t r = 0; r < R; ++r) {
             float *s = S + r * KB;
@@ -118,8 +120,7 @@ static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *
                     _mm256_storeu_ps(o + i, _mm256_mul_ps(vc, _mm256_loadu_ps(o + i)));
             }
         }
-        for (int64_t dp = 0; dp < D / 16; ++dp)
-            radixlm_gemm_panel(R, 1, S, KB, vp + dp * npan * 16 * 16, npan * 16, O + dp * 16, D);
+        radixlm_gemm_panels(R, 1, S, KB, vp, D / 16, npan * 16 * 16, npan * 16, O, D);
     }
     for (int64_t j = 0; j < nq; ++j)
         for (int64_t g = 0; g < G; ++g) {

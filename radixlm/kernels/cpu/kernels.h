@@ -9,10 +9,11 @@ void radixlm_packed_gemm(const float *x, const float *panels, float *y, int64_t 
  * uses AVX-512 where the CPU has AVX-512F (the default). Returns 1 when the AVX-512 path is
  * in use, else 0. */
 int radixlm_gemm_isa(int request);
-/* y[0:M, 0:16] (+= when acc) x[0:M, 0:kn] @ w[0:kn, 0:16]: x rows of stride ldx, w one
- * panel slice (row stride 16), y rows of stride ldy. One thread. */
-void radixlm_gemm_panel(int64_t M, int acc, const float *x, int64_t ldx, const float *w,
-                        int64_t kn, float *y, int64_t ldy);
+/* y[0:M, 0:16 npan] (+= when acc) x[0:M, 0:kn] @ [w_0 | ... | w_{npan-1}]: x rows of stride
+ * ldx, w_c = w + c * wstride one panel slice (row stride 16) giving columns 16c..16c+15,
+ * y rows of stride ldy. One thread; AVX-512 tiles where radixlm_gemm_isa says so. */
+void radixlm_gemm_panels(int64_t M, int acc, const float *x, int64_t ldx, const float *w,
+                         int64_t npan, int64_t wstride, int64_t kn, float *y, int64_t ldy);
 /* KV pool buffers (k_buf, v_buf) hold float32, or IEEE float16 when kv_f16 is 1. */
 int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
                              int kv_f16, const int64_t *slots, int64_t ld_slots,

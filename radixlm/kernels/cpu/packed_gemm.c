@@ -1,5 +1,5 @@
-/* fp32 GEMM over column-panel-packed weights, AVX2 + FMA (AVX-512F from BLOCKED_ROWS rows
- * where the CPU has it, see radixlm_gemm_isa), OpenMP.
+/* fp32 GEMM over column-panel-packed weights, AVX2 + FMA, or AVX-512F where the CPU has it
+ * (radixlm_gemm_isa), OpenMP.
  *
  * y[M, N] = x[M, K] @ W^T, with W [N, K] stored as panels P[NB][K][16] (NB = ceil(N / 16),
  * panel b holds columns 16b..16b+15 of W^T; the last panel is zero-padded). Each panel
@@ -123,14 +123,6 @@ static inline int64_t tile_rows(int64_t left) {
     return (left + ntiles - 1) / ntiles;
 }
 
-void radixlm_gemm_panel(int64_t M, int acc, const float *x, int64_t ldx, const float *w,
-                        int64_t kn, float *y, int64_t ldy) {
-    for (int64_t m = 0, mr; m < M; m += mr) {
-        mr = tile_rows(M - m);
-        TILES[mr](acc, x + m * ldx, ldx, w, kn, y + m * ldy, ldy);
-    }
-}
-
 /* Rows m of one panel's k range [k0, k0 + kn), into y16 (row stride ldy), fetching weights
  * ahead meanwhile: one row tile (up to 6 rows, K unblocked) fetches the line PF_AHEAD bytes
  * ahead of each it reads; several tiles (K blocked) share out the next block's kn lines. */
@@ -224,7 +216,7 @@ static void blocked_panels(const float *x, const float *panels, float *y, int64_
     }
 #define Z_STEP(R)                                                  \
     if (mr > R) {                                                  \
-        __m512 xb = _mm512_set1_ps(xp[k * width + R]);             \
+        __m512 xb = _mm512_set1_ps(xp[R * ldx + k * sk]);          \
         a##R = _mm512_fmadd_ps(xb, w0, a##R);                      \
         if (np == 2) b##R = _mm512_fmadd_ps(xb, w1, b##R);         \
     }
@@ -235,18 +227,21 @@ static void blocked_panels(const float *x, const float *panels, float *y, int64_
     }
 #define Z_ROWS(OP) OP(0) OP(1) OP(2) OP(3) OP(4) OP(5) OP(6) OP(7) OP(8) OP(9) OP(10) OP(11)
 
-/* y[mr, 16 * np] (+= when acc) xp[0:kn] (a micro-panel `width` rows wide) @ [w0 | w1]
- * (panel slices, row stride 16), fetching one line of pf0 and of pf1 per pstep bytes of k
- * meanwhile. */
+/* y[mr, 16 * np] (+= when acc) x[mr, 0:kn] @ [w0 | w1] (panel slices, row stride 16);
+ * x row r, column k is xp[r * ldx + k * sk] (ldx 1, sk width: a packed micro-panel `width`
+ * rows wide; sk 1: rows in place). When pf0 is set, fetches one line of pf0 and of pf1 per
+ * pstep bytes of k meanwhile. */
 static inline __attribute__((always_inline)) AVX512 void ztile(
-    int mr, int np, int acc, const float *restrict xp, int64_t width, const float *restrict wp0,
-    const float *restrict wp1, int64_t kn, float *restrict y, int64_t ldy, const char *pf0,
-    const char *pf1, int64_t pstep) {
+    int mr, int np, int acc, const float *restrict xp, int64_t ldx, int64_t sk,
+    const float *restrict wp0, const float *restrict wp1, int64_t kn, float *restrict y,
+    int64_t ldy, const char *pf0, const char *pf1, int64_t pstep) {
     Z_ROWS(Z_DECL)
     Z_ROWS(Z_LOAD)
     for (int64_t k = 0; k < kn; ++k) {
-        _mm_prefetch(pf0 + k * pstep, _MM_HINT_T0);
-        _mm_prefetch(pf1 + k * pstep, _MM_HINT_T0);
+        if (pf0) {
+            _mm_prefetch(pf0 + k * pstep, _MM_HINT_T0);
+            _mm_prefetch(pf1 + k * pstep, _MM_HINT_T0);
+        }
         __m512 w0 = _mm512_loadu_ps(wp0 + k * 16), w1 = w0;
         if (np == 2) w1 = _mm512_loadu_ps(wp1 + k * 16);
         Z_ROWS(Z_STEP)
@@ -254,15 +249,26 @@ static inline __attribute__((always_inline)) AVX512 void ztile(
     Z_ROWS(Z_STORE)
 }
 
+/* One copy per row count and layout: ztileN reads a packed micro-panel (x row stride 1,
+ * k stride `width`), zitileN rows in place (row stride ldx, k stride 1). */
 #define ZTILE_N(N)                                                                          \
     static AVX512 void ztile##N(int np, int acc, const float *xp, int64_t width,             \
                                 const float *w0, const float *w1, int64_t kn, float *y,     \
                                 int64_t ldy, const char *pf0, const char *pf1,              \
                                 int64_t pstep) {                                            \
         if (np == 2)                                                                        \
-            ztile(N, 2, acc, xp, width, w0, w1, kn, y, ldy, pf0, pf1, pstep);               \
+            ztile(N, 2, acc, xp, 1, width, w0, w1, kn, y, ldy, pf0, pf1, pstep);            \
         else                                                                                \
-            ztile(N, 1, acc, xp, width, w0, w1, kn, y, ldy, pf0, pf1, pstep);               \
+            ztile(N, 1, acc, xp, 1, width, w0, w1, kn, y, ldy, pf0, pf1, pstep);            \
+    }                                                                                       \
+    static AVX512 void zitile##N(int np, int acc, const float *x, int64_t ldx,              \
+                                 const float *w0, const float *w1, int64_t kn, float *y,    \
+                                 int64_t ldy, const char *pf0, const char *pf1,             \
+                                 int64_t pstep) {                                           \
+        if (np == 2)                                                                        \
+            ztile(N, 2, acc, x, ldx, 1, w0, w1, kn, y, ldy, 0, 0, 0);                       \
+        else                                                                                \
+            ztile(N, 1, acc, x, ldx, 1, w0, w1, kn, y, ldy, 0, 0, 0);                       \
     }
 ZTILE_N(1) ZTILE_N(2) ZTILE_N(3) ZTILE_N(4) ZTILE_N(5) ZTILE_N(6) ZTILE_N(7) ZTILE_N(8)
 ZTILE_N(9) ZTILE_N(10) ZTILE_N(11) ZTILE_N(12)
@@ -270,6 +276,9 @@ typedef void (*ztile_fn)(int, int, const float *, int64_t, const float *, const 
                          int64_t, float *, int64_t, const char *, const char *, int64_t);
 static const ztile_fn ZTILES[ZMR + 1] = {0,      ztile1, ztile2, ztile3,  ztile4,  ztile5, ztile6,
                                          ztile7, ztile8, ztile9, ztile10, ztile11, ztile12};
+static const ztile_fn ZITILES[ZMR + 1] = {
+    0, zitile1, zitile2, zitile3, zitile4, zitile5, zitile6, zitile7, zitile8, zitile9, zitile10,
+    zitile11, zitile12};
 
 /* blocked_panels with AVX-512 tiles of two panels (same blocking; each tile prefetches its
  * share of the next tile's two panel slices). */
@@ -311,6 +320,35 @@ static AVX512 void zblocked_panels(const float *x, const float *panels, float *y
 /* -1 until the first GEMM (or radixlm_gemm_isa) looks at the CPU; then 1 to run the
  * AVX-512 path, 0 for AVX2 only. */
 static int use_avx512 = -1;
+
+/* radixlm_gemm_panels on AVX-512: balanced row tiles of up to ZMR rows, two panels each. */
+static AVX512 void zgemm_panels(int64_t M, int acc, const float *x, int64_t ldx,
+                                const float *w, int64_t npan, int64_t wstride, int64_t kn,
+                                float *y, int64_t ldy) {
+    int64_t ntiles = (M + ZMR - 1) / ZMR, rows = ntiles ? (M + ntiles - 1) / ntiles : 0;
+    for (int64_t c = 0, np; c < npan; c += np) {
+        np = c + 1 < npan ? 2 : 1;
+        const float *w0 = w + c * wstride, *w1 = w0 + wstride;
+        for (int64_t m = 0; m < M; m += rows) {
+            int64_t mr = M - m < rows ? M - m : rows;
+            ZITILES[mr](np, acc, x + m * ldx, ldx, w0, w1, kn, y + m * ldy + c * 16, ldy, 0, 0,
+                        0);
+        }
+    }
+}
+
+void radixlm_gemm_panels(int64_t M, int acc, const float *x, int64_t ldx, const float *w,
+                         int64_t npan, int64_t wstride, int64_t kn, float *y, int64_t ldy) {
+    if (use_avx512 < 0 ? radixlm_gemm_isa(-1) : use_avx512) {
+        zgemm_panels(M, acc, x, ldx, w, npan, wstride, kn, y, ldy);
+        return;
+    }
+    for (int64_t c = 0; c < npan; ++c)
+        for (int64_t m = 0, mr; m < M; m += mr) {
+            mr = tile_rows(M - m);
+            TILES[mr](acc, x + m * ldx, ldx, w + c * wstride, kn, y + m * ldy + c * 16, ldy);
+        }
+}
 
 int radixlm_gemm_isa(int request) {
     int have = __builtin_cpu_supports("avx512f") != 0;
