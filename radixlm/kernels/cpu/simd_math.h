@@ -28,6 +28,14 @@ static inline __m256 exp256(__m256 x) {
     return _mm256_or_ps(_mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e))), nan);
 }
 
+/* The largest of v's eight lanes. */
+static inline float hmax256(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
