@@ -127,16 +127,18 @@ def test_triton_gpu_tile_sizes(mode, device):
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("page_size,head_dim", [(1, 16), (16, 24), (4, 64)])
+# head_dim 64 and 128 take the 512-bit path where gemm_isa is avx512, 16 and 24 the AVX2 one
+@pytest.mark.parametrize("page_size,head_dim", [(1, 16), (16, 24), (4, 64), (1, 128)])
 @pytest.mark.parametrize("group", [1, 3, 5])  # 5: score tiles of three and two query heads
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("longest", [130, 1500])
 @pytest.mark.parametrize("alone", [False, True])
 def test_cpu_decode_kernel_matches_torch_native(
-    page_size, head_dim, group, threads, longest, alone
+    gemm_isa, page_size, head_dim, group, threads, longest, alone
 ):
     """The C decode kernel reads K/V in place and equals the gather + SDPA reference, in
-    a batch (a task per request, all KV heads in one pass) and alone (a task per KV head)."""
+    a batch (a task per request, all KV heads in one pass) and alone (a task per KV head),
+    on both instruction sets."""
     from radixlm.kernels.cpu_native import CpuNativeBackend
 
     fmode, prefix_lens, extend_lens = MODES["decode"]
@@ -233,7 +235,9 @@ def _half_pool(case):
 @pytest.mark.parametrize("mode", ["extend", "decode"])
 @pytest.mark.parametrize("page_size,group", [(1, 1), (16, 3), (4, 3)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_cpu_kernels_on_float16_pools_match_torch_native(mode, page_size, group, threads):
+def test_cpu_kernels_on_float16_pools_match_torch_native(
+    gemm_isa, mode, page_size, group, threads
+):
     """--kv-cache-dtype float16: the C store rounds K/V to float16 exactly as torch does
     (nearest even), and the C attention over the float16 pool (computed in fp32) equals
     torch_native's over the same pool."""

@@ -1,6 +1,7 @@
 /* The decode attention kernel on one KV element type, included by decode_attention.c once
- * per type with KV_T (the pool's element), KV_LOAD(p) (8 KV_T at p as 8 floats) and
- * KV_FN(name) (the name with the type's suffix) defined. Everything computes in fp32. */
+ * per type with KV_T (the pool's element), KV_LOAD(p) (8 KV_T at p as 8 floats),
+ * KV_LOAD16(p) (16 as 16 floats, AVX-512) and KV_FN(name) (the name with the type's
+ * suffix) defined. Everything computes in fp32. */
 #define ROWH(buf, t, hh) ((buf) + (sl[(t)] * Hkv + (hh)) * D)
 #define ROW(buf, t) ROWH(buf, t, h)
 
@@ -130,6 +131,110 @@ static void KV_FN(pv_sum)(const float *scores, int64_t stride, const KV_T *v_buf
     }
 }
 
+/* Scores of eight keys k[0..7] for nq <= 3 query heads q (rows D apart, D % 16 == 0),
+ * stored at out[g * stride + 0..7]: 8 * nq accumulators of 16 lanes, each K vector
+ * loaded (and converted) once for all nq heads, reduced by `zsum8`. */
+static ZW_INLINE void KV_FN(zqk_tile)(const float *q, int nq, const KV_T *const *k, int64_t D,
+                                      __m256 vscale, float *out, int64_t stride) {
+    __m512 a[3][8];
+    for (int g = 0; g < nq; ++g)
+        for (int r = 0; r < 8; ++r) a[g][r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < D; i += 16) {
+        const __m512 q0 = _mm512_loadu_ps(q + i);
+        const __m512 q1 = nq > 1 ? _mm512_loadu_ps(q + D + i) : q0;
+        const __m512 q2 = nq > 2 ? _mm512_loadu_ps(q + 2 * D + i) : q0;
+        for (int r = 0; r < 8; ++r) {
+            const __m512 x = KV_LOAD16(k[r] + i);
+            a[0][r] = _mm512_fmadd_ps(q0, x, a[0][r]);
+            if (nq > 1) a[1][r] = _mm512_fmadd_ps(q1, x, a[1][r]);
+            if (nq > 2) a[2][r] = _mm512_fmadd_ps(q2, x, a[2][r]);
+        }
+    }
+    for (int g = 0; g < nq; ++g)
+        _mm256_storeu_ps(out + g * stride, _mm256_mul_ps(zsum8(a[g]), vscale));
+}
+
+/* `qk_scores` in 512-bit vectors (D % 16 == 0): eight keys at a time, then the last
+ * L % 8 keys by `qk_scores` itself. */
+static ZW void KV_FN(zqk_scores)(const float *qb, const KV_T *k_buf, const int64_t *sl, int64_t L,
+                                 int64_t Hkv, int64_t h0, int64_t nh, int64_t D, int64_t G,
+                                 float scale, float *scores, int64_t stride) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    int64_t t = 0;
+    for (; t + 8 <= L; t += 8) {
+        for (int64_t a = t + AHEAD; a < t + AHEAD + 8 && a < L; ++a)
+            prefetch_row(ROWH(k_buf, a, h0), nh * D * sizeof(KV_T));
+        for (int64_t h = h0; h < h0 + nh; ++h) {
+            const KV_T *k[8];
+            for (int r = 0; r < 8; ++r) k[r] = ROW(k_buf, t + r);
+            for (int64_t g = (h - h0) * G; g < (h - h0 + 1) * G; g += 3) {
+                const float *qg = qb + g * D;
+                float *o = scores + g * stride + t;
+                const int64_t left = (h - h0 + 1) * G - g;
+                if (left >= 3)
+                    KV_FN(zqk_tile)(qg, 3, k, D, vscale, o, stride);
+                else if (left == 2)
+                    KV_FN(zqk_tile)(qg, 2, k, D, vscale, o, stride);
+                else
+                    KV_FN(zqk_tile)(qg, 1, k, D, vscale, o, stride);
+            }
+        }
+    }
+    if (t < L)
+        KV_FN(qk_scores)(qb, k_buf, sl + t, L - t, Hkv, h0, nh, D, G, scale, scores + t, stride);
+}
+
+/* acc[g][c0 .. c0 + 63] += sum_t p_g[t] v_t[c0 ..] over t in [t0, t1) for nq <= 3 query
+ * rows g of KV head h (p rows `stride` apart, acc rows D apart): 4 * nq accumulators,
+ * each V vector loaded once for all nq rows. */
+static ZW_INLINE void KV_FN(zpv_tile)(const float *p, int64_t stride, int nq, const KV_T *v_buf,
+                                      const int64_t *sl, int64_t Hkv, int64_t h, int64_t D,
+                                      int64_t c0, int64_t t0, int64_t t1, float *acc) {
+    __m512 r[3][4];
+    for (int g = 0; g < nq; ++g)
+        for (int j = 0; j < 4; ++j) r[g][j] = _mm512_loadu_ps(acc + g * D + c0 + 16 * j);
+    for (int64_t t = t0; t < t1; ++t) {
+        const KV_T *v = ROWH(v_buf, t, h) + c0;
+        const __m512 x0 = KV_LOAD16(v), x1 = KV_LOAD16(v + 16);
+        const __m512 x2 = KV_LOAD16(v + 32), x3 = KV_LOAD16(v + 48);
+        for (int g = 0; g < nq; ++g) {
+            const __m512 pt = _mm512_set1_ps(p[g * stride + t]);
+            r[g][0] = _mm512_fmadd_ps(pt, x0, r[g][0]);
+            r[g][1] = _mm512_fmadd_ps(pt, x1, r[g][1]);
+            r[g][2] = _mm512_fmadd_ps(pt, x2, r[g][2]);
+            r[g][3] = _mm512_fmadd_ps(pt, x3, r[g][3]);
+        }
+    }
+    for (int g = 0; g < nq; ++g)
+        for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + g * D + c0 + 16 * j, r[g][j]);
+}
+
+/* `pv_sum` in 512-bit vectors (D % 64 == 0): per block of VBLOCK tokens, up to three
+ * query rows of a KV head share each V vector. */
+static ZW void KV_FN(zpv_sum)(const float *scores, int64_t stride, const KV_T *v_buf,
+                              const int64_t *sl, int64_t L, int64_t Hkv, int64_t h0, int64_t nh,
+                              int64_t D, int64_t G, float *acc) {
+    for (int64_t i = 0; i < nh * G * D; ++i) acc[i] = 0.0f;
+    for (int64_t t0 = 0; t0 < L; t0 += VBLOCK) {
+        const int64_t t1 = t0 + VBLOCK < L ? t0 + VBLOCK : L;
+        for (int64_t a = t1; a < t1 + VBLOCK && a < L; ++a)
+            prefetch_row(ROWH(v_buf, a, h0), nh * D * sizeof(KV_T));
+        for (int64_t h = h0; h < h0 + nh; ++h)
+            for (int64_t g = (h - h0) * G; g < (h - h0 + 1) * G; g += 3) {
+                const int64_t left = (h - h0 + 1) * G - g;
+                const float *p = scores + g * stride;
+                for (int64_t c = 0; c < D; c += 64) {
+                    if (left >= 3)
+                        KV_FN(zpv_tile)(p, stride, 3, v_buf, sl, Hkv, h, D, c, t0, t1, acc + g * D);
+                    else if (left == 2)
+                        KV_FN(zpv_tile)(p, stride, 2, v_buf, sl, Hkv, h, D, c, t0, t1, acc + g * D);
+                    else
+                        KV_FN(zpv_tile)(p, stride, 1, v_buf, sl, Hkv, h, D, c, t0, t1, acc + g * D);
+                }
+            }
+    }
+}
+
 /* radixlm_decode_attention on KV_T buffers. */
 static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_buf,
                                     const KV_T *v_buf, const int64_t *slots, int64_t ld_slots,
@@ -141,6 +246,7 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
     /* A task per request and KV head; with requests enough to share out, a task per
      * request that reads each K / V row of all the KV heads in one pass. */
     const int64_t nh = B >= 2 * num_threads ? Hkv : 1;
+    const int wide = D % 64 == 0 && radixlm_gemm_isa(-1);
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
@@ -157,7 +263,10 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
             const int64_t *sl = slots + b * ld_slots;
             const float *qb = q + b * ldq + h * G * D;
             float *acc = scores + R * stride, *inv_sum = acc + R * D;
-            KV_FN(qk_scores)(qb, k_buf, sl, L, Hkv, h, nh, D, G, scale, scores, stride);
+            if (wide)
+                KV_FN(zqk_scores)(qb, k_buf, sl, L, Hkv, h, nh, D, G, scale, scores, stride);
+            else
+                KV_FN(qk_scores)(qb, k_buf, sl, L, Hkv, h, nh, D, G, scale, scores, stride);
             for (int64_t g = 0; g < R; ++g) {
                 float *s = scores + g * stride;
                 float m = -INFINITY;
@@ -171,7 +280,10 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
                 }
                 inv_sum[g] = 1.0f / hsum256(vs);
             }
-            KV_FN(pv_sum)(scores, stride, v_buf, sl, L, Hkv, h, nh, D, G, acc);
+            if (wide)
+                KV_FN(zpv_sum)(scores, stride, v_buf, sl, L, Hkv, h, nh, D, G, acc);
+            else
+                KV_FN(pv_sum)(scores, stride, v_buf, sl, L, Hkv, h, nh, D, G, acc);
             for (int64_t g = 0; g < R; ++g) {
                 float *o = out + (b * H + h * G + g) * D;
                 __m256 inv = _mm256_set1_ps(inv_sum[g]);
