@@ -235,9 +235,7 @@ def _half_pool(case):
 @pytest.mark.parametrize("mode", ["extend", "decode"])
 @pytest.mark.parametrize("page_size,group", [(1, 1), (16, 3), (4, 3)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_cpu_kernels_on_float16_pools_match_torch_native(
-    gemm_isa, mode, page_size, group, threads
-):
+def test_cpu_kernels_on_float16_pools_match_torch_native(gemm_isa, mode, page_size, group, threads):
     """--kv-cache-dtype float16: the C store rounds K/V to float16 exactly as torch does
     (nearest even), and the C attention over the float16 pool (computed in fp32) equals
     torch_native's over the same pool."""
