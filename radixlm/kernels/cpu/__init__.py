@@ -4,7 +4,8 @@ may be float32 or float16, `KV_DTYPES`):
 * `packed_gemm.c`: the GEMM over packed weight panels (`CpuKernels.mm`), AVX-512 where
   the CPU has it, else AVX2 (`CpuKernels.gemm_isa`);
 * `decode_attention.c`: paged decode attention read in place from the KV pool
-  (`CpuKernels.decode_attention`; `decode_attention_kv.h` is its body, once per KV dtype);
+  (`CpuKernels.decode_attention`; `decode_attention_kv.h` is its body, once per KV dtype),
+  in 512-bit vectors where `gemm_isa` is "avx512" and head_dim % 64 == 0;
 * `extend_attention.c`: paged causal prefill attention, FlashAttention-style blocks
   (`CpuKernels.extend_attention`);
 * `elementwise.c`: RMSNorm, silu(gate) * up, RoPE in place, and the KV-pool store;
@@ -114,8 +115,8 @@ class CpuKernels:
         return y
 
     def gemm_isa(self, use_avx512: bool | None = None) -> str:
-        """The instruction set `mm` (and the fused layers' GEMMs) run: "avx512" or "avx2".
-        The default is AVX-512 where the CPU has AVX-512F; `use_avx512` True/False switches
+        """The instruction set `mm`, the fused layers' GEMMs and the attention kernels' wide
+        paths run: "avx512" or "avx2". The default is AVX-512 where the CPU has AVX-512F; `use_avx512` True/False switches
         it for the whole process (True is ignored without AVX-512F); None only asks."""
         request = -1 if use_avx512 is None else int(use_avx512)
         return "avx512" if self._gemm_isa(request) else "avx2"
