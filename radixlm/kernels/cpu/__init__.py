@@ -116,8 +116,9 @@ class CpuKernels:
 
     def gemm_isa(self, use_avx512: bool | None = None) -> str:
         """The instruction set `mm`, the fused layers' GEMMs and the attention kernels' wide
-        paths run: "avx512" or "avx2". The default is AVX-512 where the CPU has AVX-512F; `use_avx512` True/False switches
-        it for the whole process (True is ignored without AVX-512F); None only asks."""
+        paths run: "avx512" or "avx2". The default is AVX-512 where the CPU has AVX-512F;
+        `use_avx512` True/False switches it for the whole process (True is ignored without
+        AVX-512F); None only asks."""
         request = -1 if use_avx512 is None else int(use_avx512)
         return "avx512" if self._gemm_isa(request) else "avx2"
 
