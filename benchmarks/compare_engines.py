@@ -29,11 +29,12 @@ Method
   HTTP peers).
 * Machine, per thread count, before and after its runs (the better of the two is used):
   memory bandwidth (the better of a read and a copy of a 256 MiB tensor, best of 5 each)
-  and fp32 peak (torch's 2048^3 matmul). The single-stream decode step (radixlm TPOT p50 of
-  `single`) is printed as a ratio to weight bytes / bandwidth, the step time of a purely
-  memory-bound decoder; each workload gets its roofline (`machine.py`: the output tokens/s
-  of an ideal prefix-cached engine at that peak and bandwidth) and every row the fraction
-  of it that the engine reached.
+  and fp32 peak (the better of torch's 2048^3 matmul and radixlm's packed GEMM). The
+  single-stream decode step (radixlm TPOT p50 of `single`) is printed as a ratio to
+  weight bytes / bandwidth, the step time of a purely memory-bound decoder; each
+  workload gets its roofline (`machine.py`: the output tokens/s of an ideal prefix-cached
+  engine at that peak and bandwidth) and every row the fraction of it that the engine
+  reached.
 
     python benchmarks/compare_engines.py --quick --threads 1     # 1 repetition, smaller evict
     python benchmarks/compare_engines.py                          # threads 1 and 2, 3 reps
