@@ -238,7 +238,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if unknown or not names:
             what = f"unknown {', '.join(unknown)}" if unknown else "none given"
             p.error(f"{flag}: {what}; known: {', '.join(known)}")
-    chosen = set((args.workloads or ",".join(WORKLOAD_NAMES)).split(","))
+    chosen = set(args.workloads.split(",")) if args.workloads else set(WORKLOAD_NAMES)
     if "shared16-warm" in chosen and "shared16-cold" not in chosen:
         # the warm burst finds its shared prefix cached only after the cold one ran
         p.error("--workloads: shared16-warm needs shared16-cold (it warms the cache)")

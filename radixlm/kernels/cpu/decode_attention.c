@@ -33,7 +33,7 @@ static inline void prefetch_row(const void *row, int64_t bytes) {
 
 /* The sums of eight 16-lane vectors a[0..7], in order, as one 8-lane vector: halves
  * added pairwise (shuffle_f32x4), then quarters, then the four lanes of each 128-bit
- * lane; 26 instructions for eight dot products of 64. */
+ * lane; 24 instructions for eight dot products. */
 static ZW_INLINE __m256 zsum8(const __m512 *a) {
     __m512 s[4];
     for (int i = 0; i < 4; ++i)

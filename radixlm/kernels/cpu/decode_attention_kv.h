@@ -246,7 +246,14 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
     /* A task per request and KV head; with requests enough to share out, a task per
      * request that reads each K / V row of all the KV heads in one pass. */
     const int64_t nh = B >= 2 * num_threads ? Hkv : 1;
+    /* The 512-bit score and V-sum tiles where the CPU has AVX-512 and D % 64 == 0. */
     const int wide = D % 64 == 0 && radixlm_gemm_isa(-1);
+    void (*const scores_of)(const float *, const KV_T *, const int64_t *, int64_t, int64_t,
+                            int64_t, int64_t, int64_t, int64_t, float, float *, int64_t) =
+        wide ? KV_FN(zqk_scores) : KV_FN(qk_scores);
+    void (*const v_sum)(const float *, int64_t, const KV_T *, const int64_t *, int64_t, int64_t,
+                        int64_t, int64_t, int64_t, int64_t, float *) =
+        wide ? KV_FN(zpv_sum) : KV_FN(pv_sum);
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
@@ -263,10 +270,7 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
             const int64_t *sl = slots + b * ld_slots;
             const float *qb = q + b * ldq + h * G * D;
             float *acc = scores + R * stride, *inv_sum = acc + R * D;
-            if (wide)
-                KV_FN(zqk_scores)(qb, k_buf, sl, L, Hkv, h, nh, D, G, scale, scores, stride);
-            else
-                KV_FN(qk_scores)(qb, k_buf, sl, L, Hkv, h, nh, D, G, scale, scores, stride);
+            scores_of(qb, k_buf, sl, L, Hkv, h, nh, D, G, scale, scores, stride);
             for (int64_t g = 0; g < R; ++g) {
                 float *s = scores + g * stride;
                 float m = -INFINITY;
@@ -280,10 +284,7 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
                 }
                 inv_sum[g] = 1.0f / hsum256(vs);
             }
-            if (wide)
-                KV_FN(zpv_sum)(scores, stride, v_buf, sl, L, Hkv, h, nh, D, G, acc);
-            else
-                KV_FN(pv_sum)(scores, stride, v_buf, sl, L, Hkv, h, nh, D, G, acc);
+            v_sum(scores, stride, v_buf, sl, L, Hkv, h, nh, D, G, acc);
             for (int64_t g = 0; g < R; ++g) {
                 float *o = out + (b * H + h * G + g) * D;
                 __m256 inv = _mm256_set1_ps(inv_sum[g]);
