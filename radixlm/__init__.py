@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from radixlm import omp_policy as _omp_policy
+
+# Before anything loads torch (and with it libgomp, which reads the variable once).
+_omp_policy.apply_default()
+
 __version__ = "0.1.0"
 # Re-exported lazily from radixlm.lang (the names programs use as `rl.<name>`).
 _LANG_NAMES = (

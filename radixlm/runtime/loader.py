@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from radixlm import omp_policy
 from radixlm.config import ServerArgs
 from radixlm.errors import InvalidRequestError
 from radixlm.runtime.memory import check_fits
@@ -50,6 +51,13 @@ def build_stack(args: ServerArgs) -> ServingStack:
 
     logging.getLogger("radixlm").setLevel(args.log_level.upper())
     torch.set_num_threads(args.num_threads)
+    if args.num_threads > 1 and omp_policy.spins():
+        logger.warning(
+            "OpenMP threads spin at barriers (%s): beside other busy processes a step can "
+            "run many times slower; import radixlm before torch, or set "
+            "OMP_WAIT_POLICY=PASSIVE",
+            omp_policy.describe(),
+        )
     hf_dir = local_hf_dir(args.model)
     config = AutoConfig.from_pretrained(hf_dir)
     tokenizer = load_tokenizer(args)
@@ -131,6 +139,7 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
             "device": runner.device,
             "attention_backend": type(runner.backend).__name__,
             "cpu_layout": runner.cpu_layout,
+            "omp_wait_policy": omp_policy.describe(),
         },
         "kv_bytes_per_token": runner.kv_bytes_per_token,
         "max_total_tokens": runner.max_total_tokens,

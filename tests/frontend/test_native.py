@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from .conftest import COMPLETION_MAX, COMPLETION_PROMPT, MODEL, sse_payloads
 
@@ -64,6 +65,13 @@ def test_server_and_model_info(http):
     assert mem["free"] + mem["evictable"] + mem["protected"] + mem["held"] == mem["total"]
     assert info["max_total_tokens"] == 20000 and info["context_length"] == 8192
     assert info["args"]["api_key"] == "<redacted>"
+    # The scheduler process waits passively at OpenMP barriers unless this environment
+    # chose otherwise (radixlm.omp_policy).
+    spin_env = os.environ.get("OMP_WAIT_POLICY", "PASSIVE").upper() != "PASSIVE" or (
+        os.environ.get("GOMP_SPINCOUNT", "0") != "0"
+    )
+    policy = info["resolved"]["omp_wait_policy"]
+    assert policy.startswith("spin" if spin_env else "passive"), policy
     model = http.get("/get_model_info").json()
     assert model["served_model_name"] == MODEL and model["is_generation"] is True
     assert http.get("/health").status_code == 200

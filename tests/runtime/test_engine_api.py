@@ -185,6 +185,7 @@ def test_blocking_generate_inside_a_stream_loop(engine):
 
 
 def test_server_info_says_which_paths_were_chosen(engine):
+    from radixlm import omp_policy
     from radixlm.kernels.cpu import CpuKernels
 
     info = engine.get_server_info()
@@ -194,6 +195,7 @@ def test_server_info_says_which_paths_were_chosen(engine):
         "device": "cpu",
         "attention_backend": "CpuNativeBackend" if built else "TorchNativeBackend",
         "cpu_layout": "packed" if built else "input-major",
+        "omp_wait_policy": omp_policy.describe(),
     }
     with Engine(MODEL, max_total_tokens=256, cpu_gemm="torch") as ref:
         resolved = ref.get_server_info()["resolved"]

@@ -1,0 +1,89 @@
+"""radixlm.omp_policy: `import radixlm` makes libgomp's threads wait passively, unless the
+user chose a policy or libgomp was loaded first. Each case runs in a fresh interpreter,
+since libgomp reads the variables once, when it loads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+SHOW = (
+    "import os, sys, radixlm.omp_policy as p; "
+    "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT')); "
+    "print(p.describe()); print(p.spins())"
+)
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    return subprocess.run(
+        [sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
+        check=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_import_sets_passive_before_torch_loads():
+    out = _run("import radixlm, sys; " + SHOW + "; print('torch' in sys.modules)")
+    policy, described, spins, torch_loaded = out.stdout.splitlines()
+    assert policy == "PASSIVE 300"
+    assert described == "passive (GOMP_SPINCOUNT=300, OMP_WAIT_POLICY=PASSIVE, set by radixlm)"
+    assert spins == "False"
+    assert torch_loaded == "False"  # `import radixlm` stays torch-free
+
+
+def test_libgomp_runs_with_the_policy_radixlm_set():
+    # OMP_DISPLAY_ENV makes libgomp print the settings it read when it loaded.
+    out = _run("import radixlm, torch; torch.ones(2).sum()", OMP_DISPLAY_ENV="VERBOSE")
+    assert "GOMP_SPINCOUNT = '300'" in out.stderr
+    default = _run("import torch; torch.ones(2).sum()", OMP_DISPLAY_ENV="VERBOSE")
+    assert "GOMP_SPINCOUNT = '300000'" in default.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "policy", "described", "spins"),
+    [
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE None", "spin (OMP_WAIT_POLICY=ACTIVE)", "True"),
+        (
+            {"OMP_WAIT_POLICY": "passive"},
+            "passive None",
+            "passive (OMP_WAIT_POLICY=passive)",
+            "False",
+        ),
+        ({"GOMP_SPINCOUNT": "100000"}, "None 100000", "spin (GOMP_SPINCOUNT=100000)", "True"),
+        ({"GOMP_SPINCOUNT": "1k"}, "None 1k", "passive (GOMP_SPINCOUNT=1k)", "False"),
+        ({"GOMP_SPINCOUNT": "infinite"}, "None infinite", "spin (GOMP_SPINCOUNT=infinite)", "True"),
+        (
+            {"GOMP_SPINCOUNT": "300000", "OMP_WAIT_POLICY": "PASSIVE"},
+            "PASSIVE 300000",
+            "spin (GOMP_SPINCOUNT=300000, OMP_WAIT_POLICY=PASSIVE)",
+            "True",
+        ),
+    ],
+)
+def test_a_users_choice_is_kept(env, policy, described, spins):
+    out = _run("import radixlm; " + SHOW, **env)
+    assert out.stdout.splitlines() == [policy, described, spins]
+
+
+def test_torch_imported_first_keeps_the_spin_default_and_says_so():
+    out = _run("import torch, radixlm; " + SHOW)
+    policy, described, spins = out.stdout.splitlines()
+    assert policy == "None None"
+    assert described.startswith("spin (libgomp's default") and spins == "True"
+
+
+@pytest.mark.slow
+def test_multithreaded_engine_warns_when_threads_spin():
+    code = (
+        "import logging, torch, radixlm; logging.basicConfig(level=logging.WARNING); "
+        "from radixlm.config import ServerArgs; from radixlm.runtime import loader; "
+        "loader.build_stack(ServerArgs(model='smollm2-135m', num_threads=2, "
+        "max_total_tokens=256))"
+    )
+    out = _run(code)
+    assert "OpenMP threads spin at barriers" in out.stderr
+    quiet = _run(code.replace("torch, radixlm", "radixlm, torch"))
+    assert "OpenMP threads spin at barriers" not in quiet.stderr
