@@ -55,7 +55,11 @@ class ServerArgs:
         choices=["auto", "cpu", "cuda"],
     )
     num_threads: int = _opt(
-        1, "torch compute threads per process (1 is fastest on shared small machines)"
+        1,
+        "torch compute threads per process (more than the free cores is slower; beside "
+        "other busy processes 1 is as fast as 2 on a 2-core machine; threads wait at "
+        "barriers by radixlm's short-spin policy unless OMP_WAIT_POLICY or GOMP_SPINCOUNT "
+        "is set, see README)",
     )
     page_size: int = _opt(1, "tokens per KV page (a power of two)")
     max_total_tokens: int | None = _opt(
