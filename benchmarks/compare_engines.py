@@ -22,7 +22,9 @@ Method
   the engines A-B-A-B; each repetition starts the engine fresh (cold caches) and runs the
   workloads in the order above. Before each run the script waits (up to 60 s) until the
   CPUs are at most 10% busy (the log says when a run started anyway); HTTP servers are
-  stopped with their whole process group.
+  stopped with their whole process group. With --neighbours N, N busy-looping processes
+  (nice 19, each in its own session) run beside every engine run, started after the quiet
+  wait: how each engine copes with a shared machine (the roofline stays the quiet one's).
   `os.getloadavg()` and the busy fraction before, the load after each run. Reported:
   output tokens/s median (min-max) over repetitions, TTFT and TPOT p50/p99 of the median
   repetition, cache hit rate, radixlm's ratio (in-process vs in-process peers, HTTP vs
@@ -56,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from machine import (
+    busy_neighbours,
     memory_bandwidth,
     model_params,
     peak_flops,
@@ -63,7 +66,7 @@ from machine import (
     wait_for_quiet,
     workload_work,
 )
-from peer_servers import ENGINES, EngineSpec, http_run
+from peer_servers import ENGINES, EngineSpec, engine_environ, http_run
 from report import save_report
 
 from radixlm.bench.stats import RequestResult, summarize
@@ -123,7 +126,7 @@ def run_inprocess(spec: EngineSpec, model_dir: Path, threads: int, wl_file: Path
         cmd = [spec.python or sys.executable, str(HERE / "engine_harness.py"),
                "--engine", spec.harness, "--model-dir", str(spec.model_dir or model_dir),
                "--threads", str(threads), "--spec", str(wl_file), "--out", str(out)]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+        env = engine_environ(spec, threads, TOKENIZERS_PARALLELISM="false")
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{spec.name} harness failed:\n{proc.stderr[-2000:]}")
@@ -228,6 +231,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help=f"JSON report (default benchmarks/results/{DEFAULT_OUTPUT.name})",
     )
+    p.add_argument(
+        "--neighbours",
+        type=int,
+        default=0,
+        help="busy-looping processes (nice 19, own sessions) running beside each engine run, "
+        "started once the machine is quiet (default 0: a quiet machine)",
+    )
     args = p.parse_args(argv)
     for flag, given, known in (("--engines", args.engines, [e.key for e in ENGINES]),
                                ("--workloads", args.workloads, WORKLOAD_NAMES)):  # fmt: skip
@@ -244,6 +254,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--workloads: shared16-warm needs shared16-cold (it warms the cache)")
     if min(args.threads) < 1 or args.reps < 1:
         p.error("--threads and --reps must be at least 1")
+    if args.neighbours < 0:
+        p.error("--neighbours must be at least 0")
     if args.quick:
         args.reps = 1
     if args.output is None:
@@ -287,12 +299,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{head} ({quiet})", file=sys.stderr, flush=True)
                     t0 = time.perf_counter()
                     try:
-                        if e.harness:
-                            per_wl = run_inprocess(e, model_dir, threads, wl_file)
-                        else:
-                            per_wl = http_run(
-                                e, model_dir, threads, workloads, tok, RADIXLM_KV_TOKENS
-                            )
+                        with busy_neighbours(args.neighbours):
+                            if e.harness:
+                                per_wl = run_inprocess(e, model_dir, threads, wl_file)
+                            else:
+                                per_wl = http_run(
+                                    e, model_dir, threads, workloads, tok, RADIXLM_KV_TOKENS
+                                )
                     except Exception as exc:  # noqa: BLE001 - record and keep comparing
                         last = (str(exc).splitlines() or [type(exc).__name__])[-1]
                         status[e.name] = f"failed: {last[:120]}"
@@ -300,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     meta = {"load_before": load_before, "load_after": os.getloadavg(),
                             "busy_before": busy, "quiet_wait_s": waited,
+                            "neighbours": args.neighbours,
                             "wall_s": time.perf_counter() - t0, "rep": rep}  # fmt: skip
                     raw.setdefault(str(threads), {}).setdefault(e.name, []).append(meta)
                     for wl, (results, duration) in per_wl.items():

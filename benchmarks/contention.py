@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import busy_neighbours  # noqa: E402
 from report import save_report  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "contention.json"
@@ -82,18 +83,6 @@ def child(threads: int, new_tokens: int) -> dict[str, Any]:
     return result
 
 
-def start_neighbours(n: int) -> list[subprocess.Popen]:
-    """n busy loops, each at nice 19 in its own session."""
-    return [
-        subprocess.Popen(
-            [sys.executable, "-c", "while True: pass"],
-            start_new_session=True,
-            preexec_fn=lambda: os.nice(19),
-        )
-        for _ in range(n)
-    ]
-
-
 def run_child(threads: int, env_extra: dict[str, str], new_tokens: int) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env.update(env_extra)
@@ -126,17 +115,12 @@ def main() -> None:
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     load = {"before": os.getloadavg()}
     for condition in ("quiet", "busy"):
-        neighbours = start_neighbours(args.neighbours) if condition == "busy" else []
-        try:
+        with busy_neighbours(args.neighbours if condition == "busy" else 0):
             for rep in range(reps):
                 for name, threads, env in configs:
                     r = run_child(threads, env, new_tokens)
                     runs.setdefault((condition, name), []).append(r)
                     print(f"{condition} {name} rep {rep}: {r}", file=sys.stderr, flush=True)
-        finally:
-            for p in neighbours:
-                p.kill()
-                p.wait()
     load["after"] = os.getloadavg()
     rows = []
     for (condition, name), rs in runs.items():

@@ -18,8 +18,12 @@ did not (a noisy neighbour during the probe, or an engine reading faster than to
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +102,27 @@ def wait_for_quiet(busy_max: float = 0.10, limit_s: float = 60.0) -> tuple[float
     while busy > busy_max and time.perf_counter() - t0 < limit_s:
         busy = cpu_busy()
     return time.perf_counter() - t0, busy
+
+
+@contextlib.contextmanager
+def busy_neighbours(n: int) -> Iterator[None]:
+    """While the block runs, n busy-looping Python processes, each at nice 19 in a session
+    of its own, as a build or another user's job would be (Linux autogroups give each
+    session an equal CPU share, whatever its nice value). n = 0: nothing."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            start_new_session=True,
+            preexec_fn=lambda: os.nice(19),
+        )
+        for _ in range(n)
+    ]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def model_params(model_dir: Path) -> tuple[int, int, int]:

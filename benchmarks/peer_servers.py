@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from radixlm import omp_policy
 from radixlm.bench.backends import make_backend
 from radixlm.bench.runner import run
 from radixlm.bench.workloads import Session, Turn
@@ -68,6 +69,17 @@ class EngineSpec:
         if missing:
             return f"not installed ({', '.join(missing)} missing; see benchmarks/README.md)"
         return None
+
+
+def engine_environ(spec: EngineSpec, threads: int, **extra: str) -> dict[str, str]:
+    """The environment an engine runs in: this process's, OMP_NUM_THREADS = threads, and
+    `extra`. Peers do not inherit the OpenMP wait policy that `import radixlm` set here
+    (`radixlm.omp_policy`): each runs with its own defaults, as a user would start it."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), **extra}
+    if not spec.key.startswith("radixlm"):
+        for name in omp_policy.set_by_radixlm():
+            env.pop(name, None)
+    return env
 
 
 def _radixlm_serve(model_dir: Path, threads: int, port: int, kv: int, *extra: str):
@@ -175,7 +187,7 @@ def http_run(
     /v1/completions, token-id prompts), stop it. Returns {workload: (results, seconds)}."""
     port = free_port()
     argv, env = spec.launch(model_dir, threads, port, kv_tokens)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), **env}
+    env = engine_environ(spec, threads, **env)
     log = Path(tempfile.mkstemp(prefix=f"compare-{spec.key}-", suffix=".log")[1])
     with log.open("w") as f:
         proc = subprocess.Popen(

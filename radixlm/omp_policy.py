@@ -97,6 +97,13 @@ def describe() -> str:
     return _state or ""
 
 
+def set_by_radixlm() -> dict[str, str]:
+    """The variables `apply_default` put into os.environ (empty when it set none): what a
+    child process that should run with its own OpenMP defaults must not inherit."""
+    describe()
+    return dict(DEFAULTS) if _state and _state.endswith("set by radixlm)") else {}
+
+
 def spins() -> bool:
     """Whether libgomp's threads spin long at barriers before sleeping."""
     return describe().startswith("spin")
