@@ -18,9 +18,11 @@ busy process does to radixlm's CPU steps, and how the OpenMP wait policy decides
   calls: the decode step at batch 1 and at batch 16 (median over `--new-tokens` steps,
   32-token prompts) and the prefill step of one 512-token prompt.
 
-Runs alternate the policies within each repetition; the table gives the median over
-repetitions and each busy row's slowdown against the same policy's quiet row. Writes
-``benchmarks/results/contention.json``.
+``--spin-counts N ...`` adds a policy per libgomp spin count. The script first waits (up
+to 60 s) for idle CPUs; runs alternate the policies within each repetition; the table
+gives the median over repetitions and each busy row's slowdown against the same policy's
+quiet row. Writes ``benchmarks/results/contention.json`` (``--quick``:
+``contention_quick.json``) with the CPU model and the autogroup setting.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -36,10 +39,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import busy_neighbours  # noqa: E402
+from machine import busy_neighbours, wait_for_quiet  # noqa: E402
 from report import save_report  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "contention.json"
+QUICK_RESULTS = RESULTS.with_name("contention_quick.json")
 #: Environment per policy: the variables radixlm.omp_policy leaves alone when set.
 POLICIES = {
     "radixlm default": {},
@@ -94,14 +98,40 @@ def run_child(threads: int, env_extra: dict[str, str], new_tokens: int) -> dict[
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _cpu_model() -> str:
+    for line in (_read("/proc/cpuinfo") or "").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2, help="compute threads (default 2)")
     ap.add_argument("--neighbours", type=int, default=1, help="busy processes (default 1)")
     ap.add_argument("--reps", type=int, default=2, help="repetitions (default 2)")
     ap.add_argument("--new-tokens", type=int, default=16, help="decode steps timed (16)")
-    ap.add_argument("--quick", action="store_true", help="1 repetition, 8 decode steps")
-    ap.add_argument("--output", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--spin-counts",
+        type=int,
+        nargs="*",
+        default=[],
+        help="more policies: GOMP_SPINCOUNT values to run beside the three (default none)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"1 repetition, 8 decode steps (overrides --reps, --new-tokens); default output "
+        f"{QUICK_RESULTS.name}",
+    )
+    ap.add_argument("--output", type=Path, default=None, help=f"JSON (default {RESULTS.name})")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -109,11 +139,17 @@ def main() -> None:
         return
     if args.threads < 2 or args.neighbours < 1 or args.reps < 1 or args.new_tokens < 2:
         ap.error("need --threads >= 2, --neighbours >= 1, --reps >= 1, --new-tokens >= 2")
+    if any(n < 0 for n in args.spin_counts):
+        ap.error("--spin-counts must be >= 0")
+    if args.output is None:
+        args.output = QUICK_RESULTS if args.quick else RESULTS
     reps, new_tokens = (1, 8) if args.quick else (args.reps, args.new_tokens)
     configs = [(name, args.threads, env) for name, env in POLICIES.items()]
+    configs += [(f"spin {n}", args.threads, {"GOMP_SPINCOUNT": str(n)}) for n in args.spin_counts]
     configs.append(("1 thread", 1, POLICIES["radixlm default"]))
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     load = {"before": os.getloadavg()}
+    quiet_wait = wait_for_quiet()
     for condition in ("quiet", "busy"):
         with busy_neighbours(args.neighbours if condition == "busy" else 0):
             for rep in range(reps):
@@ -146,6 +182,9 @@ def main() -> None:
         "reps": reps,
         "new_tokens": new_tokens,
         "load": load,
+        "quiet_wait": {"waited_s": quiet_wait[0], "busy": quiet_wait[1]},
+        "cpu": _cpu_model(),
+        "autogroup": _read("/proc/sys/kernel/sched_autogroup_enabled"),
         "rows": rows,
     }
     save_report(report, args.output)

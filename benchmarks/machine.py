@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -104,20 +105,35 @@ def wait_for_quiet(busy_max: float = 0.10, limit_s: float = 60.0) -> tuple[float
     return time.perf_counter() - t0, busy
 
 
+def _neighbour_setup() -> None:
+    """In a neighbour before exec: nice 19, and (Linux) SIGKILL when its parent dies, so
+    that a benchmark killed with SIGTERM or SIGKILL leaves no busy loop behind."""
+    os.nice(19)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 @contextlib.contextmanager
 def busy_neighbours(n: int) -> Iterator[None]:
     """While the block runs, n busy-looping Python processes, each at nice 19 in a session
-    of its own, as a build or another user's job would be (Linux autogroups give each
-    session an equal CPU share, whatever its nice value). n = 0: nothing."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", "while True: pass"],
-            start_new_session=True,
-            preexec_fn=lambda: os.nice(19),
-        )
-        for _ in range(n)
-    ]
+    of its own, as a build or another user's job would be (where Linux autogroups are on,
+    `kernel.sched_autogroup_enabled`, each session gets an equal CPU share whatever its
+    nice value). They are killed when the block ends, and with this process. n = 0:
+    nothing."""
+    procs: list[subprocess.Popen] = []
     try:
+        for _ in range(n):
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", "while True: pass"],
+                    start_new_session=True,
+                    preexec_fn=_neighbour_setup,
+                )
+            )
         yield
     finally:
         for p in procs:

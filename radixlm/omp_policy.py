@@ -10,40 +10,52 @@ process for a whole slice (milliseconds), and every one of the step's barriers w
 it. ``nice`` does not help across sessions, where Linux autogroups give each session an
 equal share of the CPU.
 
-A short spin keeps the quiet speed and gives all of the robustness. Measured on the
-2-core AVX2 EPYC, 2 compute threads, SmolLM2-135M, beside one busy-looping process at
-nice 19 in another session (`benchmarks/contention.py`), batch 1 / batch 16 decode step /
-512-token prefill, ms, one run each (the first and last rows: median of 2):
+A short spin keeps the quiet speed, which no spin at all gives up by a few percent, and
+almost all of the robustness. Measured on the 2-core AVX2 EPYC, 2 compute threads,
+SmolLM2-135M, beside one busy-looping process at nice 19 in another session, batch 1 /
+batch 16 decode step / 512-token prefill, ms. The 300k, 300 and 0 rows are
+`benchmarks/results/contention.json` (median of 2); the others are single runs of the
+same measurement (`python benchmarks/contention.py --spin-counts 30000 3000 1000`):
 
 | GOMP_SPINCOUNT | quiet | one busy neighbour |
 |---|---|---|
-| 300000 (libgomp's default) | 20.7 / 28.9 / 709 | 1187 / 1244 / 3902 |
+| 300000 (libgomp's default) | 21.3 / 29.5 / 781 | 1275 / 1352 / 3884 |
 | 30000 | 18.2 / 28.8 / 703 | 284 / 317 / 1935 |
 | 3000 | 19.4 / 28.3 / 712 | 58 / 80 / 1429 |
 | 1000 | 20.7 / 28.6 / 716 | 41 / 64 / 1537 |
-| 300 (radixlm's default) | 19.2 / 29.2 / 734 | 34 / 59 / 1444 |
-| 0 (OMP_WAIT_POLICY=PASSIVE) | 20.7 / 31.0 / 719 | 33 / 58 / 1462 |
+| 300 (radixlm's default) | 20.4 / 29.4 / 738 | 37 / 59 / 1473 |
+| 0 (OMP_WAIT_POLICY=PASSIVE) | 21.7 / 31.3 / 733 | 35 / 57 / 1427 |
 
-(A busy neighbour leaves one core: one compute thread runs 32 / 53 / 1380 there.)
+(A busy neighbour leaves one core: one compute thread runs 36 / 55 / 1425 there.)
 
-So `import radixlm` sets ``GOMP_SPINCOUNT=300`` and ``OMP_WAIT_POLICY=PASSIVE`` (for
-OpenMP runtimes other than libgomp), unless the user set either or libgomp is already
-loaded (it reads them once, when it loads: import radixlm before torch). Child processes
-(the server's scheduler) inherit them. `describe()` says which policy is in effect; the
-engine reports it as ``resolved.omp_wait_policy`` in `get_server_info()`.
+So `import radixlm` sets ``GOMP_SPINCOUNT=300`` and ``OMP_WAIT_POLICY=PASSIVE`` (the
+latter for OpenMP runtimes other than libgomp, such as LLVM's libomp, where only it
+applies), plus the marker ``RADIXLM_OMP_DEFAULTS=1`` so that child processes (the
+server's scheduler) know where their inherited values came from. It does so unless the
+user set either variable or libgomp is already loaded: libgomp reads them once, when it
+loads (import radixlm before torch, or export the variables before Python starts). The
+setting holds for the whole process and its children, radixlm used as a client included.
+`describe()` says which policy is in effect; the engine reports it as
+``resolved.omp_wait_policy`` in `get_server_info()`.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 #: What radixlm sets when the user set neither variable.
 DEFAULTS = {"GOMP_SPINCOUNT": "300", "OMP_WAIT_POLICY": "PASSIVE"}
+#: Set beside `DEFAULTS`: tells child processes that radixlm, not the user, chose them.
+MARKER = "RADIXLM_OMP_DEFAULTS"
 #: Barrier spins (libgomp iterations) up to which waiting counts as passive.
 SHORT_SPIN = 1000
+#: libgomp's spin count without either variable.
+LIBGOMP_DEFAULT_SPIN = 300_000
 
 _state: str | None = None  # what apply_default found, for describe()
+_SPIN = re.compile(r"\s*(-?)\s*(\d+)\s*([kmgt]?)\s*", re.IGNORECASE)
 
 
 def libgomp_loaded() -> bool:
@@ -56,37 +68,62 @@ def libgomp_loaded() -> bool:
         return "torch" in sys.modules
 
 
-def _spin_count(env) -> float:
-    """libgomp's barrier spin count under these variables (GOMP_SPINCOUNT wins; it takes
-    k/M/G/T suffixes and "infinite"; an unreadable value counts as a long spin)."""
-    raw = env.get("GOMP_SPINCOUNT")
-    if raw is None:
-        policy = env.get("OMP_WAIT_POLICY", "").strip().upper()
-        return {"PASSIVE": 0, "ACTIVE": float("inf")}.get(policy, 300_000)
-    raw = raw.strip().lower()
-    scale = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}.get(raw[-1:], 1)
+def _initial_environ() -> dict[str, str]:
+    """The environment this process started with (/proc/self/environ; elsewhere
+    os.environ): what a libgomp loaded at start-up read."""
     try:
-        return float("inf") if raw == "infinite" else float(raw.rstrip("kmgt")) * scale
-    except ValueError:
-        return float("inf")
+        with open("/proc/self/environ", "rb") as f:
+            items = f.read().split(b"\0")
+    except OSError:
+        return dict(os.environ)
+    pairs = (item.decode(errors="replace").partition("=") for item in items if b"=" in item)
+    return {k: v for k, _, v in pairs}
+
+
+def spin_count(env) -> float:
+    """libgomp's barrier spin count under these variables, by its rules: GOMP_SPINCOUNT,
+    when valid (digits with an optional k/M/G/T suffix, "infinite" / "infinity"; a minus
+    sign wraps to the largest count), wins; else OMP_WAIT_POLICY (PASSIVE 0, ACTIVE 3e10,
+    unset or invalid `LIBGOMP_DEFAULT_SPIN`)."""
+    raw = env.get("GOMP_SPINCOUNT")
+    if raw is not None:
+        if raw.strip().lower() in ("infinite", "infinity"):
+            return float("inf")
+        m = _SPIN.fullmatch(raw)
+        if m:
+            if m.group(1):
+                return float("inf")
+            scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}[m.group(3).lower()]
+            return int(m.group(2)) * scale
+    policy = env.get("OMP_WAIT_POLICY", "").strip().upper()
+    return {"PASSIVE": 0, "ACTIVE": 30_000_000_000}.get(policy, LIBGOMP_DEFAULT_SPIN)
+
+
+def policy_kind(env) -> str:
+    """ "passive" when libgomp's threads sleep after at most `SHORT_SPIN` spins at a barrier
+    under these variables, else "spin"."""
+    return "passive" if spin_count(env) <= SHORT_SPIN else "spin"
 
 
 def apply_default() -> None:
-    """Set `DEFAULTS` in os.environ unless the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT
-    or libgomp is already loaded; remember which case applied. Idempotent."""
+    """Set `DEFAULTS` (and `MARKER`) in os.environ unless the user set OMP_WAIT_POLICY or
+    GOMP_SPINCOUNT or libgomp is already loaded; remember which case applied. Idempotent."""
     global _state
     if _state is not None:
         return
-    user = [f"{v}={os.environ[v]}" for v in DEFAULTS if v in os.environ]
-    if user:
-        kind = "passive" if _spin_count(os.environ) <= SHORT_SPIN else "spin"
-        _state = f"{kind} ({', '.join(user)})"
-    elif libgomp_loaded():
+    loaded = libgomp_loaded()
+    env = _initial_environ() if loaded else os.environ  # what libgomp read, or will read
+    given = [f"{v}={env[v]}" for v in DEFAULTS if v in env]
+    ours = env.get(MARKER) == "1" and all(env.get(k) == v for k, v in DEFAULTS.items())
+    if given:
+        _state = f"{policy_kind(env)} ({', '.join(given)}{', set by radixlm' if ours else ''})"
+    elif loaded:
         _state = "spin (libgomp's default: libgomp was loaded before radixlm was imported)"
     else:
         os.environ.update(DEFAULTS)
-        given = ", ".join(f"{k}={v}" for k, v in DEFAULTS.items())
-        _state = f"passive ({given}, set by radixlm)"
+        os.environ[MARKER] = "1"
+        settings = ", ".join(f"{k}={v}" for k, v in DEFAULTS.items())
+        _state = f"passive ({settings}, set by radixlm)"
 
 
 def describe() -> str:
@@ -98,10 +135,12 @@ def describe() -> str:
 
 
 def set_by_radixlm() -> dict[str, str]:
-    """The variables `apply_default` put into os.environ (empty when it set none): what a
-    child process that should run with its own OpenMP defaults must not inherit."""
-    describe()
-    return dict(DEFAULTS) if _state and _state.endswith("set by radixlm)") else {}
+    """The variables radixlm put into this environment (`DEFAULTS` and `MARKER`, here or
+    in a parent; empty when it set none): what a child process that should run with its
+    own OpenMP defaults must not inherit."""
+    if os.environ.get(MARKER) != "1":
+        return {}
+    return {k: v for k, v in {**DEFAULTS, MARKER: "1"}.items() if os.environ.get(k) == v}
 
 
 def spins() -> bool:

@@ -1,5 +1,7 @@
 """Shared test settings: one compute thread per process (fastest on shared 2-core machines)."""
 
+# radixlm before torch: `import radixlm` sets the OpenMP wait policy libgomp reads once.
+import radixlm  # noqa: F401, I001
 import pytest
 import torch
 

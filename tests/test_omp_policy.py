@@ -18,7 +18,8 @@ SHOW = (
 
 
 def _run(code: str, **env: str) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    drop = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "RADIXLM_OMP_DEFAULTS")
+    base = {k: v for k, v in os.environ.items() if k not in drop}
     return subprocess.run(
         [sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
         check=True, timeout=120,
@@ -32,6 +33,19 @@ def test_import_sets_passive_before_torch_loads():
     assert described == "passive (GOMP_SPINCOUNT=300, OMP_WAIT_POLICY=PASSIVE, set by radixlm)"
     assert spins == "False"
     assert torch_loaded == "False"  # `import radixlm` stays torch-free
+
+
+def test_a_child_knows_radixlm_chose_its_inherited_policy():
+    # As the server's scheduler process: spawned with the parent's environment.
+    code = (
+        "import os, subprocess, sys, radixlm; "
+        "print(subprocess.run([sys.executable, '-c', 'import radixlm.omp_policy as p; "
+        "print(p.describe()); print(sorted(p.set_by_radixlm()))'], capture_output=True, "
+        "text=True).stdout)"
+    )
+    described, inherited = _run(code).stdout.splitlines()[:2]
+    assert described == "passive (GOMP_SPINCOUNT=300, OMP_WAIT_POLICY=PASSIVE, set by radixlm)"
+    assert inherited == str(sorted(["GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "RADIXLM_OMP_DEFAULTS"]))
 
 
 def test_libgomp_runs_with_the_policy_radixlm_set():
@@ -61,6 +75,16 @@ def test_libgomp_runs_with_the_policy_radixlm_set():
             "spin (GOMP_SPINCOUNT=300000, OMP_WAIT_POLICY=PASSIVE)",
             "True",
         ),
+        # libgomp's parsing: a minus sign wraps to the largest count; an invalid count
+        # falls back to OMP_WAIT_POLICY (unset: libgomp's 300000).
+        ({"GOMP_SPINCOUNT": "-1"}, "None -1", "spin (GOMP_SPINCOUNT=-1)", "True"),
+        ({"GOMP_SPINCOUNT": "1e3"}, "None 1e3", "spin (GOMP_SPINCOUNT=1e3)", "True"),
+        (
+            {"GOMP_SPINCOUNT": "abc", "OMP_WAIT_POLICY": "PASSIVE"},
+            "PASSIVE abc",
+            "passive (GOMP_SPINCOUNT=abc, OMP_WAIT_POLICY=PASSIVE)",
+            "False",
+        ),
     ],
 )
 def test_a_users_choice_is_kept(env, policy, described, spins):
@@ -76,6 +100,18 @@ def test_torch_imported_first_keeps_the_spin_default_and_says_so():
 
 
 @pytest.mark.slow
+def test_a_variable_set_after_libgomp_loaded_is_not_believed():
+    code = "import os, torch; os.environ['OMP_WAIT_POLICY'] = 'PASSIVE'; " + SHOW
+    described, spins = _run(code).stdout.splitlines()[1:]
+    assert described.startswith("spin (libgomp's default") and spins == "True"
+
+
+def test_this_test_process_runs_with_the_policy_conftest_set():
+    from radixlm import omp_policy
+
+    assert omp_policy.describe().startswith(omp_policy.policy_kind(os.environ))
+
+
 def test_multithreaded_engine_warns_when_threads_spin():
     code = (
         "import logging, torch, radixlm; logging.basicConfig(level=logging.WARNING); "
@@ -84,6 +120,29 @@ def test_multithreaded_engine_warns_when_threads_spin():
         "max_total_tokens=256))"
     )
     out = _run(code)
-    assert "OpenMP threads spin at barriers" in out.stderr
+    assert "OpenMP wait policy: spin (libgomp's default" in out.stderr
     quiet = _run(code.replace("torch, radixlm", "radixlm, torch"))
-    assert "OpenMP threads spin at barriers" not in quiet.stderr
+    assert "OpenMP wait policy" not in quiet.stderr
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"GOMP_SPINCOUNT": "-1"},
+        {"GOMP_SPINCOUNT": "1e3"},
+        {"GOMP_SPINCOUNT": "10k"},
+        {"GOMP_SPINCOUNT": "2M"},
+        {"GOMP_SPINCOUNT": "infinite"},
+        {"GOMP_SPINCOUNT": "abc", "OMP_WAIT_POLICY": "PASSIVE"},
+        {"OMP_WAIT_POLICY": "active"},
+    ],
+)
+def test_spin_count_agrees_with_what_libgomp_read(env):
+    import re
+
+    from radixlm import omp_policy
+
+    out = _run("import torch; torch.ones(2).sum()", OMP_DISPLAY_ENV="VERBOSE", **env)
+    read = int(re.search(r"GOMP_SPINCOUNT = '(\d+)'", out.stderr).group(1))
+    ours = omp_policy.spin_count(env)
+    assert ours == read or (ours == float("inf") and read >= 2**63), (ours, read)

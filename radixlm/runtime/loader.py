@@ -53,9 +53,9 @@ def build_stack(args: ServerArgs) -> ServingStack:
     torch.set_num_threads(args.num_threads)
     if args.num_threads > 1 and omp_policy.spins():
         logger.warning(
-            "OpenMP threads spin at barriers (%s): beside other busy processes a step can "
-            "run many times slower; import radixlm before torch, or set "
-            "OMP_WAIT_POLICY=PASSIVE",
+            "OpenMP wait policy: %s; beside other busy processes a step can run many times "
+            "slower: import radixlm before torch, or export OMP_WAIT_POLICY=PASSIVE (or "
+            "GOMP_SPINCOUNT=300) before Python starts",
             omp_policy.describe(),
         )
     hf_dir = local_hf_dir(args.model)

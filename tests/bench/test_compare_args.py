@@ -71,17 +71,61 @@ def test_peers_run_with_their_own_openmp_defaults(monkeypatch):
     from radixlm import omp_policy
 
     by_key = {e.key: e for e in ENGINES}
-    # As after `import radixlm` set its defaults in this process:
-    monkeypatch.setattr(omp_policy, "_state", "passive (..., set by radixlm)")
+    # As after `import radixlm` set its defaults here (or in a parent):
     for name, value in omp_policy.DEFAULTS.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv(omp_policy.MARKER, "1")
     for key in ("radixlm", "radixlm-http"):
         env = engine_environ(by_key[key], 2)
         assert env["GOMP_SPINCOUNT"] == "300" and env["OMP_NUM_THREADS"] == "2"
     for key in ("openvino", "vllm", "transformers"):
         env = engine_environ(by_key[key], 2, EXTRA="1")
-        assert "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env
+        assert not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY", omp_policy.MARKER} & set(env)
         assert env["OMP_NUM_THREADS"] == "2" and env["EXTRA"] == "1"
-    # A policy the user chose reaches every engine.
-    monkeypatch.setattr(omp_policy, "_state", "spin (GOMP_SPINCOUNT=300)")
+    # A policy the user chose (no marker) reaches every engine.
+    monkeypatch.delenv(omp_policy.MARKER)
     assert engine_environ(by_key["vllm"], 1)["GOMP_SPINCOUNT"] == "300"
+
+
+def test_busy_neighbours_die_with_a_killed_benchmark():
+    import os
+    import signal
+    import subprocess
+    import time
+
+    here = Path(__file__).resolve().parents[2] / "benchmarks"
+    code = (
+        f"import sys, time; sys.path.insert(0, {str(here)!r})\n"
+        "from machine import busy_neighbours\n"
+        "with busy_neighbours(1):\n    print('up', flush=True); time.sleep(60)\n"
+    )
+    bench = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert bench.stdout.readline().strip() == "up"
+        kids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _child_of(int(p), bench.pid)]
+        assert len(kids) == 1
+        bench.send_signal(signal.SIGKILL)  # no finally block runs
+        bench.wait()
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{kids[0]}/cmdline") and _alive(kids[0]):
+            assert time.monotonic() < deadline, "the busy neighbour outlived its parent"
+            time.sleep(0.05)
+    finally:
+        bench.kill()
+
+
+def _child_of(pid: int, parent: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1]) == parent
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    """False once pid is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

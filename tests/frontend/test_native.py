@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+from radixlm import omp_policy
+
 from .conftest import COMPLETION_MAX, COMPLETION_PROMPT, MODEL, sse_payloads
 
 GREEDY = {"max_new_tokens": COMPLETION_MAX, "temperature": 0}
@@ -65,13 +67,10 @@ def test_server_and_model_info(http):
     assert mem["free"] + mem["evictable"] + mem["protected"] + mem["held"] == mem["total"]
     assert info["max_total_tokens"] == 20000 and info["context_length"] == 8192
     assert info["args"]["api_key"] == "<redacted>"
-    # The scheduler process waits passively at OpenMP barriers unless this environment
-    # chose otherwise (radixlm.omp_policy).
-    spin_env = os.environ.get("OMP_WAIT_POLICY", "PASSIVE").upper() != "PASSIVE" or (
-        os.environ.get("GOMP_SPINCOUNT", "0") != "0"
-    )
+    # The scheduler process (spawned with this environment) waits at OpenMP barriers by
+    # the policy these variables give: radixlm's short spin unless the user chose.
     policy = info["resolved"]["omp_wait_policy"]
-    assert policy.startswith("spin" if spin_env else "passive"), policy
+    assert policy.startswith(omp_policy.policy_kind(os.environ)), policy
     model = http.get("/get_model_info").json()
     assert model["served_model_name"] == MODEL and model["is_generation"] is True
     assert http.get("/health").status_code == 200
