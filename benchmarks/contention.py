@@ -42,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import busy_neighbours, wait_for_quiet  # noqa: E402
 from report import save_report  # noqa: E402
 
+from radixlm.omp_policy import DEFAULTS, MARKER  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results" / "contention.json"
 QUICK_RESULTS = RESULTS.with_name("contention_quick.json")
 #: Environment per policy: the variables radixlm.omp_policy leaves alone when set.
@@ -88,7 +90,9 @@ def child(threads: int, new_tokens: int) -> dict[str, Any]:
 
 
 def run_child(threads: int, env_extra: dict[str, str], new_tokens: int) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    """One `child` run in a fresh process whose OpenMP variables are exactly env_extra."""
+    drop = {*DEFAULTS, MARKER}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(env_extra)
     cmd = [sys.executable, __file__, "--child", "--threads", str(threads)]
     cmd += ["--new-tokens", str(new_tokens)]

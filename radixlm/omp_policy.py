@@ -105,6 +105,12 @@ def policy_kind(env) -> str:
     return "passive" if spin_count(env) <= SHORT_SPIN else "spin"
 
 
+def _radixlm_chose(env) -> bool:
+    """Whether these variables are radixlm's `DEFAULTS` with its `MARKER` (set here or in
+    a parent process)."""
+    return env.get(MARKER) == "1" and all(env.get(k) == v for k, v in DEFAULTS.items())
+
+
 def apply_default() -> None:
     """Set `DEFAULTS` (and `MARKER`) in os.environ unless the user set OMP_WAIT_POLICY or
     GOMP_SPINCOUNT or libgomp is already loaded; remember which case applied. Idempotent."""
@@ -114,9 +120,9 @@ def apply_default() -> None:
     loaded = libgomp_loaded()
     env = _initial_environ() if loaded else os.environ  # what libgomp read, or will read
     given = [f"{v}={env[v]}" for v in DEFAULTS if v in env]
-    ours = env.get(MARKER) == "1" and all(env.get(k) == v for k, v in DEFAULTS.items())
     if given:
-        _state = f"{policy_kind(env)} ({', '.join(given)}{', set by radixlm' if ours else ''})"
+        by = ", set by radixlm" if _radixlm_chose(env) else ""
+        _state = f"{policy_kind(env)} ({', '.join(given)}{by})"
     elif loaded:
         _state = "spin (libgomp's default: libgomp was loaded before radixlm was imported)"
     else:
@@ -136,11 +142,9 @@ def describe() -> str:
 
 def set_by_radixlm() -> dict[str, str]:
     """The variables radixlm put into this environment (`DEFAULTS` and `MARKER`, here or
-    in a parent; empty when it set none): what a child process that should run with its
-    own OpenMP defaults must not inherit."""
-    if os.environ.get(MARKER) != "1":
-        return {}
-    return {k: v for k, v in {**DEFAULTS, MARKER: "1"}.items() if os.environ.get(k) == v}
+    in a parent; empty when it set none or the user changed them since): what a child
+    process that should run with its own OpenMP defaults must not inherit."""
+    return {**DEFAULTS, MARKER: "1"} if _radixlm_chose(os.environ) else {}
 
 
 def spins() -> bool:
