@@ -149,6 +149,8 @@ def main() -> int:
     p.add_argument("--draft-path", default="smollm2-135m")
     p.add_argument("--num-draft-tokens", type=int, default=4)
     p.add_argument("--topk", type=int, default=1)
+    p.add_argument("--budgets", nargs="+", default=["goodput"], choices=["goodput", "fixed"],
+                   help="--speculative-budget of each drafter's engines")  # fmt: skip
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--workload", choices=["chat", "copy"], default="chat",
                    help="held-out chat prompts, or code edits that copy text")  # fmt: skip
@@ -169,7 +171,10 @@ def main() -> int:
     for d in args.drafters:
         extra = {"eagle": {"speculative_draft_path": args.eagle_path},
                  "draft": {"speculative_draft_path": args.draft_path}}.get(d, {})  # fmt: skip
-        engines[d] = {"speculative_algorithm": d, **spec, **extra}
+        for budget in args.budgets:
+            name = d if args.budgets == ["goodput"] else f"{d}/{budget}"
+            engines[name] = {"speculative_algorithm": d, "speculative_budget": budget,
+                             **spec, **extra}  # fmt: skip
     results: dict[str, list[dict]] = {}
     load = [os.getloadavg()[0]]
     for name, settings in engines.items():
@@ -178,7 +183,7 @@ def main() -> int:
             results[name] = [measure(engine, b, args.decode_tokens) for b in args.batch_sizes]
         load.append(os.getloadavg()[0])
     base = {r["batch"]: r["decode_tok_s"] for r in results["none"]}
-    print(f"{'drafter':8} {'batch':>5} {'accept len':>10} {'rate':>6} {'draft %':>7} "
+    print(f"{'drafter':13} {'batch':>5} {'accept len':>10} {'rate':>6} {'draft %':>7} "
           f"{'tok/s':>8} {'speed-up':>8} {'planner':>8}")  # fmt: skip
     plans = {}
     for name, rows in results.items():
@@ -192,7 +197,7 @@ def main() -> int:
         for r in rows:
             r["speedup"] = r["decode_tok_s"] / base[r["batch"]]
             pred = plan["speedup"][r["batch"]] if plan else 1.0
-            print(f"{name:8} {r['batch']:5d} {r['accept_length']:10.2f} {r['accept_rate']:6.2f} "
+            print(f"{name:13} {r['batch']:5d} {r['accept_length']:10.2f} {r['accept_rate']:6.2f} "
                   f"{100 * r['draft_time_share']:6.1f}% {r['decode_tok_s']:8.1f} "
                   f"{r['speedup']:8.2f} {pred:8.2f}")  # fmt: skip
     for name, plan in plans.items():

@@ -147,6 +147,12 @@ class ServerArgs:
     speculative_draft_path: str | None = _opt(
         None, "draft model (draft: a model like --model) or EAGLE head directory (eagle)"
     )
+    speculative_budget: str = _opt(
+        "goodput",
+        "draft tokens per request: goodput (those whose estimated acceptance pays for their "
+        "measured verify cost) or fixed (always --speculative-num-draft-tokens)",
+        choices=["goodput", "fixed"],
+    )
     speculative_max_batch_size: int = _opt(
         16,
         "running requests above which decode steps run without speculation (on the 2-core "

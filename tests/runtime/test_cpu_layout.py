@@ -138,16 +138,17 @@ def test_packed_decoder_layer_equals_the_original(cpu_kernels):
 STEPS = {
     "decode": ("DECODE", [1, 1, 1], True),
     "extend": ("EXTEND", [2, 5, 1], True),
-    "long extend": ("EXTEND", [30, 40, 1], False),  # 71 > FUSED_EXTEND_ROWS new tokens
+    "long extend": ("EXTEND", [30, 40, 1], True),  # 71 tokens: one C call as well
     "chain verify": ("TARGET_VERIFY", [3, 5, 1], True),
+    "root-only verify": ("TARGET_VERIFY", [1, 1, 1], True),  # no drafts: decode attention
     "tree verify": ("TARGET_VERIFY", [3, 5, 1], False),
 }
 
 
 @pytest.mark.parametrize("step", sorted(STEPS))
 def test_fused_decode_stack_equals_the_llama_layers(cpu_kernels, step, monkeypatch):
-    """On the cpu backend FusedDecodeStack runs a decode step's layers, and those of a
-    short extend or chain-draft verify, as one C call (other steps layer by layer): same
+    """On the cpu backend FusedDecodeStack runs a decode step's layers, and those of an
+    extend or chain-draft verify, as one C call (a tree verify layer by layer): same
     output and the same K/V written in every layer as the llama layers in order on
     torch_native."""
     from radixlm.kernels import ForwardMode, create_attention_backend
@@ -160,7 +161,7 @@ def test_fused_decode_stack_equals_the_llama_layers(cpu_kernels, step, monkeypat
     layers = nn.ModuleList(_tiny_layer(i, seed=3 + i)[0] for i in range(2))
     rotary = _tiny_layer()[1]
     case = make_case(mode, [0, 3, 40], extend, page_size=1, group=2, num_layers=2)
-    if step == "chain verify":  # each draft sees the prefix and the drafts before it
+    if step in ("chain verify", "root-only verify"):  # drafts see the prefix and earlier drafts
         case.fb.custom_mask = torch.cat(
             [
                 torch.cat(
@@ -175,7 +176,7 @@ def test_fused_decode_stack_equals_the_llama_layers(cpu_kernels, step, monkeypat
     calls = []
     decode_layers = cpu_kernels.decode_layers
     monkeypatch.setattr(
-        cpu_kernels, "decode_layers", lambda *a: calls.append(1) or decode_layers(*a)
+        cpu_kernels, "decode_layers", lambda *a: calls.append(a[-1]) or decode_layers(*a)
     )
     results = []
     with torch.inference_mode():
@@ -190,6 +191,8 @@ def test_fused_decode_stack_equals_the_llama_layers(cpu_kernels, step, monkeypat
             results.append((run(mods, x.clone(), rope, backend, case.fb), pool))
     (want, ref_pool), (got, pool) = results
     assert bool(calls) == fused
+    if step in ("decode", "root-only verify"):  # ext_lens None: the decode attention kernel
+        assert all(ext_lens is None for ext_lens in calls)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     loc = case.fb.out_cache_loc
     for i in range(2):

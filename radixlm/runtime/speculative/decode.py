@@ -1,11 +1,13 @@
 """The speculative decode step: draft, verify the trees in one target forward, commit.
 
 One step over the running requests (when there are at most --speculative-max-batch-size
-of them and each can speculate; otherwise the plain decode step runs):
+of them, each can speculate and the budget grants at least one draft token; otherwise
+the plain decode step runs):
 
 1. Budget: each request may draft n_i <= --speculative-num-draft-tokens tokens, capped so
    that it cannot pass max_new_tokens or the context, and dropped to 0 when the KV pool
-   (free + evictable) cannot hold every request's n_i + 1 slots.
+   (free + evictable) cannot hold every request's n_i + 1 slots; the `DraftBudget`
+   (`budget.py`, --speculative-budget) then keeps the drafts worth their cost.
 2. Allocate n_i + 1 slots at positions kv_len .. kv_len + n_i of each row (root + drafts).
 3. Draft (`Drafter.draft`), then one TARGET_VERIFY forward over [root, drafts] with the
    tree mask (prefix fully visible, drafts see their ancestors), positions kv_len + depth.
@@ -41,6 +43,7 @@ from radixlm.runtime.speculative.base import (
     Verified,
     extend_batch,
 )
+from radixlm.runtime.speculative.budget import DraftBudget, make_budget
 
 logger = logging.getLogger(__name__)
 
@@ -99,11 +102,15 @@ class SpeculativeDecode:
     Args:
         args: --speculative-* settings. runner: the target ModelRunner.
         drafter: the `Drafter` proposing trees.
+        budget: the `DraftBudget` (default: the one --speculative-budget names).
     """
 
-    def __init__(self, args: ServerArgs, runner, drafter: Drafter):
+    def __init__(
+        self, args: ServerArgs, runner, drafter: Drafter, budget: DraftBudget | None = None
+    ):
         self.runner = runner
         self.drafter = drafter
+        self.budget = budget or make_budget(args.speculative_budget)
         self.num_draft = args.speculative_num_draft_tokens
         self.max_batch_size = args.speculative_max_batch_size
         self.counters = SpecCounters()
@@ -119,16 +126,20 @@ class SpeculativeDecode:
 
     def stats(self) -> dict[str, int | float]:
         """Speculation counters for `Scheduler.stats()`."""
-        return {**self.counters.as_dict(), **self.drafter.stats()}
+        return {**self.counters.as_dict(), **self.budget.stats(), **self.drafter.stats()}
 
     def decode(self, sched, reqs: list[Req]) -> list[ReqOutput]:
         """One decode step over the running requests `reqs` (see the module docstring)."""
-        if len(reqs) > self.max_batch_size or not all(speculatable(r) for r in reqs):
-            self.counters.plain_steps += 1
-            return sched._run([], reqs)
         t0 = time.perf_counter()
+        budgets = None
+        if len(reqs) <= self.max_batch_size and all(speculatable(r) for r in reqs):
+            budgets = self.budget.plan(reqs, self._budgets(sched, reqs))
+        if not budgets or not any(budgets):  # nothing to verify: the plain step is cheaper
+            self.counters.plain_steps += 1
+            outputs = sched._run([], reqs)
+            self.budget.observe_step(len(reqs), time.perf_counter() - t0)
+            return outputs
         starts = [r.kv_len for r in reqs]
-        budgets = self._budgets(sched, reqs)
         allocated: list[Req] = []
         try:
             for req, n in zip(reqs, budgets):
@@ -149,7 +160,12 @@ class SpeculativeDecode:
         outputs = self._commit(sched, reqs, starts, budgets, trees, accepted)
         c = self.counters
         c.draft_seconds += (t2 - t1) + self._observe_seconds
-        c.step_seconds += time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        c.step_seconds += seconds
+        self.budget.observe_step(sum(len(t) + 1 for t in trees), seconds)
+        for req, tree, (path, _, _) in zip(reqs, trees, accepted):
+            if len(tree):
+                self.budget.observe_verify(req, max(tree.depths()), len(path) - 1)
         return outputs
 
     # ---- steps -------------------------------------------------------------------------

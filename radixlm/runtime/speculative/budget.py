@@ -1,0 +1,231 @@
+"""How many draft tokens each request may verify in a speculative step.
+
+`FixedBudget` gives every request the cap (--speculative-num-draft-tokens, bounded by its
+remaining tokens, the context and the KV pool). `GoodputBudget` (the default,
+--speculative-budget goodput) gives each request only the drafts that raise the step's
+expected tokens per second, after SmartSpec (Liu et al. 2024, "Optimizing Speculative
+Decoding for Serving Large Language Models Using Goodput"):
+
+* Acceptance. Each request keeps alpha, the estimated probability that a draft token is
+  accepted given that its parent was (the geometric model of Leviathan et al. 2023): a
+  verified chain of depth n with m accepted drafts is m successes and, when m < n, one
+  failure; alpha = successes / trials, exponentially weighted (`AcceptanceTracker`). A
+  request without history starts from the whole engine's estimate.
+* Cost. The step time t(R) is measured online as a curve over the rows R a step verified
+  (requests + draft tokens; plain decode steps are R = B): `StepCostCurve`.
+* Choice. With B requests and no drafts the step emits E = B tokens (one bonus each) in
+  t(B). The k-th draft of request i adds alpha_i^k expected tokens and one row. Drafts
+  are ranked by alpha_i^k (each request's gains fall with depth, so every prefix of the
+  ranking is a valid set of chains) and the prefix with the most expected tokens per
+  second, E(R) / t(R), is taken.
+
+A sampled request with its own seed keeps its cap: rejection sampling's draws follow the
+tree, so a timing-dependent tree would break "same seed, same output" (greedy output is
+the same for every budget).
+
+So on a CPU, where a batch-1 step costs about the same for 1 or 5 rows, a request drafts
+nearly its whole cap even at modest acceptance; at batch 16, where the rows past the
+knee cost their full compute, requests draft only their first, likeliest tokens.
+Drafters with their own forward (a draft model, EAGLE) pay per draft step too; the
+measured t includes it.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import math
+import statistics
+import weakref
+
+from radixlm.runtime.request import Req
+
+
+class DraftBudget(abc.ABC):
+    """Chooses per-request draft counts and learns from each step's outcome."""
+
+    @abc.abstractmethod
+    def plan(self, reqs: list[Req], caps: list[int]) -> list[int]:
+        """Draft tokens per request, each in [0, caps[i]]."""
+
+    def observe_step(self, rows: int, seconds: float) -> None:  # noqa: B027 - optional
+        """A decode or verify step over `rows` tokens took `seconds` (default: ignored)."""
+
+    def observe_verify(self, req: Req, depth: int, accepted: int) -> None:  # noqa: B027
+        """Request `req` verified a draft of `depth` levels and accepted `accepted`."""
+
+    def stats(self) -> dict[str, float]:
+        """Counters for `Scheduler.stats()` (default: none)."""
+        return {}
+
+
+class FixedBudget(DraftBudget):
+    """Every request drafts its cap."""
+
+    def plan(self, reqs: list[Req], caps: list[int]) -> list[int]:
+        return list(caps)
+
+
+class AcceptanceTracker:
+    """Per-request and engine-wide estimates of alpha (see the module docstring).
+
+    Args:
+        prior: alpha before anything was verified.
+        decay: weight kept by older trials per new verify of that request (1: no
+            forgetting).
+        floor: lowest alpha reported, so a request that rejected everything still drafts
+            where drafts are nearly free (batch 1 on a CPU) and can recover.
+    """
+
+    def __init__(self, prior: float = 0.5, decay: float = 0.9, floor: float = 0.05):
+        self.decay, self.floor = decay, floor
+        self._global = [prior * 4.0, 4.0]  # successes, trials (a prior worth 4 trials)
+        self._per_req: weakref.WeakKeyDictionary[Req, list[float]] = weakref.WeakKeyDictionary()
+
+    def alpha(self, req: Req | None = None) -> float:
+        """Estimated acceptance of `req` (None: the engine-wide estimate), >= floor."""
+        s, n = self._global if req is None else self._per_req.get(req, self._global)
+        return max(self.floor, min(1.0, s / n if n > 0 else 0.0))
+
+    def update(self, req: Req, depth: int, accepted: int) -> None:
+        """Record one verified chain: `accepted` of `depth` levels (0 <= accepted <= depth)."""
+        if depth <= 0:
+            return
+        trials = accepted + (1 if accepted < depth else 0)
+        stats = self._per_req.get(req)
+        if stats is None:  # start from the engine-wide estimate, worth two trials
+            stats = self._per_req[req] = [2.0 * self.alpha(), 2.0]
+        for acc in (stats, self._global):
+            acc[0] = acc[0] * self.decay + accepted
+            acc[1] = acc[1] * self.decay + trials
+
+
+class StepCostCurve:
+    """Measured step time as a function of the rows R a step computes (seconds).
+
+    Steps are binned by R into buckets about 1.4x apart (1, 2, 3, 4, 6, 8, 11, 16, ...);
+    each bucket keeps its last `window` (R, seconds) points and is represented by their
+    medians (robust to a step preempted on a shared machine). t(R) interpolates linearly
+    between the represented points in R order, kept non-decreasing; below the first
+    point it is that point's time, above the last it continues the last segment's slope
+    (with one point only, the prior slope t / (R + `prior_rows`)). No straight line fits
+    this curve: on a CPU the first extra rows of a small batch are nearly free (weights
+    stream from memory anyway) and each row costs its full compute past the knee.
+
+    Args:
+        window: points kept per bucket.
+        prior_rows: with a single point, the rows that would double its time.
+    """
+
+    def __init__(self, window: int = 8, prior_rows: float = 32.0):
+        self.window, self.prior_rows = window, prior_rows
+        self._buckets: dict[int, collections.deque] = {}
+        self._points: list[tuple[float, float]] | None = []
+
+    @staticmethod
+    def bucket(rows: int) -> int:
+        """Bucket index of `rows` (>= 1): round(log(rows) / log(1.4))."""
+        return round(math.log(rows) / _LOG_STEP)
+
+    @property
+    def observed(self) -> bool:
+        """Whether any step was observed."""
+        return bool(self._buckets)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """Add one step: `rows` tokens in `seconds` (non-finite or negative ignored)."""
+        if rows <= 0 or not math.isfinite(seconds) or seconds < 0:
+            return
+        b = self._buckets.setdefault(self.bucket(rows), collections.deque(maxlen=self.window))
+        b.append((rows, seconds))
+        self._points = None
+
+    def points(self) -> list[tuple[float, float]]:
+        """(rows, seconds) per observed bucket in R order, seconds non-decreasing."""
+        if self._points is None:
+            pts = []
+            for key in sorted(self._buckets):
+                b = self._buckets[key]
+                r = statistics.median(p[0] for p in b)
+                t = statistics.median(p[1] for p in b)
+                pts.append((r, max(t, pts[-1][1]) if pts else t))
+            self._points = pts
+        return self._points
+
+    def predict(self, rows: int) -> float:
+        """Predicted seconds of a step of `rows` rows (0.0 before any observation)."""
+        pts = self.points()
+        if not pts:
+            return 0.0
+        if rows <= pts[0][0]:
+            return pts[0][1]
+        for (r0, t0), (r1, t1) in zip(pts, pts[1:]):
+            if rows <= r1:
+                return t0 + (t1 - t0) * (rows - r0) / (r1 - r0)
+        r1, t1 = pts[-1]
+        if len(pts) == 1:
+            slope = t1 / (r1 + self.prior_rows)
+        else:
+            r0, t0 = pts[-2]
+            slope = (t1 - t0) / (r1 - r0)
+        return t1 + slope * (rows - r1)
+
+
+_LOG_STEP = math.log(1.4)
+
+
+class GoodputBudget(DraftBudget):
+    """Drafts that raise expected tokens per second (see the module docstring).
+
+    Args:
+        tracker, cost: the acceptance and step-cost estimators (defaults as documented
+            on their classes).
+    """
+
+    def __init__(self, tracker: AcceptanceTracker | None = None, cost: StepCostCurve | None = None):
+        self.tracker = tracker or AcceptanceTracker()
+        self.cost = cost or StepCostCurve()
+
+    def plan(self, reqs: list[Req], caps: list[int]) -> list[int]:
+        if not self.cost.observed:  # nothing measured yet: verify everything once
+            return list(caps)
+        budgets = [0] * len(reqs)
+        rows, gain = len(reqs), float(len(reqs))
+        candidates = []
+        for i, (req, cap) in enumerate(zip(reqs, caps)):
+            alpha = self.tracker.alpha(req)
+            if not req.params.is_greedy and req.params.seed is not None:
+                budgets[i] = cap  # reproducible draws need a tree independent of timing
+                gain += sum(alpha**k for k in range(1, cap + 1))
+                rows += cap
+                continue
+            candidates.extend((alpha**k, k, i) for k in range(1, cap + 1))
+        candidates.sort(key=lambda c: (-c[0], c[1]))
+        best, best_rate = 0, gain / max(self.cost.predict(rows), 1e-9)
+        for n, (g, _, _) in enumerate(candidates, start=1):
+            gain += g
+            rate = gain / max(self.cost.predict(rows + n), 1e-9)
+            if rate > best_rate:
+                best, best_rate = n, rate
+        for _, _, i in candidates[:best]:
+            budgets[i] += 1
+        return budgets
+
+    def observe_step(self, rows: int, seconds: float) -> None:
+        self.cost.observe(rows, seconds)
+
+    def observe_verify(self, req: Req, depth: int, accepted: int) -> None:
+        self.tracker.update(req, depth, accepted)
+
+    def stats(self) -> dict[str, float]:
+        return {"spec_accept_alpha": self.tracker.alpha()}
+
+
+BUDGETS = {"fixed": FixedBudget, "goodput": GoodputBudget}
+
+
+def make_budget(name: str) -> DraftBudget:
+    """The budget named by --speculative-budget. Raises ValueError if unknown."""
+    if name not in BUDGETS:
+        raise ValueError(f"unknown speculative budget {name!r} (choose from {sorted(BUDGETS)})")
+    return BUDGETS[name]()

@@ -1,0 +1,141 @@
+"""The speculative draft budgets: acceptance estimates, the measured step-cost curve and
+the goodput choice, on hand-computed values."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from radixlm.config import ServerArgs
+from radixlm.runtime.speculative.budget import (
+    AcceptanceTracker,
+    FixedBudget,
+    GoodputBudget,
+    StepCostCurve,
+    make_budget,
+)
+
+
+class FakeReq:
+    """What the budgets read of a request: params.is_greedy and params.seed."""
+
+    def __init__(self, greedy: bool = True, seed: int | None = None):
+        self.params = SimpleNamespace(is_greedy=greedy, seed=seed)
+
+
+def test_acceptance_tracker_counts_geometric_trials():
+    t = AcceptanceTracker(prior=0.5, decay=0.9, floor=0.05)
+    a, b = FakeReq(), FakeReq()
+    assert t.alpha() == 0.5 and t.alpha(a) == 0.5  # no history: the prior
+    t.update(a, depth=4, accepted=2)  # 2 successes, 1 failure
+    # per request: starts at [2 * 0.5, 2] -> [0.9 + 2, 1.8 + 3]
+    assert t.alpha(a) == pytest.approx(2.9 / 4.8)
+    # engine-wide: [2, 4] -> [1.8 + 2, 3.6 + 3]
+    assert t.alpha() == pytest.approx(3.8 / 6.6)
+    assert t.alpha(b) == pytest.approx(3.8 / 6.6)  # a new request starts from it
+    t.update(b, depth=3, accepted=3)  # all accepted: 3 successes, no failure
+    start = 2 * 3.8 / 6.6
+    assert t.alpha(b) == pytest.approx((start * 0.9 + 3) / (2 * 0.9 + 3))
+    t.update(a, depth=0, accepted=0)  # nothing drafted: no information
+    assert t.alpha(a) == pytest.approx(2.9 / 4.8)
+
+
+def test_acceptance_tracker_floor():
+    t = AcceptanceTracker(prior=0.5, decay=0.5, floor=0.05)
+    r = FakeReq()
+    for _ in range(20):
+        t.update(r, depth=4, accepted=0)
+    assert t.alpha(r) == 0.05
+
+
+def test_step_cost_curve_interpolates_monotone_medians():
+    c = StepCostCurve(window=3, prior_rows=32)
+    assert not c.observed and c.predict(8) == 0.0
+    c.observe(1, 0.010)
+    assert c.predict(1) == 0.010
+    assert c.predict(0) == 0.010  # below the first point: its time
+    assert c.predict(43) == pytest.approx(0.010 + 0.010 / 33 * 42)  # one point: prior slope
+    for t in (0.020, 0.021, 0.500):  # a preempted step does not move the median
+        c.observe(16, t)
+    c.observe(32, 0.036)
+    assert c.points() == [(1, 0.010), (16, 0.021), (32, 0.036)]
+    assert c.predict(8) == pytest.approx(0.010 + 0.011 * 7 / 15)
+    assert c.predict(48) == pytest.approx(0.036 + 0.015 / 16 * 16)  # last segment's slope
+    c.observe(64, 0.030)  # noise below an earlier point: kept non-decreasing
+    assert c.points()[-1] == (64, 0.036)
+    for bad in (float("nan"), float("inf"), -1.0):
+        c.observe(8, bad)
+    c.observe(0, 1.0)
+    assert [p[0] for p in c.points()] == [1, 16, 32, 64]
+
+
+def test_step_cost_curve_buckets_and_window():
+    assert [StepCostCurve.bucket(r) for r in (1, 2, 3, 4, 6, 8, 16)] == [0, 2, 3, 4, 5, 6, 8]
+    c = StepCostCurve(window=2)
+    for t in (1.0, 0.2, 0.4):  # only the last two points count
+        c.observe(16, t)
+    assert c.points() == [(16, pytest.approx(0.3))]
+
+
+def roofline_curve(floor_rows: int = 20, floor_s: float = 0.020, per_row_s: float = 0.001):
+    """A step cost flat up to `floor_rows` rows, then per_row_s per extra row."""
+    c = StepCostCurve(window=1)
+    for r in (1, 2, 4, 8, 16, 20, 32, 64, 128):
+        c.observe(r, floor_s + per_row_s * max(0, r - floor_rows))
+    return c
+
+
+def test_goodput_takes_the_best_prefix():
+    tracker = AcceptanceTracker(floor=0.01)
+    budget = GoodputBudget(tracker, roofline_curve())
+    one = [FakeReq()]
+    assert budget.plan(one, [4]) == [4]  # 5 rows are free at batch 1: every draft pays
+    assert budget.plan(one, [0]) == [0]
+    # batch 16, alpha 0.5: 4 rows are free (1st drafts of 4 requests), then each row costs
+    # 1 ms against a 20 ms step of 16 + accepted tokens: 0.5 / 1 ms > 16 / 20 ms is false
+    reqs = [FakeReq() for _ in range(16)]
+    assert sum(budget.plan(reqs, [4] * 16)) == 4
+    # alpha 0.95 at batch 16: the 4 free rows make 19.8 tokens per 20 ms, and a paid row
+    # adds 0.95 tokens per ms, less than that rate; the ranking spreads depth-1 drafts
+    good = AcceptanceTracker(prior=0.95, floor=0.01)
+    plan = GoodputBudget(good, roofline_curve()).plan(reqs, [4] * 16)
+    assert sorted(plan) == [0] * 12 + [1] * 4
+    expected = [
+        (16 + sum(0.95 ** (1 + j // 16) for j in range(n))) / roofline_curve().predict(16 + n)
+        for n in range(65)
+    ]
+    assert sum(plan) == max(range(65), key=expected.__getitem__)
+
+
+def test_goodput_verifies_everything_before_it_measured_and_keeps_seeded_caps():
+    budget = GoodputBudget(AcceptanceTracker(prior=0.01, floor=0.01))
+    reqs = [FakeReq() for _ in range(16)]
+    assert budget.plan(reqs, [3] * 16) == [3] * 16  # no step measured yet
+    budget.observe_step(16, 0.020)
+    budget.observe_step(80, 0.080)
+    seeded = FakeReq(greedy=False, seed=7)
+    plan = budget.plan([*reqs, seeded], [3] * 17)
+    assert plan == [0] * 16 + [3]  # the seeded request's tree may not follow timing
+
+
+def test_goodput_learns_from_verified_drafts():
+    budget = GoodputBudget(AcceptanceTracker(prior=0.5, decay=1.0), roofline_curve())
+    good, bad = FakeReq(), FakeReq()
+    for _ in range(10):
+        budget.observe_verify(good, 4, 4)
+        budget.observe_verify(bad, 4, 0)
+    assert budget.tracker.alpha(good) > 0.9 and budget.tracker.alpha(bad) < 0.2
+    reqs = [good] * 8 + [bad] * 8  # the tracker keys by object: same estimates
+    plan = budget.plan(reqs, [4] * 16)
+    assert sum(plan[:8]) > 0 and sum(plan[8:]) == 0
+    assert "spec_accept_alpha" in budget.stats()
+
+
+def test_fixed_budget_and_errors():
+    assert FixedBudget().plan([FakeReq(), FakeReq()], [2, 0]) == [2, 0]
+    assert isinstance(make_budget("goodput"), GoodputBudget)
+    with pytest.raises(ValueError, match="unknown speculative budget"):
+        make_budget("greedy")
+    with pytest.raises(ValueError, match="speculative_budget must be one of"):
+        ServerArgs(speculative_budget="greedy")
