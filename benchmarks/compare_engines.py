@@ -167,7 +167,8 @@ def markdown_table(
     head = (
         "| threads | workload | engine | out tok/s median (min-max) | of roofline "
         "| TTFT p50 / p99 ms | TPOT p50 / p99 ms | cache hit | radixlm / engine "
-        "| radixlm fp16 KV / engine |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| radixlm fp16 KV / engine | radixlm + n-gram / engine |"
+        "\n|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for threads, by_wl in table.items():
@@ -176,11 +177,11 @@ def markdown_table(
                 row = by_engine.get(e.name)
                 if row is None or "status" in row:
                     status = "not run" if row is None else row["status"].split(" (")[0]
-                    lines.append(f"| {threads} | {wl} | {e.name} | {status} | | | | | | |")
+                    lines.append(f"| {threads} | {wl} | {e.name} | {status} | | | | | | | |")
                     continue
-                ratio, ratio16 = (
+                ratio, ratio16, ratio_ng = (
                     _ratio(by_engine.get(name or "", {}), row)
-                    for name in (e.reference, e.reference_kv16)
+                    for name in (e.reference, e.reference_kv16, e.reference_ngram)
                 )
                 ceiling = roof.get(threads, {}).get(wl, {}).get("tokens_per_s")
                 of_roof = f"{row['output_tps_median'] / ceiling:.0%}" if ceiling else ""
@@ -190,7 +191,7 @@ def markdown_table(
                     f"| {threads} | {wl} | {e.name} | {row['output_tps_median']:.1f} "
                     f"({row['output_tps_min']:.1f}-{row['output_tps_max']:.1f}) | {of_roof} | "
                     f"{_ms(t['p50'])} / {_ms(t['p99'])} | {_ms(p['p50'])} / {_ms(p['p99'])} | "
-                    f"{'n/a' if hit is None else f'{hit:.2f}'} | {ratio} | {ratio16} |"
+                    f"{'n/a' if hit is None else f'{hit:.2f}'} | {ratio} | {ratio16} | {ratio_ng} |"
                 )
     return "\n".join(lines)
 

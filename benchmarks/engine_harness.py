@@ -3,7 +3,7 @@
 Run as a subprocess by `compare_engines.py` (one process per engine and repetition, so
 every engine starts cold, with its own thread setting, in its own virtual environment):
 
-    PYTHON engine_harness.py --engine radixlm|transformers|openvino|ortgenai \\
+    PYTHON engine_harness.py --engine radixlm|radixlm-kv16|radixlm-ngram|transformers|... \\
         --model-dir DIR --threads T --spec spec.json --out result.json
 
 DIR is the fp32 safetensors directory for radixlm and transformers, the exported model
@@ -137,6 +137,13 @@ class RadixlmKv16Adapter(RadixlmAdapter):
     """radixlm.Engine with a float16 KV cache (--kv-cache-dtype float16)."""
 
     options = {"kv_cache_dtype": "float16"}
+
+
+class RadixlmNgramAdapter(RadixlmAdapter):
+    """radixlm.Engine with n-gram speculation (--speculative-algorithm ngram, the goodput
+    draft budget)."""
+
+    options = {"speculative_algorithm": "ngram"}
 
 
 class StaticBatchAdapter:
@@ -338,6 +345,7 @@ class OpenVINOAdapter:
 
 
 ADAPTERS = {"radixlm": RadixlmAdapter, "radixlm-kv16": RadixlmKv16Adapter,
+            "radixlm-ngram": RadixlmNgramAdapter,
             "transformers": TransformersAdapter,
             "openvino": OpenVINOAdapter, "ortgenai": OrtGenaiAdapter}  # fmt: skip
 

@@ -51,7 +51,8 @@ class EngineSpec:
     safetensors directory); launch: (model_dir, threads, port, kv_tokens) -> (argv,
     extra env) for HTTP engines; needs: files that must exist; reference: the radixlm
     row its ratio uses; reference_kv16: the radixlm row with a float16 KV cache its second
-    ratio uses."""
+    ratio uses; reference_ngram: the radixlm row with n-gram speculation its third ratio
+    uses."""
 
     key: str
     name: str
@@ -62,6 +63,7 @@ class EngineSpec:
     reference: str | None = None
     model_dir: Path | None = None
     reference_kv16: str | None = None
+    reference_ngram: str | None = None
 
     def availability(self) -> str | None:
         """None when runnable, else why not ("not installed: ...")."""
@@ -93,6 +95,10 @@ def _radixlm_serve_kv16(model_dir: Path, threads: int, port: int, kv: int):
     return _radixlm_serve(model_dir, threads, port, kv, "--kv-cache-dtype", "float16")
 
 
+def _radixlm_serve_ngram(model_dir: Path, threads: int, port: int, kv: int):
+    return _radixlm_serve(model_dir, threads, port, kv, "--speculative-algorithm", "ngram")
+
+
 def _vllm(model_dir: Path, threads: int, port: int, kv: int):
     argv = [str(PEERS / "vllm/bin/python"), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model_dir), "--served-model-name", SERVED_NAME, "--dtype", "float32",
@@ -117,27 +123,34 @@ INPROC, HTTP = "radixlm (in-process)", "radixlm serve (HTTP)"
 # The same engines with a float16 KV cache (fp32 weights and compute), the KV precision
 # OpenVINO GenAI's CPU plugin and llama.cpp use by default.
 INPROC16, HTTP16 = "radixlm, fp16 KV (in-process)", "radixlm serve, fp16 KV (HTTP)"
+# The same engines with n-gram (prompt lookup) speculation and the goodput draft budget:
+# greedy output is the same token for token, the speed depends on how much the text repeats.
+INPROC_NG = "radixlm + n-gram speculation (in-process)"
+HTTP_NG = "radixlm serve + n-gram speculation (HTTP)"
 OV_PY, OV_DIR = PEERS / "openvino/bin/python", PEERS / "ov-smollm2-135m-fp32"
 ORT_PY, ORT_DIR = PEERS / "onnxruntime-genai/bin/python", PEERS / "ortgenai-smollm2-135m-fp32"
 ENGINES: list[EngineSpec] = [
     EngineSpec("radixlm", INPROC, harness="radixlm"),
     EngineSpec("radixlm-kv16", INPROC16, harness="radixlm-kv16", reference=INPROC),
+    EngineSpec("radixlm-ngram", INPROC_NG, harness="radixlm-ngram", reference=INPROC),
     EngineSpec("transformers", "transformers generate (in-process)", harness="transformers",
-               reference=INPROC, reference_kv16=INPROC16),
+               reference=INPROC, reference_kv16=INPROC16, reference_ngram=INPROC_NG),
     EngineSpec("openvino", "OpenVINO GenAI (in-process)", harness="openvino",
                python=str(OV_PY), model_dir=OV_DIR, needs=(OV_PY, OV_DIR / "openvino_model.xml"),
-               reference=INPROC, reference_kv16=INPROC16),
+               reference=INPROC, reference_kv16=INPROC16, reference_ngram=INPROC_NG),
     EngineSpec("onnxruntime-genai", "onnxruntime-genai (in-process)", harness="ortgenai",
                python=str(ORT_PY), model_dir=ORT_DIR,
                needs=(ORT_PY, ORT_DIR / "genai_config.json"), reference=INPROC,
-               reference_kv16=INPROC16),
+               reference_kv16=INPROC16, reference_ngram=INPROC_NG),
     EngineSpec("radixlm-http", HTTP, launch=_radixlm_serve),
     EngineSpec("radixlm-http-kv16", HTTP16, launch=_radixlm_serve_kv16, reference=HTTP),
+    EngineSpec("radixlm-http-ngram", HTTP_NG, launch=_radixlm_serve_ngram, reference=HTTP),
     EngineSpec("vllm", "vLLM CPU (HTTP)", launch=_vllm, needs=(PEERS / "vllm/bin/python",),
-               reference=HTTP, reference_kv16=HTTP16),
+               reference=HTTP, reference_kv16=HTTP16, reference_ngram=HTTP_NG),
     EngineSpec("llama-server", "llama-server (HTTP)", launch=_llama_server,
                needs=(PEERS / "llama.cpp/build/bin/llama-server",
-                      PEERS / "smollm2-135m-f32.gguf"), reference=HTTP, reference_kv16=HTTP16),
+                      PEERS / "smollm2-135m-f32.gguf"), reference=HTTP, reference_kv16=HTTP16,
+               reference_ngram=HTTP_NG),
 ]  # fmt: skip
 
 

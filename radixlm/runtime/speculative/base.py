@@ -75,6 +75,10 @@ class DraftTree:
                 break
         return cls(tokens, parents)
 
+    def is_chain(self) -> bool:
+        """Whether every node's parent is the node before it (a single path; empty too)."""
+        return all(p == j for j, p in enumerate(self.parents))
+
     def depths(self) -> list[int]:
         """Depth of nodes 0..n (the root has depth 0)."""
         d = [0]

@@ -10,7 +10,8 @@ the plain decode step runs):
    (`budget.py`, --speculative-budget) then keeps the drafts worth their cost.
 2. Allocate n_i + 1 slots at positions kv_len .. kv_len + n_i of each row (root + drafts).
 3. Draft (`Drafter.draft`), then one TARGET_VERIFY forward over [root, drafts] with the
-   tree mask (prefix fully visible, drafts see their ancestors), positions kv_len + depth.
+   tree mask (prefix fully visible, drafts see their ancestors), positions kv_len + depth;
+   when every tree is a chain, the same forward as a causal EXTEND returning all logits.
 4. Accept (`accept.py`): greedy matching or exact rejection sampling; emit the accepted
    tokens and the bonus token one by one through the StopChecker, stopping at the first
    stop (EOS, stop ids, stop string, length, context): nothing after it is emitted.
@@ -191,20 +192,33 @@ class SpeculativeDecode:
         return budgets
 
     def _verify_batch(self, table, reqs: list[Req], trees: list[DraftTree]) -> ForwardBatch:
+        """The verify forward: TARGET_VERIFY with the trees' masks, or, when every tree is
+        a chain (--speculative-topk 1), a causal EXTEND that returns every new token's
+        logits (the same attention without building and checking dense masks)."""
+        chains = all(tree.is_chain() for tree in trees)
         ids, pos, locs, masks, pre, ext = [], [], [], [], [], []
         for req, tree in zip(reqs, trees):
             start, n = req.kv_len, len(tree)
             ids.append(req.output_ids[-1])
             ids.extend(tree.tokens)
-            pos.extend(start + d for d in tree.depths())
+            pos.extend(
+                range(start, start + n + 1) if chains else (start + d for d in tree.depths())
+            )
             locs.append(table[req.row, start : start + n + 1].to(torch.int64))
-            mask = torch.ones(n + 1, start + n + 1, dtype=torch.bool)
-            mask[:, start:] = tree.ancestor_mask()
-            masks.append(mask.flatten())
+            if not chains:
+                mask = torch.ones(n + 1, start + n + 1, dtype=torch.bool)
+                mask[:, start:] = tree.ancestor_mask()
+                masks.append(mask.flatten())
             pre.append(start)
             ext.append(n + 1)
         rows = [r.row for r in reqs]
-        return extend_batch(ForwardMode.TARGET_VERIFY, table, rows, ids, pos, locs, pre, ext, masks)
+        if not chains:
+            return extend_batch(
+                ForwardMode.TARGET_VERIFY, table, rows, ids, pos, locs, pre, ext, masks
+            )
+        fb = extend_batch(ForwardMode.EXTEND, table, rows, ids, pos, locs, pre, ext)
+        fb.logits_indices = torch.arange(len(ids))
+        return fb
 
     def _accept(self, reqs, trees, logits: torch.Tensor) -> list[tuple[list[int], int, int]]:
         """(accepted path, bonus token, first logits row) per request."""
