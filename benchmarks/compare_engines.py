@@ -11,7 +11,9 @@ Method
   `radixlm serve`, vLLM CPU and llama.cpp's llama-server, each started here and driven by
   `radixlm.bench` over streaming /v1/completions. OpenVINO GenAI and onnxruntime-genai
   run in the same harness under their own venvs, on their exported copies of the same
-  weights. A peer without its venv / exported model shows as not installed.
+  weights. A peer without its venv / exported model shows as not installed. radixlm
+  also runs with a float16 KV cache (`-kv16` rows) and with n-gram speculation
+  (`-ngram` rows); each gets its own ratio column.
 * Workloads (token ids, identical for all engines; greedy, EOS ignored): single (1 x 32
   in / 128 out), burst16 (16 x 256 / 64), shared16-cold and shared16-warm (16 x (200
   shared + 56 own) / 64, the warm burst with new suffixes after the cold one), evict
