@@ -150,7 +150,7 @@ class ServerArgs:
     speculative_budget: str = _opt(
         "goodput",
         "draft tokens per request: goodput (those whose estimated acceptance pays for their "
-        "measured verify cost) or fixed (always --speculative-num-draft-tokens)",
+        "measured verify cost) or fixed (up to --speculative-num-draft-tokens each)",
         choices=["goodput", "fixed"],
     )
     speculative_max_batch_size: int = _opt(

@@ -243,8 +243,9 @@ class FusedDecodeStack:
 
 def _causal(fb) -> bool:
     """Whether every new token of this EXTEND or TARGET_VERIFY step sees exactly its
-    request's cached prefix and the new tokens up to itself: always for EXTEND, and for a
-    verify step whose draft trees are all chains (the --speculative-topk 1 default)."""
+    request's cached prefix and the new tokens up to itself: always for EXTEND (chain-draft
+    verifies arrive as EXTEND too), and for a TARGET_VERIFY step whose masks are causal
+    (a draft model's tree steps may be)."""
     if fb.mode is ForwardMode.EXTEND:
         return True
     if fb.mode is not ForwardMode.TARGET_VERIFY or fb.custom_mask is None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.runtime.random_draw import inverse_cdf_draw
 from radixlm.runtime.sampling import Sampler, SamplingParams
 from radixlm.runtime.speculative.base import DraftTree
 
@@ -57,16 +58,29 @@ def accept_sampled(
     logits: torch.Tensor,
     params: SamplingParams,
     generator: torch.Generator | None,
+    seed: int | None = None,
+    position: int = 0,
 ) -> tuple[list[int], int]:
     """Accepted path and bonus token by multi-candidate rejection sampling.
 
     Args:
         logits: float32 [n + 1, vocab] target logits at nodes 0..n.
-        generator: the request's RNG (uniforms and the bonus draw come from it).
+        generator: the request's RNG (uniforms and residual draws come from it).
+        seed, position: the request's seed and the output position of the root's token.
+            With a seed, a bonus drawn at a node without candidates (where p is the
+            untouched target distribution) uses the plain sampler's draw for (seed,
+            position + depth) (`random_draw.inverse_cdf_draw`), so a request that drafted
+            nothing this step gets exactly the token a plain decode step would give it.
     """
     kids = tree.children()
+    depth = tree.depths()
     path, node = [0], 0
     while True:
+        if not kids[node] and seed is not None:
+            p = target_probs(logits[node], params)
+            pos = torch.tensor([position + depth[node]], dtype=torch.int64)
+            bonus = inverse_cdf_draw(p[None], torch.tensor([seed], dtype=torch.int64), pos)
+            return path, int(bonus[0])
         p = target_probs(logits[node], params)
         nxt = None
         for c in kids[node]:

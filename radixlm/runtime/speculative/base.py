@@ -2,9 +2,10 @@
 
 A drafter proposes, for each running request, a tree of draft tokens that continue the
 request's sequence; the target model then scores the whole tree in one TARGET_VERIFY
-forward (`runtime/speculative/decode.py`). Node 0 of every tree is the root: the
-request's last token, which has no KV yet. Drafts are nodes 1..n, each with a parent of
-smaller index (topological order), so node j sits at depth(j) below the root.
+forward, or a causal EXTEND when every tree is a chain (`runtime/speculative/decode.py`).
+Node 0 of every tree is the root: the request's last token, which has no KV yet. Drafts
+are nodes 1..n, each with a parent of smaller index (topological order), so node j sits
+at depth(j) below the root.
 
 Slots: before drafting, the caller allocates n_max + 1 KV slots for each request at
 table positions kv_len .. kv_len + n_max of its row; node j owns the slot at position

@@ -9,10 +9,12 @@ Decoding for Serving Large Language Models Using Goodput"):
 * Acceptance. Each request keeps alpha, the estimated probability that a draft token is
   accepted given that its parent was (the geometric model of Leviathan et al. 2023): a
   verified chain of depth n with m accepted drafts is m successes and, when m < n, one
-  failure; alpha = successes / trials, exponentially weighted (`AcceptanceTracker`). A
-  request without history starts from the whole engine's estimate.
+  failure (`AcceptanceTracker`: exponentially weighted, with the whole engine's estimate
+  as a prior; a request's own counts fade while it drafts nothing, so it tries again).
 * Cost. The step time t(R) is measured online as a curve over the rows R a step verified
-  (requests + draft tokens; plain decode steps are R = B): `StepCostCurve`.
+  (requests + draft tokens; plain decode steps are R = B): `StepCostCurve`. A batch size
+  whose bucket holds no measurement yet runs one plain step first, so drafts are always
+  priced against a measured t(B).
 * Choice. With B requests and no drafts the step emits E = B tokens (one bonus each) in
   t(B). The k-th draft of request i adds alpha_i^k expected tokens and one row. Drafts
   are ranked by alpha_i^k (each request's gains fall with depth, so every prefix of the
@@ -21,13 +23,16 @@ Decoding for Serving Large Language Models Using Goodput"):
 
 A sampled request with its own seed keeps its cap: rejection sampling's draws follow the
 tree, so a timing-dependent tree would break "same seed, same output" (greedy output is
-the same for every budget).
+the same for every budget). Clients that send a seed with every sampled request get the
+fixed budget for those requests.
 
-So on a CPU, where a batch-1 step costs about the same for 1 or 5 rows, a request drafts
-nearly its whole cap even at modest acceptance; at batch 16, where the rows past the
-knee cost their full compute, requests draft only their first, likeliest tokens.
-Drafters with their own forward (a draft model, EAGLE) pay per draft step too; the
-measured t includes it.
+What this buys depends on the measured curve: on a 2-core CPU a batch-1 step costs
+about the same for 1 or 5 rows, so drafts pay even at modest acceptance; at batch 16-64
+each extra row costs its full compute and only well-accepted drafts pay. Approximations:
+tree drafts (--speculative-topk > 1) are priced by node as if each were the next link
+of a chain, and a drafter with its own forward (a draft model, EAGLE) costs per draft
+level rather than per row; the measured t includes that cost only as far as it shows
+in rows.
 """
 
 from __future__ import annotations
@@ -51,8 +56,8 @@ class DraftBudget(abc.ABC):
     def observe_step(self, rows: int, seconds: float) -> None:  # noqa: B027 - optional
         """A decode or verify step over `rows` tokens took `seconds` (default: ignored)."""
 
-    def observe_verify(self, req: Req, depth: int, accepted: int) -> None:  # noqa: B027
-        """Request `req` verified a draft of `depth` levels and accepted `accepted`."""
+    def observe_verify(self, verified: list[tuple[Req, int, int]]) -> None:  # noqa: B027
+        """A verify step: (request, draft depth, accepted drafts) per request that drafted."""
 
     def stats(self) -> dict[str, float]:
         """Counters for `Scheduler.stats()` (default: none)."""
@@ -69,35 +74,60 @@ class FixedBudget(DraftBudget):
 class AcceptanceTracker:
     """Per-request and engine-wide estimates of alpha (see the module docstring).
 
+    A request's estimate is (s + w a_g) / (n + w): its own successes s and trials n, both
+    exponentially weighted, plus the engine-wide estimate a_g as a prior worth w =
+    `prior_trials` trials. A request's own counts also fade while it drafts nothing
+    (`idle`), so an early run of rejections does not silence it for good: its estimate
+    drifts back to the engine's and it drafts again where that pays.
+
     Args:
-        prior: alpha before anything was verified.
-        decay: weight kept by older trials per new verify of that request (1: no
-            forgetting).
-        floor: lowest alpha reported, so a request that rejected everything still drafts
-            where drafts are nearly free (batch 1 on a CPU) and can recover.
+        prior: the engine-wide alpha before anything was verified.
+        decay: weight kept by older trials per verify of that request, per idle step of
+            that request, and (engine-wide) per verify step.
+        floor: lowest alpha reported.
+        prior_trials: w above.
     """
 
-    def __init__(self, prior: float = 0.5, decay: float = 0.9, floor: float = 0.05):
-        self.decay, self.floor = decay, floor
+    def __init__(
+        self, prior: float = 0.5, decay: float = 0.9, floor: float = 0.05, prior_trials: float = 2.0
+    ):
+        self.decay, self.floor, self.prior_trials = decay, floor, prior_trials
         self._global = [prior * 4.0, 4.0]  # successes, trials (a prior worth 4 trials)
         self._per_req: weakref.WeakKeyDictionary[Req, list[float]] = weakref.WeakKeyDictionary()
 
     def alpha(self, req: Req | None = None) -> float:
         """Estimated acceptance of `req` (None: the engine-wide estimate), >= floor."""
-        s, n = self._global if req is None else self._per_req.get(req, self._global)
-        return max(self.floor, min(1.0, s / n if n > 0 else 0.0))
+        gs, gn = self._global
+        est = gs / gn if gn > 0 else 0.0
+        if req is not None and req in self._per_req:
+            s, n = self._per_req[req]
+            est = (s + self.prior_trials * est) / (n + self.prior_trials)
+        return max(self.floor, min(1.0, est))
 
-    def update(self, req: Req, depth: int, accepted: int) -> None:
-        """Record one verified chain: `accepted` of `depth` levels (0 <= accepted <= depth)."""
-        if depth <= 0:
-            return
-        trials = accepted + (1 if accepted < depth else 0)
-        stats = self._per_req.get(req)
-        if stats is None:  # start from the engine-wide estimate, worth two trials
-            stats = self._per_req[req] = [2.0 * self.alpha(), 2.0]
-        for acc in (stats, self._global):
-            acc[0] = acc[0] * self.decay + accepted
-            acc[1] = acc[1] * self.decay + trials
+    def update_step(self, verified: list[tuple[Req, int, int]]) -> None:
+        """Record one verify step: (request, depth, accepted) per request that drafted
+        (0 <= accepted <= depth; depth 0 carries no information and is skipped). A chain
+        of depth n with m accepted is m successes and, when m < n, one failure."""
+        succ = trials = 0.0
+        for req, depth, accepted in verified:
+            if depth <= 0:
+                continue
+            t = accepted + (1 if accepted < depth else 0)
+            own = self._per_req.setdefault(req, [0.0, 0.0])
+            own[0] = own[0] * self.decay + accepted
+            own[1] = own[1] * self.decay + t
+            succ, trials = succ + accepted, trials + t
+        if trials:
+            g = self._global
+            g[0] = g[0] * self.decay + succ
+            g[1] = g[1] * self.decay + trials
+
+    def idle(self, req: Req) -> None:
+        """`req` drafted nothing this step: its own counts fade by `decay`."""
+        own = self._per_req.get(req)
+        if own is not None:
+            own[0] *= self.decay
+            own[1] *= self.decay
 
 
 class StepCostCurve:
@@ -118,6 +148,8 @@ class StepCostCurve:
     """
 
     def __init__(self, window: int = 8, prior_rows: float = 32.0):
+        if window < 1 or prior_rows <= 0:
+            raise ValueError("StepCostCurve needs window >= 1 and prior_rows > 0")
         self.window, self.prior_rows = window, prior_rows
         self._buckets: dict[int, collections.deque] = {}
         self._points: list[tuple[float, float]] | None = []
@@ -127,10 +159,9 @@ class StepCostCurve:
         """Bucket index of `rows` (>= 1): round(log(rows) / log(1.4))."""
         return round(math.log(rows) / _LOG_STEP)
 
-    @property
-    def observed(self) -> bool:
-        """Whether any step was observed."""
-        return bool(self._buckets)
+    def has_bucket(self, rows: int) -> bool:
+        """Whether a step of about `rows` rows (the same bucket) was observed."""
+        return self.bucket(max(rows, 1)) in self._buckets
 
     def observe(self, rows: int, seconds: float) -> None:
         """Add one step: `rows` tokens in `seconds` (non-finite or negative ignored)."""
@@ -187,9 +218,9 @@ class GoodputBudget(DraftBudget):
         self.cost = cost or StepCostCurve()
 
     def plan(self, reqs: list[Req], caps: list[int]) -> list[int]:
-        if not self.cost.observed:  # nothing measured yet: verify everything once
-            return list(caps)
         budgets = [0] * len(reqs)
+        if not self.cost.has_bucket(len(reqs)):  # no plain step of this size measured yet:
+            return budgets  # run one, so that the rows a draft adds are priced against it
         rows, gain = len(reqs), float(len(reqs))
         candidates = []
         for i, (req, cap) in enumerate(zip(reqs, caps)):
@@ -209,13 +240,16 @@ class GoodputBudget(DraftBudget):
                 best, best_rate = n, rate
         for _, _, i in candidates[:best]:
             budgets[i] += 1
+        for req, n in zip(reqs, budgets):
+            if n == 0:
+                self.tracker.idle(req)
         return budgets
 
     def observe_step(self, rows: int, seconds: float) -> None:
         self.cost.observe(rows, seconds)
 
-    def observe_verify(self, req: Req, depth: int, accepted: int) -> None:
-        self.tracker.update(req, depth, accepted)
+    def observe_verify(self, verified: list[tuple[Req, int, int]]) -> None:
+        self.tracker.update_step(verified)
 
     def stats(self) -> dict[str, float]:
         return {"spec_accept_alpha": self.tracker.alpha()}

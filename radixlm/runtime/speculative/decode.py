@@ -164,9 +164,13 @@ class SpeculativeDecode:
         seconds = time.perf_counter() - t0
         c.step_seconds += seconds
         self.budget.observe_step(sum(len(t) + 1 for t in trees), seconds)
-        for req, tree, (path, _, _) in zip(reqs, trees, accepted):
-            if len(tree):
-                self.budget.observe_verify(req, max(tree.depths()), len(path) - 1)
+        self.budget.observe_verify(
+            [
+                (req, max(tree.depths()), len(path) - 1)
+                for req, tree, (path, _, _) in zip(reqs, trees, accepted)
+                if len(tree)
+            ]
+        )
         return outputs
 
     # ---- steps -------------------------------------------------------------------------
@@ -230,8 +234,9 @@ class SpeculativeDecode:
                 path, bonus = accept_greedy(tree, argmax[row : row + n])
             else:
                 path, bonus = accept_sampled(
-                    tree, logits[row : row + n], req.params, _step_generator(req)
-                )
+                    tree, logits[row : row + n], req.params, _step_generator(req),
+                    seed=req.seed, position=len(req.output_ids),
+                )  # fmt: skip
             out.append((path, bonus, row))
             row += n
         return out

@@ -96,6 +96,39 @@ def test_rejection_sampling_without_drafts_is_plain_sampling():
     assert _chi2_pvalue(counts, torch.softmax(logits[0].double(), -1)) > 0.01
 
 
+def test_seeded_leaf_draw_is_the_plain_samplers_draw():
+    """With a seed, a bonus drawn where the tree has no candidates is the plain decode
+    step's token for that (seed, position): a request that drafted nothing this step (its
+    neighbours did) emits what a plain step would, whatever the other requests did."""
+    from radixlm.runtime.sampling import Sampler
+
+    torch.manual_seed(0)
+    params = SamplingParams(temperature=0.9, top_p=0.95)
+    sampler = Sampler()
+    for seed in range(40):
+        logits = torch.randn(2, 50)
+        req = Req("r", [1, 2, 3], params)
+        req.seed, req.output_ids = seed, [4] * (seed % 5)
+        want = int(sampler.sample(logits[:1], [req])[0])
+        pos = len(req.output_ids)
+        path, bonus = accept_sampled(DraftTree(), logits[:1], params, None, seed=seed, position=pos)
+        assert (path, bonus) == ([0], want)
+        # an accepted one-node chain: the bonus at its leaf is the draw one position on
+        req.output_ids.append(0)
+        want_next = int(sampler.sample(logits[1:], [req])[0])
+        chain = DraftTree.chain([want])
+        p0 = target_probs(logits[0], params)
+        if float(p0[want]) > 0.05:  # accepted with probability p(want): retry until it is
+            for k in range(400):
+                g = torch.Generator().manual_seed(k)
+                path, bonus = accept_sampled(chain, logits, params, g, seed=seed, position=pos)
+                if path == [0, 1]:
+                    assert bonus == want_next
+                    break
+            else:
+                pytest.fail("the draft was never accepted")
+
+
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="speculative-draft-path"):
         ServerArgs(speculative_algorithm="eagle")

@@ -25,34 +25,42 @@ class FakeReq:
 
 
 def test_acceptance_tracker_counts_geometric_trials():
-    t = AcceptanceTracker(prior=0.5, decay=0.9, floor=0.05)
+    t = AcceptanceTracker(prior=0.5, decay=0.9, floor=0.05, prior_trials=2.0)
     a, b = FakeReq(), FakeReq()
     assert t.alpha() == 0.5 and t.alpha(a) == 0.5  # no history: the prior
-    t.update(a, depth=4, accepted=2)  # 2 successes, 1 failure
-    # per request: starts at [2 * 0.5, 2] -> [0.9 + 2, 1.8 + 3]
-    assert t.alpha(a) == pytest.approx(2.9 / 4.8)
-    # engine-wide: [2, 4] -> [1.8 + 2, 3.6 + 3]
-    assert t.alpha() == pytest.approx(3.8 / 6.6)
-    assert t.alpha(b) == pytest.approx(3.8 / 6.6)  # a new request starts from it
-    t.update(b, depth=3, accepted=3)  # all accepted: 3 successes, no failure
-    start = 2 * 3.8 / 6.6
-    assert t.alpha(b) == pytest.approx((start * 0.9 + 3) / (2 * 0.9 + 3))
-    t.update(a, depth=0, accepted=0)  # nothing drafted: no information
-    assert t.alpha(a) == pytest.approx(2.9 / 4.8)
+    t.update_step([(a, 4, 2), (b, 0, 0)])  # a: 2 successes, 1 failure; b: no information
+    g = 3.8 / 6.6  # engine-wide: [2, 4] -> [1.8 + 2, 3.6 + 3], once for the step
+    assert t.alpha() == pytest.approx(g)
+    assert t.alpha(a) == pytest.approx((2 + 2 * g) / (3 + 2))  # own counts + prior of 2
+    assert t.alpha(b) == pytest.approx(g)  # nothing of its own yet: the engine's
+    t.update_step([(b, 3, 3), (a, 4, 4)])  # all accepted: 3 and 4 successes, no failure
+    g2 = (3.8 * 0.9 + 7) / (6.6 * 0.9 + 7)
+    assert t.alpha() == pytest.approx(g2)
+    assert t.alpha(b) == pytest.approx((3 + 2 * g2) / (3 + 2))
+    assert t.alpha(a) == pytest.approx((2 * 0.9 + 4 + 2 * g2) / (3 * 0.9 + 4 + 2))
 
 
-def test_acceptance_tracker_floor():
+def test_acceptance_tracker_floor_and_recovery():
     t = AcceptanceTracker(prior=0.5, decay=0.5, floor=0.05)
-    r = FakeReq()
+    r, other = FakeReq(), FakeReq()
     for _ in range(20):
-        t.update(r, depth=4, accepted=0)
-    assert t.alpha(r) == 0.05
+        t.update_step([(r, 4, 0)])
+    assert t.alpha(r) == 0.05 and t.alpha() == 0.05
+    for _ in range(20):  # the rest of the engine accepts everything again
+        t.update_step([(other, 4, 4)])
+    low = t.alpha(r)
+    assert low == pytest.approx(0.5, abs=1e-3)  # own 0 of 2 trials against a prior of 2 at 1
+    for _ in range(10):  # drafting nothing, its own counts fade: back to the engine's
+        t.idle(r)
+    assert t.alpha(r) > 0.95 > low
+    t.idle(FakeReq())  # unknown requests: nothing to fade
 
 
 def test_step_cost_curve_interpolates_monotone_medians():
     c = StepCostCurve(window=3, prior_rows=32)
-    assert not c.observed and c.predict(8) == 0.0
+    assert not c.has_bucket(1) and c.predict(8) == 0.0
     c.observe(1, 0.010)
+    assert c.has_bucket(1) and not c.has_bucket(2)
     assert c.predict(1) == 0.010
     assert c.predict(0) == 0.010  # below the first point: its time
     assert c.predict(43) == pytest.approx(0.010 + 0.010 / 33 * 42)  # one point: prior slope
@@ -68,6 +76,8 @@ def test_step_cost_curve_interpolates_monotone_medians():
         c.observe(8, bad)
     c.observe(0, 1.0)
     assert [p[0] for p in c.points()] == [1, 16, 32, 64]
+    with pytest.raises(ValueError, match="window"):
+        StepCostCurve(window=0)
 
 
 def test_step_cost_curve_buckets_and_window():
@@ -108,24 +118,24 @@ def test_goodput_takes_the_best_prefix():
     assert sum(plan) == max(range(65), key=expected.__getitem__)
 
 
-def test_goodput_verifies_everything_before_it_measured_and_keeps_seeded_caps():
+def test_goodput_measures_a_plain_step_first_and_keeps_seeded_caps():
     budget = GoodputBudget(AcceptanceTracker(prior=0.01, floor=0.01))
     reqs = [FakeReq() for _ in range(16)]
-    assert budget.plan(reqs, [3] * 16) == [3] * 16  # no step measured yet
+    assert budget.plan(reqs, [3] * 16) == [0] * 16  # no step of 16 rows measured: plain
     budget.observe_step(16, 0.020)
     budget.observe_step(80, 0.080)
     seeded = FakeReq(greedy=False, seed=7)
     plan = budget.plan([*reqs, seeded], [3] * 17)
     assert plan == [0] * 16 + [3]  # the seeded request's tree may not follow timing
+    assert budget.plan(reqs[:4], [3] * 4) == [0] * 4  # batch 4 not measured yet
 
 
 def test_goodput_learns_from_verified_drafts():
     budget = GoodputBudget(AcceptanceTracker(prior=0.5, decay=1.0), roofline_curve())
     good, bad = FakeReq(), FakeReq()
     for _ in range(10):
-        budget.observe_verify(good, 4, 4)
-        budget.observe_verify(bad, 4, 0)
-    assert budget.tracker.alpha(good) > 0.9 and budget.tracker.alpha(bad) < 0.2
+        budget.observe_verify([(good, 4, 4), (bad, 4, 0)])
+    assert budget.tracker.alpha(good) > 0.8 and budget.tracker.alpha(bad) < 0.3
     reqs = [good] * 8 + [bad] * 8  # the tracker keys by object: same estimates
     plan = budget.plan(reqs, [4] * 16)
     assert sum(plan[:8]) > 0 and sum(plan[8:]) == 0

@@ -52,7 +52,8 @@ def eagle_dir(engine, tmp_path_factory):
 
 def use(engine, algo: str | None, **spec) -> None:
     """Install a decode strategy on an idle engine with an empty cache (the fixed draft
-    budget unless `spec` names one: every step then verifies, whatever it measured)."""
+    budget unless `spec` names one: every step where some request may draft verifies,
+    whatever was measured)."""
     spec.setdefault("speculative_budget", "fixed")
     sched = engine.scheduler
     assert not sched.has_work()
@@ -80,7 +81,8 @@ CONFIGS = {
     ),  # fmt: skip
     "eagle-tree": ("eagle", {"speculative_topk": 2, "speculative_num_draft_tokens": 5}),
     "eagle-bundled": ("eagle", {"speculative_draft_path": MODEL}),  # the committed head
-    # drafts only where measured cost and acceptance pay: some steps run plain
+    # drafts only where measured cost and acceptance pay (the first step of each batch
+    # size runs plain; with the target as its own draft, every later step drafts)
     "ngram-goodput": ("ngram", {"speculative_budget": "goodput"}),
     "draft-goodput": ("draft", {"speculative_draft_path": MODEL, "speculative_budget": "goodput"}),
 }
@@ -215,4 +217,44 @@ def test_sampled_requests_are_seeded_and_complete(engine, prompts):
     # The draft is the target itself, but a top-2 tree proposes two children per node and
     # at most one can be accepted, so the rate stays well below 1 (about 0.3 here).
     assert spec_stats(engine)["spec_accept_rate"] > 0.2
+    check_pool(engine.scheduler, idle=True)
+
+
+class _GreedyOnlyBudget:
+    """Drafts the cap for greedy requests only (or for nobody): what a timing-driven
+    budget may do to a seeded request's neighbours."""
+
+    def __init__(self, draft: bool):
+        self.draft = draft
+
+    def plan(self, reqs, caps):
+        return [c if self.draft and r.params.is_greedy else 0 for r, c in zip(reqs, caps)]
+
+    def observe_step(self, rows, seconds):
+        pass
+
+    def observe_verify(self, verified):
+        pass
+
+    def stats(self):
+        return {}
+
+
+def test_seeded_output_does_not_depend_on_neighbours_drafts(engine, prompts):
+    """A seeded sampled request that drafts nothing gets, at every step, the plain
+    sampler's draw, whether the step ran plain (nobody drafted) or verified the drafts of
+    a greedy neighbour: the same output as without speculation."""
+    seeded = {"max_new_tokens": 8, "temperature": 0.9, "top_p": 0.95, "seed": 5,
+              "ignore_eos": True}  # fmt: skip
+    params = [seeded, greedy(8)]
+    outs = {}
+    for name, draft in (("plain", None), ("nobody drafts", False), ("greedy drafts", True)):
+        use(engine, None if draft is None else "draft", speculative_draft_path=MODEL)
+        if draft is not None:
+            engine.scheduler.decoder.budget = _GreedyOnlyBudget(draft)
+        got = engine.generate(input_ids=prompts[:2], sampling_params=params)
+        outs[name] = [o["output_ids"] for o in got]
+    assert spec_stats(engine)["spec_verify_steps_total"] > 0  # the last run verified drafts
+    assert outs["nobody drafts"] == outs["plain"]
+    assert outs["greedy drafts"] == outs["plain"]
     check_pool(engine.scheduler, idle=True)
