@@ -45,6 +45,8 @@ import weakref
 
 from radixlm.runtime.request import Req
 
+_LOG_STEP = math.log(1.4)  # StepCostCurve's buckets are 1.4x apart
+
 
 class DraftBudget(abc.ABC):
     """Chooses per-request draft counts and learns from each step's outcome."""
@@ -200,9 +202,6 @@ class StepCostCurve:
             r0, t0 = pts[-2]
             slope = (t1 - t0) / (r1 - r0)
         return t1 + slope * (rows - r1)
-
-
-_LOG_STEP = math.log(1.4)
 
 
 class GoodputBudget(DraftBudget):

@@ -205,9 +205,7 @@ class SpeculativeDecode:
             start, n = req.kv_len, len(tree)
             ids.append(req.output_ids[-1])
             ids.extend(tree.tokens)
-            pos.extend(
-                range(start, start + n + 1) if chains else (start + d for d in tree.depths())
-            )
+            pos.extend(start + d for d in tree.depths())
             locs.append(table[req.row, start : start + n + 1].to(torch.int64))
             if not chains:
                 mask = torch.ones(n + 1, start + n + 1, dtype=torch.bool)
