@@ -98,6 +98,16 @@ class ServerArgs:
         "separately)",
         choices=["auto", "torch"],
     )
+    weight_format: str = _opt(
+        "auto",
+        "CPU packed weights of a .gguf model (the smollm2-135m alias is one): 'gguf' keeps "
+        "its Q4_1 / Q8_0 tensors as quantized panels (0.625 / 1.0625 bytes per weight "
+        "instead of 4: the file's exact values, computed in fp32, the same tokens as "
+        "'fp32'; a decode step streams a sixth of the bytes); other tensors and block types "
+        "stay fp32. 'fp32' = dequantize every weight. 'auto' = gguf where radixlm's CPU "
+        "kernels run (--cpu-gemm auto) and the model is a .gguf file, else fp32",
+        choices=["auto", "fp32", "gguf"],
+    )
     disable_cuda_graph: bool = _opt(False, "run decode without CUDA graphs (graphs are CUDA-only)")
     cuda_graph_max_bs: int = _opt(256, "largest decode batch captured in a CUDA graph")
     schedule_policy: str = _opt(

@@ -23,7 +23,14 @@ from radixlm.runtime.memory import (
     kv_bytes_per_token,
     kv_capacity_tokens,
 )
-from radixlm.runtime.models.cpu_layout import PackedHead, use_cpu_layout
+from radixlm.runtime.model_registry import resolve_model_path
+from radixlm.runtime.models.cpu_layout import (
+    FloatPanels,
+    GgufPanels,
+    PackedHead,
+    quantized_savings,
+    use_cpu_layout,
+)
 from radixlm.runtime.weights import load_model, weights_bytes
 
 logger = logging.getLogger(__name__)
@@ -54,11 +61,18 @@ class ModelRunner:
         #: The CPU weight layout in use ("packed" panels and C kernels, or "input-major"
         #: for torch's GEMM); None on CUDA.
         self.cpu_layout: str | None = None
+        #: Projections kept as quantized GGUF panels (`--weight-format`).
+        self.quantized_weights = 0
         if self.device == "cpu":
             gemm = CpuKernels.load() if args.cpu_gemm == "auto" else None
-            self.weight_copy_bytes = use_cpu_layout(self.model, gemm)
+            source = self._panel_source(gemm, hf_dir)
+            self.weight_copy_bytes = use_cpu_layout(self.model, gemm, source)
+            self.weights_bytes -= quantized_savings(self.model)
+            self.quantized_weights = getattr(source, "quantized", 0)
             packed = isinstance(self.model.lm_head, PackedHead)
             self.cpu_layout = "packed" if packed else "input-major"
+        elif args.weight_format == "gguf":
+            raise ValueError("--weight-format gguf runs on CPU only (radixlm's CPU kernels)")
 
         attn = self.model.model.layers[0].self_attn
         num_layers = config.num_hidden_layers
@@ -132,6 +146,29 @@ class ModelRunner:
             self.max_total_tokens,
             self.max_total_tokens / self.context_len,
         )
+
+    def _panel_source(self, kernels: CpuKernels | None, hf_dir) -> FloatPanels:
+        """How the packed layout stores projections (`--weight-format`): `GgufPanels` over
+        the model file's blocks, or fp32 panels. Raises ValueError for 'gguf' where it
+        cannot apply (no C kernels, not a .gguf model, not fp32)."""
+        fmt = self.args.weight_format
+        if fmt == "fp32":
+            return FloatPanels()
+        path = resolve_model_path(self.args.model)
+        reason = None
+        if kernels is None:
+            reason = "radixlm's CPU kernels are not in use (--cpu-gemm torch, or they cannot run)"
+        elif path.suffix != ".gguf":
+            reason = f"{self.args.model} is not a .gguf model"
+        elif self.dtype != torch.float32:
+            reason = "--dtype is not float32"
+        if reason is not None:
+            if fmt == "gguf":
+                raise ValueError(f"--weight-format gguf: {reason}")
+            return FloatPanels()
+        from radixlm.runtime.gguf_blocks import load_blocks
+
+        return GgufPanels(load_blocks(path, hf_dir, self.config))
 
     def _available_bytes(self) -> int:
         """Free memory on the model's device (host MemAvailable on CPU)."""

@@ -3,6 +3,8 @@ may be float32 or float16, `KV_DTYPES`):
 
 * `packed_gemm.c`: the GEMM over packed weight panels (`CpuKernels.mm`), AVX-512 where
   the CPU has it, else AVX2 (`CpuKernels.gemm_isa`);
+* `quant_gemm.c`: the same GEMM over GGUF Q4_1 / Q8_0 blocks kept packed (`CpuKernels.qmm`,
+  layouts in `quant.py`), dequantized slice by slice into L1 for the same register tiles;
 * `decode_attention.c`: paged decode attention read in place from the KV pool
   (`CpuKernels.decode_attention`; `decode_attention_kv.h` is its body, once per KV dtype),
   in 512-bit vectors where `gemm_isa` is "avx512" and head_dim % 64 == 0;
@@ -17,7 +19,7 @@ The sources are built with the system C compiler (`$CC`, else `cc`) into one lib
 loaded with ctypes. It links the OpenMP runtime torch already loaded (libgomp.so.1), so
 it shares torch's threads. Where it cannot be built (no compiler, no AVX2/FMA, not x86),
 `CpuKernels.load()` returns None with the reason logged, and callers keep torch's ops.
-Building lives in `build.py`, the packed weight layouts in `weights.py`.
+Building lives in `build.py`, the packed weight layouts in `weights.py` and `quant.py`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from functools import cache
 
 import torch
 
-from radixlm.kernels.cpu import build
+from radixlm.kernels.cpu import build, quant
 from radixlm.kernels.cpu.weights import HUGE_PAGE, PANEL, into_huge_pages, pack_panels
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,8 @@ class LayerSpec(ctypes.Structure):
             for name in ("ln1", "ln2", "qkv", "qkv_bias", "o", "gate_up", "down")
         ),
         *((name, ctypes.c_int64) for name in ("hidden", "inter", "heads", "kv_heads", "head_dim")),
+        # Each projection's panel format: quant.FP32, Q4_1 or Q8_0.
+        *((name, ctypes.c_int64) for name in ("qkv_fmt", "o_fmt", "gate_up_fmt", "down_fmt")),
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
     ]
@@ -66,6 +70,8 @@ class CpuKernels:
         p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
         self._gemm = _bind(lib.radixlm_packed_gemm, [p, p, p, i64, i64, i64, i32])
         self._gemm_isa = _bind(lib.radixlm_gemm_isa, [i32], ctypes.c_int)
+        self._qgemm = _bind(lib.radixlm_quant_gemm, [p, i64, p, i32, p, i64, i64, i64, i32])
+        self._dequant = _bind(lib.radixlm_quant_dequant, [i32, p, i64, p])
         attn_args = [p, i64, p, p, i32, p, i64, p, p, i64, i64, i64, i64, f32, i32]
         self._attn = _bind(lib.radixlm_decode_attention, attn_args, ctypes.c_int)
         ext_args = [p, i64, p, p, i32, p, i64, p, p, p, i64, i64, i64, i64, f32, i32]
@@ -113,6 +119,40 @@ class CpuKernels:
         y = torch.empty(m, n, dtype=torch.float32)
         self._gemm(x.data_ptr(), panels.data_ptr(), y.data_ptr(), m, k, n, torch.get_num_threads())
         return y
+
+    def qmm(self, x: torch.Tensor, panels: torch.Tensor, fmt: int, n: int) -> torch.Tensor:
+        """x [M, K] float32 (rows may be strided) times W [n, K] held as quantized panels
+        uint8 [n / 16, K / 32, group bytes] of format `fmt` (`quant.Q4_1` or `quant.Q8_0`):
+        returns [M, n] float32, equal bit for bit to `mm` over fp32 panels of the
+        dequantized W. Raises ValueError on a dtype, format or shape mismatch."""
+        if x.dtype != torch.float32 or panels.dtype != torch.uint8 or x.dim() != 2:
+            raise ValueError(f"qmm takes float32 x [M, K] and uint8 panels, got {x.dtype}")
+        m, k = x.shape
+        group = quant.GROUP_BYTES.get(fmt)
+        if group is None or tuple(panels.shape) != (n // 16, k // 32, group) or n % 16 or k % 32:
+            raise ValueError(f"panels {tuple(panels.shape)} of format {fmt} do not hold {n} x {k}")
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        panels = panels.contiguous()
+        y = torch.empty(m, n, dtype=torch.float32)
+        if m >= 24:  # the blocked path (quant_gemm.c's QBLOCKED_ROWS) reads x contiguous
+            x = x.contiguous()
+        self._qgemm(
+            x.data_ptr(), x.stride(0), panels.data_ptr(), fmt, y.data_ptr(), m, k, n,
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return y
+
+    def dequantize(self, panels: torch.Tensor, fmt: int) -> torch.Tensor:
+        """The C kernels' dequantization of one panel's groups: panels uint8 [G, group
+        bytes] (one panel's K / 32 groups) -> float32 [G * 32, 16] (k rows, 16 columns)."""
+        group = quant.GROUP_BYTES.get(fmt)
+        if panels.dtype != torch.uint8 or panels.dim() != 2 or panels.shape[1] != group:
+            raise ValueError(f"dequantize takes uint8 [G, {group}] groups of format {fmt}")
+        panels = panels.contiguous()
+        out = torch.empty(panels.shape[0] * 32, 16, dtype=torch.float32)
+        self._dequant(fmt, panels.data_ptr(), panels.shape[0], out.data_ptr())
+        return out
 
     def gemm_isa(self, use_avx512: bool | None = None) -> str:
         """The instruction set `mm`, the fused layers' GEMMs and the attention kernels' wide

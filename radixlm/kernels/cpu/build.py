@@ -24,6 +24,7 @@ SOURCES = [
     _DIR / n
     for n in (
         "packed_gemm.c",
+        "quant_gemm.c",
         "decode_attention.c",
         "extend_attention.c",
         "elementwise.c",

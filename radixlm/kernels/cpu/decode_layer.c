@@ -8,7 +8,8 @@
  * It runs the same kernels the layer's modules call one by one; calling them from C
  * removes a dozen Python-level calls per layer, which at one decode row cost as much as
  * a tenth of the step, and `radixlm_decode_layers` runs the whole stack of layers in one
- * call. Weights are packed panels (packed_gemm.c).
+ * call. Each projection is fp32 packed panels (packed_gemm.c) or quantized panels
+ * (quant_gemm.c), as its *_fmt field says.
  */
 #include <stdint.h>
 
@@ -16,9 +17,12 @@
 
 typedef struct {
     const float *ln1, *ln2;           /* [hidden] */
-    const float *qkv, *qkv_bias;      /* panels of [(H + 2 Hkv) D, hidden]; bias or NULL */
-    const float *o, *gate_up, *down;  /* panels */
+    const void *qkv;                  /* panels of [(H + 2 Hkv) D, hidden] */
+    const float *qkv_bias;            /* [(H + 2 Hkv) D] or NULL */
+    const void *o, *gate_up, *down;   /* panels */
     int64_t hidden, inter, heads, kv_heads, head_dim;
+    /* Each projection's panel format (radixlm_weight_gemm): 0 fp32, 1 Q4_1, 2 Q8_0. */
+    int64_t qkv_fmt, o_fmt, gate_up_fmt, down_fmt;
     float eps, scale;
 } radixlm_layer;
 
@@ -38,7 +42,7 @@ static int decode_layer(const radixlm_layer *L, float *x, int64_t T, const float
     float *gu = proj + T * hid, *act = gu + 2 * T * L->inter;
 
     radixlm_rms_norm(x, hid, L->ln1, h, T, hid, L->eps, nt);
-    radixlm_packed_gemm(h, L->qkv, qkv, T, hid, nqkv, nt);
+    radixlm_weight_gemm(L->qkv_fmt, h, L->qkv, qkv, T, hid, nqkv, nt);
     if (L->qkv_bias)
         for (int64_t t = 0; t < T; ++t)
             for (int64_t i = 0; i < nqkv; ++i) qkv[t * nqkv + i] += L->qkv_bias[i];
@@ -51,13 +55,13 @@ static int decode_layer(const radixlm_layer *L, float *x, int64_t T, const float
                       : radixlm_decode_attention(qkv, nqkv, k_buf, v_buf, kv_f16, slots, ld_slots,
                                                  seq_lens, attn, T, H, Hkv, D, L->scale, nt);
     if (rc) return -1;
-    radixlm_packed_gemm(attn, L->o, proj, T, H * D, hid, nt);
+    radixlm_weight_gemm(L->o_fmt, attn, L->o, proj, T, H * D, hid, nt);
     for (int64_t i = 0; i < T * hid; ++i) x[i] += proj[i];
 
     radixlm_rms_norm(x, hid, L->ln2, h, T, hid, L->eps, nt);
-    radixlm_packed_gemm(h, L->gate_up, gu, T, hid, 2 * L->inter, nt);
+    radixlm_weight_gemm(L->gate_up_fmt, h, L->gate_up, gu, T, hid, 2 * L->inter, nt);
     radixlm_silu_mul(gu, act, T, L->inter, nt);
-    radixlm_packed_gemm(act, L->down, proj, T, L->inter, hid, nt);
+    radixlm_weight_gemm(L->down_fmt, act, L->down, proj, T, L->inter, hid, nt);
     for (int64_t i = 0; i < T * hid; ++i) x[i] += proj[i];
     return 0;
 }

@@ -14,6 +14,20 @@ int radixlm_gemm_isa(int request);
  * y rows of stride ldy. One thread; AVX-512 tiles where radixlm_gemm_isa says so. */
 void radixlm_gemm_panels(int64_t M, int acc, const float *x, int64_t ldx, const float *w,
                          int64_t npan, int64_t wstride, int64_t kn, float *y, int64_t ldy);
+/* Where the blocked GEMM reads its weight panels: fp32 panels [N / 16][K][16] (fmt 0), or
+ * quantized panels (fmt 1 Q4_1, 2 Q8_0; quant_gemm.c) of panel_bytes each, in groups of
+ * group_bytes per 32 k rows. */
+typedef struct {
+    const void *w;
+    int fmt;
+    int64_t panel_bytes, group_bytes;
+} radixlm_wsrc;
+/* Panels [b0, b1) of y[M, N] = x[M, K] @ W^T (x contiguous) on the calling thread, x
+ * packed into L2-sized blocks: the prefill-sized path of radixlm_packed_gemm. */
+void radixlm_gemm_blocked(const float *x, const radixlm_wsrc *src, float *y, int64_t M,
+                          int64_t K, int64_t N, int64_t b0, int64_t b1);
+/* ng groups of one quantized panel (format fmt) into buf[ng * 32][16] fp32. */
+void radixlm_quant_dequant(int fmt, const uint8_t *groups, int64_t ng, float *buf);
 /* KV pool buffers (k_buf, v_buf) hold float32, or IEEE float16 when kv_f16 is 1. */
 int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
                              int kv_f16, const int64_t *slots, int64_t ld_slots,
@@ -24,6 +38,10 @@ int radixlm_decode_attention(const float *q, int64_t ldq, const void *k_buf, con
                              int kv_f16, const int64_t *slots, int64_t ld_slots,
                              const int64_t *seq_lens, float *out, int64_t B, int64_t H,
                              int64_t Hkv, int64_t D, float scale, int num_threads);
+/* y = x W^T for a weight in format fmt: 0 fp32 panels (radixlm_packed_gemm), 1 Q4_1 or
+ * 2 Q8_0 quantized panels (radixlm_quant_gemm, quant_gemm.c). */
+void radixlm_weight_gemm(int fmt, const float *x, const void *w, float *y, int64_t M,
+                         int64_t K, int64_t N, int num_threads);
 void radixlm_rms_norm(const float *x, int64_t ldx, const float *w, float *y, int64_t rows,
                       int64_t dim, float eps, int num_threads);
 void radixlm_silu_mul(const float *gu, float *y, int64_t rows, int64_t n, int num_threads);

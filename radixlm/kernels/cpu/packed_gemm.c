@@ -152,28 +152,45 @@ static void pack_x(const float *x, int64_t ldx, int64_t mn, int64_t kn, float *r
     }
 }
 
-/* Each thread's packed x block (MC x KC floats) for the blocked paths. */
+/* Each thread's packed x block (MC x KC floats) for the blocked paths, and its buffer for
+ * two dequantized panel slices (KC x 16 floats each). */
 static __thread float xpack[MC * KC] __attribute__((aligned(64)));
+static __thread float wslices[2 * KC * 16] __attribute__((aligned(64)));
+
+/* The [kn][16] slice of rows k0..k0+kn of panel b: in place for fp32 panels, else
+ * dequantized into buf (k0 and kn whole 32-row groups). */
+static inline const float *panel_slice(const radixlm_wsrc *src, int64_t K, int64_t b,
+                                       int64_t k0, int64_t kn, float *buf) {
+    if (src->fmt == 0) return (const float *)src->w + (b * K + k0) * 16;
+    radixlm_quant_dequant(src->fmt, (const uint8_t *)src->w + b * src->panel_bytes +
+                                        k0 / 32 * src->group_bytes, kn / 32, buf);
+    return buf;
+}
+
+/* Equal K blocks of at most KC, whole 32-row groups for quantized panels. */
+static inline int64_t k_block(const radixlm_wsrc *src, int64_t K) {
+    int64_t nk = (K + KC - 1) / KC, kb = (K + nk - 1) / nk;
+    return src->fmt ? (kb + 31) / 32 * 32 : kb;
+}
 
 /* Panels [b0, b1) of y for M >= BLOCKED_ROWS rows (one thread's share). */
-static void blocked_panels(const float *x, const float *panels, float *y, int64_t M, int64_t K,
-                           int64_t N, int64_t b0, int64_t b1) {
+static void blocked_panels(const float *x, const radixlm_wsrc *src, float *y, int64_t M,
+                           int64_t K, int64_t N, int64_t b0, int64_t b1) {
     float *xp = xpack, tail[MC * 16];
+    const int64_t kb = k_block(src, K);
     for (int64_t m0 = 0; m0 < M; m0 += MC) {
         int64_t mn = M - m0 < MC ? M - m0 : MC;
-        /* Equal K blocks of at most KC. */
-        int64_t nk = (K + KC - 1) / KC, kb = (K + nk - 1) / nk;
         for (int64_t k0 = 0; k0 < K; k0 += kb) {
             int64_t kn = K - k0 < kb ? K - k0 : kb;
             int64_t ntiles = (mn + 5) / 6, pstep = (64 + ntiles - 1) / ntiles;
             pack_x(x + m0 * K + k0, K, mn, kn, xp, 6);
             for (int64_t b = b0; b < b1; ++b) {
-                const float *w = panels + (b * K + k0) * 16;
+                const float *w = panel_slice(src, K, b, k0, kn, wslices);
                 int64_t cols = N - b * 16 < 16 ? N - b * 16 : 16;
                 float *dst = cols == 16 ? y + m0 * N + b * 16 : tail;
                 int64_t ldy = cols == 16 ? N : 16;
-                /* The row tiles fetch the next panel's slice meanwhile, each its share. */
-                int pf = b + 1 < b1;
+                /* The row tiles fetch the next fp32 panel's slice meanwhile, each its share. */
+                int pf = b + 1 < b1 && src->fmt == 0;
                 const char *next = (const char *)(w + K * 16);
                 for (int64_t r = 0, i = 0; r < mn; r += 6, ++i) {
                     int64_t mr = mn - r < 6 ? mn - r : 6;
@@ -282,12 +299,13 @@ static const ztile_fn ZITILES[ZMR + 1] = {
 
 /* blocked_panels with AVX-512 tiles of two panels (same blocking; each tile prefetches its
  * share of the next tile's two panel slices). */
-static AVX512 void zblocked_panels(const float *x, const float *panels, float *y, int64_t M,
-                                   int64_t K, int64_t N, int64_t b0, int64_t b1) {
+static AVX512 void zblocked_panels(const float *x, const radixlm_wsrc *src, float *y,
+                                   int64_t M, int64_t K, int64_t N, int64_t b0, int64_t b1) {
     float *xp = xpack, tail[MC * 16];
+    const float *panels = src->w; /* fp32 panels; quantized ones go through panel_slice */
+    const int64_t kb = k_block(src, K);
     for (int64_t m0 = 0; m0 < M; m0 += MC) {
         int64_t mn = M - m0 < MC ? M - m0 : MC;
-        int64_t nk = (K + KC - 1) / KC, kb = (K + nk - 1) / nk;
         int64_t ntiles = (mn + ZMR - 1) / ZMR, width = (mn + ntiles - 1) / ntiles;
         int64_t pstep = (64 + ntiles - 1) / ntiles;
         for (int64_t k0 = 0; k0 < K; k0 += kb) {
@@ -296,18 +314,20 @@ static AVX512 void zblocked_panels(const float *x, const float *panels, float *y
             for (int64_t b = b0, np; b < b1; b += np) {
                 /* Two panels when both are full (the padded last one goes alone). */
                 np = b + 1 < b1 && N - (b + 1) * 16 >= 16 ? 2 : 1;
-                const float *w = panels + (b * K + k0) * 16;
+                const float *w0 = panel_slice(src, K, b, k0, kn, wslices), *w1 = w0;
+                if (np == 2) w1 = panel_slice(src, K, b + 1, k0, kn, wslices + kn * 16);
                 int64_t cols = N - b * 16 < 16 ? N - b * 16 : 16;
                 float *dst = cols == 16 ? y + m0 * N + b * 16 : tail;
                 int64_t ldy = cols == 16 ? N : 16;
-                /* The next tile's panels: b + np and the one after it, within the share. */
+                /* The next tile's fp32 panels: b + np and the one after it, within the
+                 * share (none for quantized panels: their dequantization reads ahead). */
                 int64_t nb = b + np < b1 ? b + np : b, nb1 = nb + 1 < b1 ? nb + 1 : nb;
                 const char *pf0 = (const char *)(panels + (nb * K + k0) * 16);
                 const char *pf1 = (const char *)(panels + (nb1 * K + k0) * 16);
                 for (int64_t r = 0, i = 0; r < mn; r += width, ++i) {
                     int64_t mr = mn - r < width ? mn - r : width, off = i * kn * 64 / ntiles;
-                    ZTILES[mr](np, k0 > 0, xp + r * kn, width, w, w + K * 16, kn,
-                               dst + r * ldy, ldy, pf0 + off, pf1 + off, pstep);
+                    ZTILES[mr](np, k0 > 0, xp + r * kn, width, w0, w1, kn, dst + r * ldy, ldy,
+                               src->fmt ? 0 : pf0 + off, pf1 + off, pstep);
                 }
                 if (cols < 16 && k0 + kn == K)
                     for (int64_t r = 0; r < mn; ++r)
@@ -350,6 +370,14 @@ void radixlm_gemm_panels(int64_t M, int acc, const float *x, int64_t ldx, const 
         }
 }
 
+void radixlm_gemm_blocked(const float *x, const radixlm_wsrc *src, float *y, int64_t M,
+                          int64_t K, int64_t N, int64_t b0, int64_t b1) {
+    if (use_avx512 < 0 ? radixlm_gemm_isa(-1) : use_avx512)
+        zblocked_panels(x, src, y, M, K, N, b0, b1);
+    else
+        blocked_panels(x, src, y, M, K, N, b0, b1);
+}
+
 int radixlm_gemm_isa(int request) {
     int have = __builtin_cpu_supports("avx512f") != 0;
     if (request >= 0)
@@ -368,10 +396,11 @@ void radixlm_packed_gemm(const float *x, const float *panels, float *y, int64_t 
 #pragma omp parallel num_threads(num_threads)
         {
             int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+            radixlm_wsrc src = {panels, 0, 0, 0};
             if (z)
-                zblocked_panels(x, panels, y, M, K, N, NB * t / nt, NB * (t + 1) / nt);
+                zblocked_panels(x, &src, y, M, K, N, NB * t / nt, NB * (t + 1) / nt);
             else
-                blocked_panels(x, panels, y, M, K, N, NB * t / nt, NB * (t + 1) / nt);
+                blocked_panels(x, &src, y, M, K, N, NB * t / nt, NB * (t + 1) / nt);
         }
         return;
     }

@@ -1,5 +1,5 @@
-"""Weight layouts the CPU kernels read: 16-column packed panels, and a transparent-huge-page
-mapping to hold them (fp32)."""
+"""Weight layouts the CPU kernels read: 16-column packed fp32 panels (quantized ones are in
+`quant.py`), and a transparent-huge-page mapping to hold them."""
 
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ HUGE_PAGE = 2 << 20
 
 
 def into_huge_pages(tensors: list[torch.Tensor]) -> tuple[mmap.mmap | None, list[torch.Tensor]]:
-    """Copy fp32 `tensors` into one anonymous mapping advised for transparent huge pages
-    (Linux `madvise(MADV_HUGEPAGE)`; the mapping is 2 MiB-aligned before it is touched).
+    """Copy `tensors` (any dtypes: fp32 or quantized uint8 panels) into one anonymous
+    mapping advised for transparent huge pages (Linux `madvise(MADV_HUGEPAGE)`; the
+    mapping is 2 MiB-aligned before it is touched).
 
     Decode steps stream every weight once per step; with 4 KiB pages each page of that
     stream costs a TLB miss. Measured on the 2-core AVX2 machine at 2 threads, alternated
@@ -48,7 +49,7 @@ def into_huge_pages(tensors: list[torch.Tensor]) -> tuple[mmap.mmap | None, list
     """
     if not hasattr(mmap, "MADV_HUGEPAGE") or not tensors:
         return None, tensors
-    sizes = [-(-t.numel() * 4 // 64) * 64 for t in tensors]  # 64-byte aligned starts
+    sizes = [-(-t.numel() * t.element_size() // 64) * 64 for t in tensors]  # 64-byte aligned
     arena = mmap.mmap(
         -1, sum(sizes) + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
     )  # fmt: skip
@@ -58,14 +59,13 @@ def into_huge_pages(tensors: list[torch.Tensor]) -> tuple[mmap.mmap | None, list
         logger.info("packed weights stay in 4 KiB pages (madvise: %s)", exc)
         arena.close()
         return None, tensors
-    flat = torch.frombuffer(arena, dtype=torch.float32)
-    offset = (-flat.data_ptr() % HUGE_PAGE) // 4
+    flat = torch.frombuffer(arena, dtype=torch.uint8)
+    offset = -flat.data_ptr() % HUGE_PAGE
     copies = []
     for t, size in zip(tensors, sizes):
-        if t.dtype != torch.float32:
-            raise ValueError(f"into_huge_pages takes fp32 tensors, got {t.dtype}")
-        view = flat[offset : offset + t.numel()].view(t.shape)
+        nbytes = t.numel() * t.element_size()
+        view = flat[offset : offset + nbytes].view(t.dtype).view(t.shape)
         view.copy_(t)
         copies.append(view)
-        offset += size // 4
+        offset += size
     return arena, copies

@@ -24,19 +24,26 @@ poorly. Two layouts, chosen once at load time by `use_cpu_layout`:
   runs in place on the fused q/k, SwiGLU's silu(gate) * up and RMSNorm are single calls
   (`CpuRMSNorm`). Each replaces several torch ops whose per-call overhead dominates at
   decode sizes (RMSNorm on one row, 2 threads: 81 us as torch ops).
+  With `GgufPanels` (a .gguf model, `--weight-format gguf`) the projections whose GGUF
+  tensors are Q4_1 or Q8_0 blocks keep them as quantized panels (`QuantLinear`, 0.625 or
+  1.0625 bytes per weight instead of 4; the head too): the same weight values, products
+  equal bit for bit to the fp32 panels', and a decode step streams a sixth of the bytes.
 * **input-major** (the fallback: other dtypes, or no compiler/AVX2): projections store
   W^T [in, out] for `torch.mm`; the head adds a W^T copy used for at most `FEW_ROWS` rows.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels import ForwardMode
-from radixlm.kernels.cpu import CpuKernels, LayerSpec, into_huge_pages, pack_panels
+from radixlm.kernels.cpu import CpuKernels, LayerSpec, into_huge_pages, pack_panels, quant
 from radixlm.kernels.cpu_native import CpuNativeBackend
+from radixlm.runtime.gguf_blocks import RawBlocks
 from radixlm.runtime.models.llama import (
     MLP,
     Attention,
@@ -45,6 +52,8 @@ from radixlm.runtime.models.llama import (
     RMSNorm,
     run_in_order,
 )
+
+logger = logging.getLogger(__name__)
 
 #: Rows up to which the input-major head uses its transposed copy (MKL, 1 thread: 1 row
 #: 8.6 -> 4.8 ms, 3 rows 30.9 -> 14.3 ms, but 4 rows 21 -> 28 ms).
@@ -60,9 +69,11 @@ class PackedLinear(nn.Module):
     forward(x [rows, in] fp32) -> [rows, out] fp32 through the packed GEMM kernel.
     """
 
+    fmt = quant.FP32
+
     def __init__(self, linear: nn.Linear, gemm: CpuKernels):
         super().__init__()
-        self.out_features = linear.out_features
+        self.out_features, self.in_features = linear.out_features, linear.in_features
         self.panels = nn.Parameter(pack_panels(linear.weight), requires_grad=False)
         self.bias = linear.bias
         self._gemm = gemm
@@ -75,6 +86,88 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self._gemm.mm(x, self.panels, self.out_features)
         return y if self.bias is None else y.add_(self.bias)
+
+
+class QuantLinear(nn.Module):
+    """A linear layer holding quantized `panels` uint8 [out / 16, in / 32, group bytes] of
+    GGUF blocks (`kernels.cpu.quant`, format `fmt`) and `bias` [out] fp32 or None.
+
+    forward(x [rows, in] fp32) -> [rows, out] fp32 through the quantized GEMM kernel.
+    """
+
+    extra_bytes = 0
+
+    def __init__(self, blocks: RawBlocks, bias: nn.Parameter | None, gemm: CpuKernels):
+        super().__init__()
+        self.fmt, self.in_features = blocks.fmt, blocks.k
+        self.out_features = blocks.data.shape[0]
+        panels = quant.pack_blocks(blocks.data, blocks.fmt, blocks.k)
+        self.panels = nn.Parameter(panels, requires_grad=False)
+        self.bias = bias
+        self._gemm = gemm
+
+    @property
+    def saved_bytes(self) -> int:
+        """Bytes fewer than the fp32 weight these panels replace."""
+        return self.out_features * self.in_features * 4 - self.panels.numel()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._gemm.qmm(x, self.panels, self.fmt, self.out_features)
+        return y if self.bias is None else y.add_(self.bias)
+
+
+class FloatPanels:
+    """Packs every projection as fp32 panels (`PackedLinear`, `PackedHead`)."""
+
+    def linear(self, names: list[str], linears: list[nn.Linear], kernels: CpuKernels):
+        """The packed module computing `linears` (named `names`) side by side."""
+        return PackedLinear(_fuse(linears) if len(linears) > 1 else linears[0], kernels)
+
+    def head(self, head: nn.Linear, kernels: CpuKernels) -> PackedHead:
+        """The packed lm_head."""
+        return PackedHead(head, kernels)
+
+
+class GgufPanels(FloatPanels):
+    """Keeps a GGUF file's Q4_1 / Q8_0 blocks (`gguf_blocks.load_blocks`, keyed by module
+    name) as quantized panels where every part of a projection has them in one format and
+    they dequantize to exactly the loaded fp32 weight (checked at load); other projections
+    get fp32 panels. `quantized` counts the projections kept quantized."""
+
+    def __init__(self, blocks: dict[str, RawBlocks]):
+        self.blocks = blocks
+        self.quantized = 0
+
+    def _blocks(self, names: list[str], linears: list[nn.Linear]) -> RawBlocks | None:
+        parts = [self.blocks.get(name) for name in names]
+        if any(p is None for p in parts) or len({(p.fmt, p.k) for p in parts}) != 1:
+            return None
+        fmt, k = parts[0].fmt, parts[0].k
+        data = torch.cat([p.data for p in parts]) if len(parts) > 1 else parts[0].data
+        if k != linears[0].in_features or data.shape[0] % 16 or k % 32:
+            return None
+        weight = torch.cat([lin.weight.detach() for lin in linears])
+        if weight.dtype != torch.float32 or weight.shape[0] != data.shape[0]:
+            return None
+        if not torch.equal(quant.dequantize_blocks(data, fmt, k), weight):
+            logger.warning("%s: GGUF blocks differ from the loaded weights; kept fp32", names)
+            return None
+        return RawBlocks(fmt, data, k)
+
+    def linear(self, names, linears, kernels):
+        blocks = self._blocks(names, linears)
+        if blocks is None:
+            return super().linear(names, linears, kernels)
+        self.quantized += 1
+        bias = _fuse(linears).bias if len(linears) > 1 else linears[0].bias
+        return QuantLinear(blocks, bias, kernels)
+
+    def head(self, head, kernels):
+        blocks = self._blocks(["lm_head"], [head])
+        if blocks is None:
+            return super().head(head, kernels)
+        self.quantized += 1
+        return PackedHead(head, kernels, blocks)
 
 
 def _fuse(linears: list[nn.Linear]) -> nn.Linear:
@@ -93,13 +186,16 @@ class PackedAttention(nn.Module):
     """`models.llama.Attention` with q/k/v fused into one `PackedLinear` and RoPE applied in
     place by the C kernel. Same forward signature and result."""
 
-    def __init__(self, attn: Attention, kernels: CpuKernels):
+    def __init__(self, attn: Attention, kernels: CpuKernels, source=None, name: str = ""):
         super().__init__()
+        source = source or FloatPanels()
         self.layer_id = attn.layer_id
         self.num_heads, self.num_kv_heads = attn.num_heads, attn.num_kv_heads
         self.head_dim = attn.head_dim
-        self.qkv_proj = PackedLinear(_fuse([attn.q_proj, attn.k_proj, attn.v_proj]), kernels)
-        self.o_proj = PackedLinear(attn.o_proj, kernels)
+        parts = [attn.q_proj, attn.k_proj, attn.v_proj]
+        names = [f"{name}.{p}_proj" for p in "qkv"]
+        self.qkv_proj = source.linear(names, parts, kernels)
+        self.o_proj = source.linear([f"{name}.o_proj"], [attn.o_proj], kernels)
         self._kernels = kernels
 
     def forward(self, x, rope, backend, fb):
@@ -117,10 +213,12 @@ class PackedMLP(nn.Module):
     """`models.llama.MLP` with gate/up fused into one `PackedLinear` and silu(gate) * up
     in one C call."""
 
-    def __init__(self, mlp: MLP, kernels: CpuKernels):
+    def __init__(self, mlp: MLP, kernels: CpuKernels, source=None, name: str = ""):
         super().__init__()
-        self.gate_up_proj = PackedLinear(_fuse([mlp.gate_proj, mlp.up_proj]), kernels)
-        self.down_proj = PackedLinear(mlp.down_proj, kernels)
+        source = source or FloatPanels()
+        names = [f"{name}.gate_proj", f"{name}.up_proj"]
+        self.gate_up_proj = source.linear(names, [mlp.gate_proj, mlp.up_proj], kernels)
+        self.down_proj = source.linear([f"{name}.down_proj"], [mlp.down_proj], kernels)
         self._kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -145,10 +243,10 @@ class CpuDecoderLayer(nn.Module):
     stack (`FusedDecodeStack`), which takes it when `fused_decode` (head shapes it
     supports)."""
 
-    def __init__(self, layer: DecoderLayer, kernels: CpuKernels):
+    def __init__(self, layer: DecoderLayer, kernels: CpuKernels, source=None, name: str = ""):
         super().__init__()
-        self.self_attn = PackedAttention(layer.self_attn, kernels)
-        self.mlp = PackedMLP(layer.mlp, kernels)
+        self.self_attn = PackedAttention(layer.self_attn, kernels, source, f"{name}.self_attn")
+        self.mlp = PackedMLP(layer.mlp, kernels, source, f"{name}.mlp")
         self.input_layernorm = CpuRMSNorm(layer.input_layernorm, kernels)
         self.post_attention_layernorm = CpuRMSNorm(layer.post_attention_layernorm, kernels)
         self._kernels = kernels
@@ -157,10 +255,14 @@ class CpuDecoderLayer(nn.Module):
             raise ValueError("the fused CPU layer needs one RMSNorm eps for both norms")
         self.spec = LayerSpec(
             hidden=attn.o_proj.out_features,
-            inter=mlp.down_proj.panels.shape[1],
+            inter=mlp.down_proj.in_features,
             heads=attn.num_heads,
             kv_heads=attn.num_kv_heads,
             head_dim=attn.head_dim,
+            qkv_fmt=attn.qkv_proj.fmt,
+            o_fmt=attn.o_proj.fmt,
+            gate_up_fmt=mlp.gate_up_proj.fmt,
+            down_fmt=mlp.down_proj.fmt,
             eps=self.input_layernorm.eps,
         )  # fmt: skip
         #: The C layer needs whole 8-float vectors per head and whole query groups, and
@@ -271,14 +373,19 @@ def fusable(layers) -> bool:
 
 class PackedHead(nn.Module):
     """lm_head holding `weight` [vocab, hidden] (the original parameter, possibly tied to the
-    embedding) and `panels` of it: packed GEMM for at most `PACKED_HEAD_ROWS` rows,
+    embedding) and `panels` of it: fp32 panels, or quantized ones of the GGUF `blocks` of
+    the same values (format `fmt`); packed GEMM for at most `PACKED_HEAD_ROWS` rows,
     `F.linear` above. forward(x [rows, hidden] fp32) -> logits [rows, vocab] fp32."""
 
-    def __init__(self, head: nn.Linear, gemm: CpuKernels):
+    def __init__(self, head: nn.Linear, gemm: CpuKernels, blocks: RawBlocks | None = None):
         super().__init__()
         self.weight = head.weight
         self.bias = head.bias
-        self.register_buffer("panels", pack_panels(head.weight), persistent=False)
+        if blocks is None:
+            self.fmt, panels = quant.FP32, pack_panels(head.weight)
+        else:
+            self.fmt, panels = blocks.fmt, quant.pack_blocks(blocks.data, blocks.fmt, blocks.k)
+        self.register_buffer("panels", panels, persistent=False)
         self._gemm = gemm
 
     @property
@@ -289,7 +396,10 @@ class PackedHead(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > PACKED_HEAD_ROWS:
             return F.linear(x, self.weight, self.bias)
-        y = self._gemm.mm(x, self.panels, self.weight.shape[0])
+        if self.fmt == quant.FP32:
+            y = self._gemm.mm(x, self.panels, self.weight.shape[0])
+        else:
+            y = self._gemm.qmm(x, self.panels, self.fmt, self.weight.shape[0])
         return y if self.bias is None else y.add_(self.bias)
 
 
@@ -338,18 +448,19 @@ class FewRowsHead(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def _packed(child: nn.Module, kernels: CpuKernels) -> nn.Module | None:
-    """The packed-layout replacement of one module, or None to recurse into it."""
+def _packed(child: nn.Module, kernels: CpuKernels, source, name: str) -> nn.Module | None:
+    """The packed-layout replacement of one module (named `name`), or None to recurse
+    into it."""
     if isinstance(child, DecoderLayer):
-        return CpuDecoderLayer(child, kernels)
+        return CpuDecoderLayer(child, kernels, source, name)
     if isinstance(child, Attention):
-        return PackedAttention(child, kernels)
+        return PackedAttention(child, kernels, source, name)
     if isinstance(child, MLP):
-        return PackedMLP(child, kernels)
+        return PackedMLP(child, kernels, source, name)
     if isinstance(child, RMSNorm):
         return CpuRMSNorm(child, kernels)
     if isinstance(child, nn.Linear):
-        return PackedLinear(child, kernels)
+        return source.linear([name], [child], kernels)
     return None
 
 
@@ -362,7 +473,7 @@ def _fuse_decode_stack(inner: nn.Module, kernels: CpuKernels) -> None:
 def _panels_into_huge_pages(model: nn.Module) -> None:
     """Move every panel tensor of `model` into one huge-page mapping (`into_huge_pages`),
     kept alive as `model.panel_arena`."""
-    owners = [m for m in model.modules() if isinstance(m, (PackedLinear, PackedHead))]
+    owners = [m for m in model.modules() if isinstance(m, (PackedLinear, QuantLinear, PackedHead))]
     arena, copies = into_huge_pages([m.panels.data for m in owners])
     if arena is None:
         return
@@ -371,29 +482,40 @@ def _panels_into_huge_pages(model: nn.Module) -> None:
     model.panel_arena = arena
 
 
-def use_cpu_layout(model: nn.Module, kernels: CpuKernels | None) -> int:
+def use_cpu_layout(
+    model: nn.Module, kernels: CpuKernels | None, source: FloatPanels | None = None
+) -> int:
     """Convert a loaded causal LM in place. With `kernels` and fp32 weights: attention, MLP,
     RMSNorm and every other nn.Linear under `model.model` take their packed / C-kernel
-    forms and `model.lm_head` becomes a `PackedHead`; otherwise every nn.Linear takes the
-    input-major layout and the head a `FewRowsHead`. Returns the bytes added (the head's
-    second layout, plus any panel padding); the originals are released."""
+    forms and `model.lm_head` becomes a `PackedHead`, each projection packed by `source`
+    (default `FloatPanels`; `GgufPanels` keeps GGUF blocks quantized); otherwise every
+    nn.Linear takes the input-major layout and the head a `FewRowsHead`. Returns the bytes
+    added (the head's second layout, plus any fp32 panel padding); the originals are
+    released (`quantized_savings` gives what quantized panels save over them)."""
     packed = kernels is not None and model.lm_head.weight.dtype == torch.float32
+    source = source or FloatPanels()
 
-    def convert(parent: nn.Module) -> None:
+    def convert(parent: nn.Module, prefix: str) -> None:
         for name, child in list(parent.named_children()):
+            full = f"{prefix}.{name}"
             if packed:
-                new = _packed(child, kernels)
+                new = _packed(child, kernels, source, full)
             else:
                 new = InputMajorLinear(child) if isinstance(child, nn.Linear) else None
             if new is None:
-                convert(child)
+                convert(child, full)
             else:
                 setattr(parent, name, new)
 
-    convert(model.model)
-    model.lm_head = PackedHead(model.lm_head, kernels) if packed else FewRowsHead(model.lm_head)
+    convert(model.model, "model")
+    model.lm_head = source.head(model.lm_head, kernels) if packed else FewRowsHead(model.lm_head)
     if packed:
         _panels_into_huge_pages(model)
         _fuse_decode_stack(model.model, kernels)
     linears = (m for m in model.model.modules() if isinstance(m, (PackedLinear, InputMajorLinear)))
     return sum(m.extra_bytes for m in linears) + model.lm_head.extra_bytes
+
+
+def quantized_savings(model: nn.Module) -> int:
+    """Bytes the model's `QuantLinear` panels save over the fp32 weights they replaced."""
+    return sum(m.saved_bytes for m in model.modules() if isinstance(m, QuantLinear))
