@@ -24,13 +24,8 @@ from radixlm.runtime.memory import (
     kv_capacity_tokens,
 )
 from radixlm.runtime.model_registry import resolve_model_path
-from radixlm.runtime.models.cpu_layout import (
-    FloatPanels,
-    GgufPanels,
-    PackedHead,
-    quantized_savings,
-    use_cpu_layout,
-)
+from radixlm.runtime.models.cpu_layout import PackedHead, quantized_savings, use_cpu_layout
+from radixlm.runtime.models.cpu_linear import FloatPanels, GgufPanels
 from radixlm.runtime.weights import load_model, weights_bytes
 
 logger = logging.getLogger(__name__)

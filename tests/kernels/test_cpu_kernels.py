@@ -71,8 +71,10 @@ def test_into_huge_pages_copies_into_one_aligned_mapping():
     assert ca.data_ptr() % cpu.HUGE_PAGE == 0 and cb.data_ptr() == ca.data_ptr() + 64
     ca.add_(1)  # views of the mapping, not of the originals
     assert torch.equal(ca, a + 1)
-    with pytest.raises(ValueError, match="fp32"):
-        cpu.into_huge_pages([a.double()])
+    # Any dtype: quantized panels are uint8; each tensor starts on a 64-byte boundary.
+    q = torch.arange(100, dtype=torch.uint8)
+    arena2, (cq, ca2) = cpu.into_huge_pages([q, a])
+    assert torch.equal(cq, q) and torch.equal(ca2, a) and ca2.data_ptr() == cq.data_ptr() + 128
     assert cpu.into_huge_pages([]) == (None, [])
 
 

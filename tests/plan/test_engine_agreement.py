@@ -47,14 +47,16 @@ def engines():
     from radixlm.plan.models import load_model
     from radixlm.plan.weights import weights_bytes
 
-    by_tokens = engine_cls(model="smollm2-135m", max_total_tokens=1000, page_size=16)
+    # fp32 weights, as the plans below assume (the default keeps the GGUF's blocks)
+    fp32 = {"weight_format": "fp32"}
+    by_tokens = engine_cls(model="smollm2-135m", max_total_tokens=1000, page_size=16, **fp32)
     # a fraction leaving roughly 64 MB of KV after the fp32 weights and, on CPU, the
     # transposed copy of the 49152 x 576 head (radixlm/runtime/models/cpu_layout.py)
     weights = weights_bytes(load_model("smollm2-135m"), "fp32") + 49152 * 576 * 4
     fraction = (weights + 64e6) / _available_bytes()
     if not 0 < fraction < 1:
         pytest.skip("not enough free memory for the mem-fraction engine")
-    by_memory = engine_cls(model="smollm2-135m", mem_fraction=fraction, page_size=4)
+    by_memory = engine_cls(model="smollm2-135m", mem_fraction=fraction, page_size=4, **fp32)
     yield by_tokens, by_memory
     by_tokens.shutdown()
     by_memory.shutdown()

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import radixlm.kernels.cpu as cpu
-from radixlm.runtime.models import cpu_layout
+from radixlm.runtime.models import cpu_linear
 from radixlm.runtime.models.cpu_layout import (
     FEW_ROWS,
     FewRowsHead,
@@ -34,7 +34,7 @@ def test_packed_layouts_match_linear(cpu_kernels, monkeypatch, rows, bias):
     torch.manual_seed(1)
     head = nn.Linear(64, 1000, bias=bias)
     x = torch.randn(rows, 64)
-    monkeypatch.setattr(cpu_layout, "PACKED_HEAD_ROWS", 20)  # 40 rows take F.linear
+    monkeypatch.setattr(cpu_linear, "PACKED_HEAD_ROWS", 20)  # 40 rows take F.linear
     torch.testing.assert_close(PackedHead(head, cpu_kernels)(x), head(x), rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(PackedLinear(head, cpu_kernels)(x), head(x), rtol=1e-5, atol=1e-4)
 

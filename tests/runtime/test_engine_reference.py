@@ -15,9 +15,10 @@ def _check_accounting(engine: Engine, idle: bool = True) -> None:
         assert mem["held"] == 0 and mem["protected"] == 0
 
 
-@pytest.fixture(scope="module")
-def engine():
-    with Engine(MODEL, max_total_tokens=8192) as e:
+@pytest.fixture(scope="module", params=["gguf", "fp32"])
+def engine(request):
+    """The bundled model's weights kept as its GGUF blocks (the default) and dequantized."""
+    with Engine(MODEL, max_total_tokens=8192, weight_format=request.param) as e:
         yield e
 
 

@@ -41,9 +41,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels import ForwardMode
-from radixlm.kernels.cpu import CpuKernels, LayerSpec, into_huge_pages, pack_panels, quant
+from radixlm.kernels.cpu import CpuKernels, LayerSpec, into_huge_pages
 from radixlm.kernels.cpu_native import CpuNativeBackend
-from radixlm.runtime.gguf_blocks import RawBlocks
+from radixlm.runtime.models.cpu_linear import (
+    FloatPanels,
+    PackedHead,
+    PackedLinear,
+    QuantLinear,
+)
 from radixlm.runtime.models.llama import (
     MLP,
     Attention,
@@ -58,128 +63,6 @@ logger = logging.getLogger(__name__)
 #: Rows up to which the input-major head uses its transposed copy (MKL, 1 thread: 1 row
 #: 8.6 -> 4.8 ms, 3 rows 30.9 -> 14.3 ms, but 4 rows 21 -> 28 ms).
 FEW_ROWS = 3
-#: Rows up to which the packed head uses its panels (above: MKL on the original weight,
-#: which is faster for prefill-sized products).
-PACKED_HEAD_ROWS = 256
-
-
-class PackedLinear(nn.Module):
-    """A linear layer holding only `panels` [ceil(out / 16), in, 16] fp32 (and `bias`).
-
-    forward(x [rows, in] fp32) -> [rows, out] fp32 through the packed GEMM kernel.
-    """
-
-    fmt = quant.FP32
-
-    def __init__(self, linear: nn.Linear, gemm: CpuKernels):
-        super().__init__()
-        self.out_features, self.in_features = linear.out_features, linear.in_features
-        self.panels = nn.Parameter(pack_panels(linear.weight), requires_grad=False)
-        self.bias = linear.bias
-        self._gemm = gemm
-
-    @property
-    def extra_bytes(self) -> int:
-        """Bytes beyond the original weight (the last panel's zero padding)."""
-        return (self.panels.shape[0] * 16 - self.out_features) * self.panels.shape[1] * 4
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._gemm.mm(x, self.panels, self.out_features)
-        return y if self.bias is None else y.add_(self.bias)
-
-
-class QuantLinear(nn.Module):
-    """A linear layer holding quantized `panels` uint8 [out / 16, in / 32, group bytes] of
-    GGUF blocks (`kernels.cpu.quant`, format `fmt`) and `bias` [out] fp32 or None.
-
-    forward(x [rows, in] fp32) -> [rows, out] fp32 through the quantized GEMM kernel.
-    """
-
-    extra_bytes = 0
-
-    def __init__(self, blocks: RawBlocks, bias: nn.Parameter | None, gemm: CpuKernels):
-        super().__init__()
-        self.fmt, self.in_features = blocks.fmt, blocks.k
-        self.out_features = blocks.data.shape[0]
-        panels = quant.pack_blocks(blocks.data, blocks.fmt, blocks.k)
-        self.panels = nn.Parameter(panels, requires_grad=False)
-        self.bias = bias
-        self._gemm = gemm
-
-    @property
-    def saved_bytes(self) -> int:
-        """Bytes fewer than the fp32 weight these panels replace."""
-        return self.out_features * self.in_features * 4 - self.panels.numel()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._gemm.qmm(x, self.panels, self.fmt, self.out_features)
-        return y if self.bias is None else y.add_(self.bias)
-
-
-class FloatPanels:
-    """Packs every projection as fp32 panels (`PackedLinear`, `PackedHead`)."""
-
-    def linear(self, names: list[str], linears: list[nn.Linear], kernels: CpuKernels):
-        """The packed module computing `linears` (named `names`) side by side."""
-        return PackedLinear(_fuse(linears) if len(linears) > 1 else linears[0], kernels)
-
-    def head(self, head: nn.Linear, kernels: CpuKernels) -> PackedHead:
-        """The packed lm_head."""
-        return PackedHead(head, kernels)
-
-
-class GgufPanels(FloatPanels):
-    """Keeps a GGUF file's Q4_1 / Q8_0 blocks (`gguf_blocks.load_blocks`, keyed by module
-    name) as quantized panels where every part of a projection has them in one format and
-    they dequantize to exactly the loaded fp32 weight (checked at load); other projections
-    get fp32 panels. `quantized` counts the projections kept quantized."""
-
-    def __init__(self, blocks: dict[str, RawBlocks]):
-        self.blocks = blocks
-        self.quantized = 0
-
-    def _blocks(self, names: list[str], linears: list[nn.Linear]) -> RawBlocks | None:
-        parts = [self.blocks.get(name) for name in names]
-        if any(p is None for p in parts) or len({(p.fmt, p.k) for p in parts}) != 1:
-            return None
-        fmt, k = parts[0].fmt, parts[0].k
-        data = torch.cat([p.data for p in parts]) if len(parts) > 1 else parts[0].data
-        if k != linears[0].in_features or data.shape[0] % 16 or k % 32:
-            return None
-        weight = torch.cat([lin.weight.detach() for lin in linears])
-        if weight.dtype != torch.float32 or weight.shape[0] != data.shape[0]:
-            return None
-        if not torch.equal(quant.dequantize_blocks(data, fmt, k), weight):
-            logger.warning("%s: GGUF blocks differ from the loaded weights; kept fp32", names)
-            return None
-        return RawBlocks(fmt, data, k)
-
-    def linear(self, names, linears, kernels):
-        blocks = self._blocks(names, linears)
-        if blocks is None:
-            return super().linear(names, linears, kernels)
-        self.quantized += 1
-        bias = _fuse(linears).bias if len(linears) > 1 else linears[0].bias
-        return QuantLinear(blocks, bias, kernels)
-
-    def head(self, head, kernels):
-        blocks = self._blocks(["lm_head"], [head])
-        if blocks is None:
-            return super().head(head, kernels)
-        self.quantized += 1
-        return PackedHead(head, kernels, blocks)
-
-
-def _fuse(linears: list[nn.Linear]) -> nn.Linear:
-    """One nn.Linear whose output is the linears' outputs side by side."""
-    weight = torch.cat([lin.weight.detach() for lin in linears])
-    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=linears[0].bias is not None)
-    fused.weight = nn.Parameter(weight, requires_grad=False)
-    if fused.bias is not None:
-        fused.bias = nn.Parameter(
-            torch.cat([lin.bias.detach() for lin in linears]), requires_grad=False
-        )
-    return fused
 
 
 class PackedAttention(nn.Module):
@@ -369,38 +252,6 @@ def fusable(layers) -> bool:
         return False
     fields = ("hidden", "inter", "heads", "kv_heads", "head_dim", "eps")
     return len({tuple(getattr(la.spec, f) for f in fields) for la in layers}) == 1
-
-
-class PackedHead(nn.Module):
-    """lm_head holding `weight` [vocab, hidden] (the original parameter, possibly tied to the
-    embedding) and `panels` of it: fp32 panels, or quantized ones of the GGUF `blocks` of
-    the same values (format `fmt`); packed GEMM for at most `PACKED_HEAD_ROWS` rows,
-    `F.linear` above. forward(x [rows, hidden] fp32) -> logits [rows, vocab] fp32."""
-
-    def __init__(self, head: nn.Linear, gemm: CpuKernels, blocks: RawBlocks | None = None):
-        super().__init__()
-        self.weight = head.weight
-        self.bias = head.bias
-        if blocks is None:
-            self.fmt, panels = quant.FP32, pack_panels(head.weight)
-        else:
-            self.fmt, panels = blocks.fmt, quant.pack_blocks(blocks.data, blocks.fmt, blocks.k)
-        self.register_buffer("panels", panels, persistent=False)
-        self._gemm = gemm
-
-    @property
-    def extra_bytes(self) -> int:
-        """Bytes of the panels."""
-        return self.panels.numel() * self.panels.element_size()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > PACKED_HEAD_ROWS:
-            return F.linear(x, self.weight, self.bias)
-        if self.fmt == quant.FP32:
-            y = self._gemm.mm(x, self.panels, self.weight.shape[0])
-        else:
-            y = self._gemm.qmm(x, self.panels, self.fmt, self.weight.shape[0])
-        return y if self.bias is None else y.add_(self.bias)
 
 
 class InputMajorLinear(nn.Module):
