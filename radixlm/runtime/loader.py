@@ -132,14 +132,16 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
     `Engine.get_server_info()` and `GET /get_server_info`. `args` echoes the settings as
     given; `resolved` says what they chose: the attention backend class (after `auto`
     and any fallback, e.g. `cpu` -> TorchNativeBackend where the C kernels cannot run)
-    and the CPU weight layout (`packed`, `input-major`, or None on CUDA) with how many
-    projections it keeps as quantized GGUF panels (`quantized_weights`)."""
+    and the CPU weight layout (`packed`, `input-major`, or None on CUDA), its weight format
+    (`gguf` or `fp32` for packed panels, else None) and how many projections it keeps as
+    quantized GGUF panels (`quantized_weights`)."""
     return {
         "args": dataclasses.asdict(args),
         "resolved": {
             "device": runner.device,
             "attention_backend": type(runner.backend).__name__,
             "cpu_layout": runner.cpu_layout,
+            "weight_format": runner.weight_format,
             "quantized_weights": runner.quantized_weights,
             "omp_wait_policy": omp_policy.describe(),
         },

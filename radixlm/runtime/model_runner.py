@@ -56,7 +56,10 @@ class ModelRunner:
         #: The CPU weight layout in use ("packed" panels and C kernels, or "input-major"
         #: for torch's GEMM); None on CUDA.
         self.cpu_layout: str | None = None
-        #: Projections kept as quantized GGUF panels (`--weight-format`).
+        #: The packed layout's weight format after `--weight-format auto` ("gguf" or
+        #: "fp32"; None without packed panels), and how many projections it keeps as
+        #: quantized GGUF panels.
+        self.weight_format: str | None = None
         self.quantized_weights = 0
         if self.device == "cpu":
             gemm = CpuKernels.load() if args.cpu_gemm == "auto" else None
@@ -66,6 +69,8 @@ class ModelRunner:
             self.quantized_weights = getattr(source, "quantized", 0)
             packed = isinstance(self.model.lm_head, PackedHead)
             self.cpu_layout = "packed" if packed else "input-major"
+            if packed:
+                self.weight_format = "gguf" if isinstance(source, GgufPanels) else "fp32"
         elif args.weight_format == "gguf":
             raise ValueError("--weight-format gguf runs on CPU only (radixlm's CPU kernels)")
 

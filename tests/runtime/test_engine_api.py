@@ -195,11 +195,15 @@ def test_server_info_says_which_paths_were_chosen(engine):
         "device": "cpu",
         "attention_backend": "CpuNativeBackend" if built else "TorchNativeBackend",
         "cpu_layout": "packed" if built else "input-major",
+        # the bundled GGUF's Q4_1 / Q8_0 blocks: 30 layers x 4 fused projections + the head
+        "weight_format": "gguf" if built else None,
+        "quantized_weights": 121 if built else 0,
         "omp_wait_policy": omp_policy.describe(),
     }
     with Engine(MODEL, max_total_tokens=256, cpu_gemm="torch") as ref:
         resolved = ref.get_server_info()["resolved"]
-    assert resolved["cpu_layout"] == "input-major"
+    assert resolved["cpu_layout"] == "input-major" and resolved["weight_format"] is None
+    assert resolved["quantized_weights"] == 0
 
 
 def test_unused_stream_never_runs(engine):

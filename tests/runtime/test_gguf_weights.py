@@ -91,6 +91,7 @@ def test_server_info_counts_the_quantized_bytes(engines):
     q, f = (e.get_server_info() for e in engines)
     assert q["resolved"]["quantized_weights"] == 30 * 4 + 1  # fused qkv, o, gate_up, down; head
     assert f["resolved"]["quantized_weights"] == 0
+    assert (q["resolved"]["weight_format"], f["resolved"]["weight_format"]) == ("gguf", "fp32")
     assert f["weights_bytes"] == 134_515_008 * 4  # every parameter fp32, tied head once
     # Q4_1 panels: 320 bytes per 16 x 32 weights; the embedding stays fp32 (lookups).
     layer = (960 * 576 + 576 * 576 + 3072 * 576 + 576 * 1536) // 512 * 320
