@@ -12,8 +12,11 @@ Method
   `radixlm.bench` over streaming /v1/completions. OpenVINO GenAI and onnxruntime-genai
   run in the same harness under their own venvs, on their exported copies of the same
   weights. A peer without its venv / exported model shows as not installed. radixlm
-  also runs with a float16 KV cache (`-kv16` rows) and with n-gram speculation
-  (`-ngram` rows); each gets its own ratio column.
+  also runs with a float16 KV cache (`-kv16` rows), with n-gram speculation (`-ngram`
+  rows) and on the bundled GGUF itself, its Q4_1 / Q8_0 blocks kept packed (`-gguf` rows:
+  the same weight values bit for bit, computed in fp32, a sixth of the bytes per decode
+  step; their "of roofline" uses the fp32 weights' bytes, so it can pass 100%); each gets
+  its own ratio column.
 * Workloads (token ids, identical for all engines; greedy, EOS ignored): single (1 x 32
   in / 128 out), burst16 (16 x 256 / 64), shared16-cold and shared16-warm (16 x (200
   shared + 56 own) / 64, the warm burst with new suffixes after the cold one), evict
@@ -169,8 +172,8 @@ def markdown_table(
     head = (
         "| threads | workload | engine | out tok/s median (min-max) | of roofline "
         "| TTFT p50 / p99 ms | TPOT p50 / p99 ms | cache hit | radixlm / engine "
-        "| radixlm fp16 KV / engine | radixlm + n-gram / engine |"
-        "\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "| radixlm fp16 KV / engine | radixlm + n-gram / engine | radixlm GGUF blocks / engine |"
+        "\n|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for threads, by_wl in table.items():
@@ -179,12 +182,10 @@ def markdown_table(
                 row = by_engine.get(e.name)
                 if row is None or "status" in row:
                     status = "not run" if row is None else row["status"].split(" (")[0]
-                    lines.append(f"| {threads} | {wl} | {e.name} | {status} | | | | | | | |")
+                    lines.append(f"| {threads} | {wl} | {e.name} | {status} | | | | | | | | |")
                     continue
-                ratio, ratio16, ratio_ng = (
-                    _ratio(by_engine.get(name or "", {}), row)
-                    for name in (e.reference, e.reference_kv16, e.reference_ngram)
-                )
+                refs = (e.reference, e.reference_kv16, e.reference_ngram, e.reference_gguf)
+                ratios = " | ".join(_ratio(by_engine.get(name or "", {}), row) for name in refs)
                 ceiling = roof.get(threads, {}).get(wl, {}).get("tokens_per_s")
                 of_roof = f"{row['output_tps_median'] / ceiling:.0%}" if ceiling else ""
                 hit = row["cache_hit_rate"]
@@ -193,7 +194,7 @@ def markdown_table(
                     f"| {threads} | {wl} | {e.name} | {row['output_tps_median']:.1f} "
                     f"({row['output_tps_min']:.1f}-{row['output_tps_max']:.1f}) | {of_roof} | "
                     f"{_ms(t['p50'])} / {_ms(t['p99'])} | {_ms(p['p50'])} / {_ms(p['p99'])} | "
-                    f"{'n/a' if hit is None else f'{hit:.2f}'} | {ratio} | {ratio16} | {ratio_ng} |"
+                    f"{'n/a' if hit is None else f'{hit:.2f}'} | {ratios} |"
                 )
     return "\n".join(lines)
 

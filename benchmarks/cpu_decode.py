@@ -1,11 +1,13 @@
-"""Decode-step time of radixlm's three CPU paths, side by side in one process.
+"""Decode-step time of radixlm's CPU paths, side by side in one process.
 
 * ``torch``: torch's GEMM (`--cpu-gemm torch`) and the torch_native attention backend;
-* ``packed``: packed weight panels and the C kernels, each module called from Python;
-* ``fused``: the default: as ``packed``, and all the decoder layers of a decode step run
-  as one C call (`FusedDecodeStack`).
+* ``packed``: fp32 packed weight panels and the C kernels, each module called from Python;
+* ``fused``: as ``packed``, and all the decoder layers of a decode step run as one C call
+  (`FusedDecodeStack`): the default for fp32 weights (`--weight-format fp32`);
+* ``gguf``: the default for the bundled GGUF: as ``fused``, on the file's Q4_1 / Q8_0
+  blocks kept as quantized panels (the same weight values).
 
-Two engines (``torch`` and the default) share the process; ``packed`` is the default
+Three engines (``torch``, fp32 and gguf) share the process; ``packed`` is the fp32
 engine with its layers run in order (`run_in_order`) instead of the fused stack.
 Variants alternate within every repetition (A B C, then C B A, ...) so machine noise
 hits them alike. Each run greedily decodes `--new-tokens` tokens for B prompts of
@@ -30,7 +32,9 @@ import torch
 from radixlm import Engine
 from radixlm.runtime.models.llama import run_in_order
 
-VARIANTS = ("torch", "packed", "fused")
+VARIANTS = ("torch", "packed", "fused", "gguf")
+#: Variant -> the engine it runs on.
+ENGINE_OF = {"torch": "torch", "packed": "fp32", "fused": "fp32", "gguf": "gguf"}
 
 
 def _timed(engine: Engine, times: list[float]) -> None:
@@ -56,11 +60,12 @@ def run(threads: int, batches: list[int], reps: int, prompt_len: int, new: int) 
             cpu_gemm="torch",
             attention_backend="torch_native",
         ),  # fmt: skip
-        "default": Engine(num_threads=threads, max_total_tokens=8192),
+        "fp32": Engine(num_threads=threads, max_total_tokens=8192, weight_format="fp32"),
+        "gguf": Engine(num_threads=threads, max_total_tokens=8192, weight_format="gguf"),
     }
     for engine in engines.values():
         _timed(engine, times)
-    inner = engines["default"].runner.model.model
+    inner = engines["fp32"].runner.model.model
     fused_stack = inner.run_layers
     steps: dict[tuple[str, int], list[float]] = {}
     outputs: dict[tuple[int, int], dict[str, list]] = {}
@@ -70,7 +75,7 @@ def run(threads: int, batches: list[int], reps: int, prompt_len: int, new: int) 
             order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
             for variant in order:
                 inner.run_layers = fused_stack if variant == "fused" else run_in_order
-                engine = engines["torch" if variant == "torch" else "default"]
+                engine = engines[ENGINE_OF[variant]]
                 for b in batches:
                     prompts = [[100 + 7 * i + j + rep for j in range(prompt_len)] for i in range(b)]
                     times.clear()
@@ -106,14 +111,15 @@ def main(argv: list[str] | None = None) -> int:
         for row in run(t, args.batches, args.reps, args.prompt_len, args.new_tokens)
     ]
     lines = [
-        "| threads | batch | torch ms | packed ms | fused ms | torch / fused | tokens equal |",
-        "|---|---|---|---|---|---|---|",
+        "| threads | batch | torch ms | packed ms | fused ms | gguf ms | torch / fused "
+        "| fused / gguf | tokens equal |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['threads']} | {r['batch']} | {r['torch_ms']:.1f} | {r['packed_ms']:.1f} | "
-            f"{r['fused_ms']:.1f} | {r['torch_ms'] / r['fused_ms']:.2f}x | "
-            f"{r['tokens_identical']} |"
+            f"{r['fused_ms']:.1f} | {r['gguf_ms']:.1f} | {r['torch_ms'] / r['fused_ms']:.2f}x | "
+            f"{r['fused_ms'] / r['gguf_ms']:.2f}x | {r['tokens_identical']} |"
         )
     print("\n".join(lines))
     report = {

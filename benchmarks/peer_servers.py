@@ -32,6 +32,7 @@ from radixlm import omp_policy
 from radixlm.bench.backends import make_backend
 from radixlm.bench.runner import run
 from radixlm.bench.workloads import Session, Turn
+from radixlm.runtime.model_registry import resolve_model_path
 
 PEERS = Path(os.environ.get("RADIXLM_PEERS_DIR", "/work/peers"))
 SERVED_NAME = "smollm2-135m"
@@ -52,7 +53,8 @@ class EngineSpec:
     extra env) for HTTP engines; needs: files that must exist; reference: the radixlm
     row its ratio uses; reference_kv16: the radixlm row with a float16 KV cache its second
     ratio uses; reference_ngram: the radixlm row with n-gram speculation its third ratio
-    uses."""
+    uses; reference_gguf: the radixlm row on the GGUF's own Q4_1 / Q8_0 blocks (the same
+    weight values, fp32 compute) its fourth ratio uses."""
 
     key: str
     name: str
@@ -64,6 +66,7 @@ class EngineSpec:
     model_dir: Path | None = None
     reference_kv16: str | None = None
     reference_ngram: str | None = None
+    reference_gguf: str | None = None
 
     def availability(self) -> str | None:
         """None when runnable, else why not ("not installed: ...")."""
@@ -99,6 +102,14 @@ def _radixlm_serve_ngram(model_dir: Path, threads: int, port: int, kv: int):
     return _radixlm_serve(model_dir, threads, port, kv, "--speculative-algorithm", "ngram")
 
 
+def _radixlm_serve_gguf(model_dir: Path, threads: int, port: int, kv: int):
+    """`radixlm serve` on the bundled GGUF itself (its blocks kept quantized, the default
+    --weight-format auto) instead of the fp32 directory: the same weight values."""
+    argv, env = _radixlm_serve(model_dir, threads, port, kv)
+    argv[argv.index(str(model_dir))] = str(GGUF)
+    return argv, env
+
+
 def _vllm(model_dir: Path, threads: int, port: int, kv: int):
     argv = [str(PEERS / "vllm/bin/python"), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model_dir), "--served-model-name", SERVED_NAME, "--dtype", "float32",
@@ -127,30 +138,40 @@ INPROC16, HTTP16 = "radixlm, fp16 KV (in-process)", "radixlm serve, fp16 KV (HTT
 # greedy output is the same token for token, the speed depends on how much the text repeats.
 INPROC_NG = "radixlm + n-gram speculation (in-process)"
 HTTP_NG = "radixlm serve + n-gram speculation (HTTP)"
+# The same engines on the bundled GGUF file, whose Q4_1 / Q8_0 blocks they keep packed
+# (0.625 / 1.0625 bytes per weight instead of 4): the same weight values bit for bit,
+# computed in fp32, the same greedy tokens; decode steps stream a sixth of the bytes.
+INPROC_Q, HTTP_Q = "radixlm, GGUF blocks (in-process)", "radixlm serve, GGUF blocks (HTTP)"
+GGUF = resolve_model_path("smollm2-135m")
+#: A peer's radixlm rows for its ratio columns, in-process and over HTTP.
+PEER_INPROC = {"reference": INPROC, "reference_kv16": INPROC16, "reference_ngram": INPROC_NG,
+               "reference_gguf": INPROC_Q}  # fmt: skip
+PEER_HTTP = {"reference": HTTP, "reference_kv16": HTTP16, "reference_ngram": HTTP_NG,
+             "reference_gguf": HTTP_Q}  # fmt: skip
 OV_PY, OV_DIR = PEERS / "openvino/bin/python", PEERS / "ov-smollm2-135m-fp32"
 ORT_PY, ORT_DIR = PEERS / "onnxruntime-genai/bin/python", PEERS / "ortgenai-smollm2-135m-fp32"
 ENGINES: list[EngineSpec] = [
     EngineSpec("radixlm", INPROC, harness="radixlm"),
     EngineSpec("radixlm-kv16", INPROC16, harness="radixlm-kv16", reference=INPROC),
     EngineSpec("radixlm-ngram", INPROC_NG, harness="radixlm-ngram", reference=INPROC),
+    EngineSpec("radixlm-gguf", INPROC_Q, harness="radixlm", model_dir=GGUF, reference=INPROC),
     EngineSpec("transformers", "transformers generate (in-process)", harness="transformers",
-               reference=INPROC, reference_kv16=INPROC16, reference_ngram=INPROC_NG),
+               **PEER_INPROC),
     EngineSpec("openvino", "OpenVINO GenAI (in-process)", harness="openvino",
                python=str(OV_PY), model_dir=OV_DIR, needs=(OV_PY, OV_DIR / "openvino_model.xml"),
-               reference=INPROC, reference_kv16=INPROC16, reference_ngram=INPROC_NG),
+               **PEER_INPROC),
     EngineSpec("onnxruntime-genai", "onnxruntime-genai (in-process)", harness="ortgenai",
                python=str(ORT_PY), model_dir=ORT_DIR,
-               needs=(ORT_PY, ORT_DIR / "genai_config.json"), reference=INPROC,
-               reference_kv16=INPROC16, reference_ngram=INPROC_NG),
+               needs=(ORT_PY, ORT_DIR / "genai_config.json"), **PEER_INPROC),
     EngineSpec("radixlm-http", HTTP, launch=_radixlm_serve),
     EngineSpec("radixlm-http-kv16", HTTP16, launch=_radixlm_serve_kv16, reference=HTTP),
     EngineSpec("radixlm-http-ngram", HTTP_NG, launch=_radixlm_serve_ngram, reference=HTTP),
+    EngineSpec("radixlm-http-gguf", HTTP_Q, launch=_radixlm_serve_gguf, reference=HTTP),
     EngineSpec("vllm", "vLLM CPU (HTTP)", launch=_vllm, needs=(PEERS / "vllm/bin/python",),
-               reference=HTTP, reference_kv16=HTTP16, reference_ngram=HTTP_NG),
+               **PEER_HTTP),
     EngineSpec("llama-server", "llama-server (HTTP)", launch=_llama_server,
                needs=(PEERS / "llama.cpp/build/bin/llama-server",
-                      PEERS / "smollm2-135m-f32.gguf"), reference=HTTP, reference_kv16=HTTP16,
-               reference_ngram=HTTP_NG),
+                      PEERS / "smollm2-135m-f32.gguf"), **PEER_HTTP),
 ]  # fmt: skip
 
 
