@@ -66,7 +66,7 @@ class ModelRunner:
             source = self._panel_source(gemm, hf_dir)
             self.weight_copy_bytes = use_cpu_layout(self.model, gemm, source)
             self.weights_bytes -= quantized_savings(self.model)
-            self.quantized_weights = getattr(source, "quantized", 0)
+            self.quantized_weights = source.quantized
             packed = isinstance(self.model.lm_head, PackedHead)
             self.cpu_layout = "packed" if packed else "input-major"
             if packed:

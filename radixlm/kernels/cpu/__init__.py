@@ -131,12 +131,12 @@ class CpuKernels:
         group = quant.GROUP_BYTES.get(fmt)
         if group is None or tuple(panels.shape) != (n // 16, k // 32, group) or n % 16 or k % 32:
             raise ValueError(f"panels {tuple(panels.shape)} of format {fmt} do not hold {n} x {k}")
-        if x.stride(1) != 1:
+        # Rows may stay strided below quant_gemm.c's QBLOCKED_ROWS (24); the blocked path
+        # reads x contiguous.
+        if x.stride(1) != 1 or m >= 24:
             x = x.contiguous()
         panels = panels.contiguous()
         y = torch.empty(m, n, dtype=torch.float32)
-        if m >= 24:  # the blocked path (quant_gemm.c's QBLOCKED_ROWS) reads x contiguous
-            x = x.contiguous()
         self._qgemm(
             x.data_ptr(), x.stride(0), panels.data_ptr(), fmt, y.data_ptr(), m, k, n,
             torch.get_num_threads(),

@@ -397,10 +397,7 @@ void radixlm_packed_gemm(const float *x, const float *panels, float *y, int64_t 
         {
             int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
             radixlm_wsrc src = {panels, 0, 0, 0};
-            if (z)
-                zblocked_panels(x, &src, y, M, K, N, NB * t / nt, NB * (t + 1) / nt);
-            else
-                blocked_panels(x, &src, y, M, K, N, NB * t / nt, NB * (t + 1) / nt);
+            radixlm_gemm_blocked(x, &src, y, M, K, N, NB * t / nt, NB * (t + 1) / nt);
         }
         return;
     }

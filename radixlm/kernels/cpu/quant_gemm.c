@@ -97,7 +97,7 @@ void radixlm_quant_dequant(int fmt, const uint8_t *groups, int64_t ng, float *bu
 
 /* Rows [0, M) of panels [b0, b1), slice by slice through the in-place row tiles. */
 static void quant_slices(const float *x, int64_t ldx, const uint8_t *w, int fmt, float *y,
-                         int64_t M, int64_t K, int64_t N, int64_t b0, int64_t b1, int z) {
+                         int64_t M, int64_t K, int64_t N, int64_t b0, int64_t b1) {
     const int64_t G = K / 32, gb = GROUP_BYTES[fmt], pbytes = G * gb;
     /* Equal k slices of whole groups, at most QKB rows. */
     const int64_t nk = (K + QKB - 1) / QKB, sg = (G + nk - 1) / nk;
@@ -106,13 +106,8 @@ static void quant_slices(const float *x, int64_t ldx, const uint8_t *w, int fmt,
         np = b + 1 < b1 ? 2 : 1;
         for (int64_t g0 = 0; g0 < G; g0 += sg) {
             int64_t ng = G - g0 < sg ? G - g0 : sg, kn = ng * 32;
-            for (int64_t c = 0; c < np; ++c) {
-                const uint8_t *src = w + (b + c) * pbytes + g0 * gb;
-                if (z)
-                    dequant_avx512(fmt, src, ng, buf + c * kn * 16);
-                else
-                    dequant_avx2(fmt, src, ng, buf + c * kn * 16);
-            }
+            for (int64_t c = 0; c < np; ++c)
+                radixlm_quant_dequant(fmt, w + (b + c) * pbytes + g0 * gb, ng, buf + c * kn * 16);
             radixlm_gemm_panels(M, g0 > 0, x + g0 * 32, ldx, buf, np, kn * 16, kn, y + b * 16, N);
         }
     }
@@ -124,7 +119,6 @@ static void quant_slices(const float *x, int64_t ldx, const uint8_t *w, int fmt,
 void radixlm_quant_gemm(const float *x, int64_t ldx, const uint8_t *w, int fmt, float *y,
                         int64_t M, int64_t K, int64_t N, int num_threads) {
     const int64_t NB = N / 16;
-    const int z = radixlm_gemm_isa(-1);
 #pragma omp parallel num_threads(num_threads)
     {
         int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
@@ -133,7 +127,7 @@ void radixlm_quant_gemm(const float *x, int64_t ldx, const uint8_t *w, int fmt, 
             radixlm_wsrc src = {w, fmt, K / 32 * GROUP_BYTES[fmt], GROUP_BYTES[fmt]};
             radixlm_gemm_blocked(x, &src, y, M, K, N, b0, b1);
         } else {
-            quant_slices(x, ldx, w, fmt, y, M, K, N, b0, b1, z);
+            quant_slices(x, ldx, w, fmt, y, M, K, N, b0, b1);
         }
     }
 }

@@ -79,6 +79,9 @@ class QuantLinear(nn.Module):
 class FloatPanels:
     """Packs every projection as fp32 panels (`PackedLinear`, `PackedHead`)."""
 
+    #: Projections kept as quantized panels (none here).
+    quantized = 0
+
     def linear(self, names: list[str], linears: list[nn.Linear], kernels: CpuKernels):
         """The packed module computing `linears` (named `names`) side by side."""
         return PackedLinear(_fuse(linears) if len(linears) > 1 else linears[0], kernels)
