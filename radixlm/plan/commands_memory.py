@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from radixlm.plan.capacity import capacity_table, weights_table
-from radixlm.plan.dtypes import normalize
+from radixlm.plan.dtypes import WEIGHT_DTYPES, normalize
 from radixlm.plan.hardware import Hardware, derate, get_hardware
 from radixlm.plan.kv import (
     compare_models,
@@ -209,7 +209,7 @@ def cmd_capacity(args: argparse.Namespace) -> Report:
         page_size=args.page_size,
         group_size=args.group_size,
     )
-    weights = weights_table(m, ("fp32", "bf16", "fp8", "int8", "int4"), args.group_size)
+    weights = weights_table(m, WEIGHT_DTYPES, args.group_size)
     data = {
         "model": m.name,
         "gpu": hw.name if hw else None,
@@ -235,7 +235,8 @@ def cmd_capacity(args: argparse.Namespace) -> Report:
     report = Report("plan capacity", data, facts=facts)
     report.tables.append(
         Table(
-            "Weights (block linears quantized; embeddings, head, norms 16-bit)",
+            "Weights (fp8, int8, int4: block linears quantized, embeddings, head, norms "
+            "16-bit; q8_0, q4_1: GGUF blocks, embedding and head Q8_0, norms fp32)",
             ["dtype", "bytes", "x bf16"],
             [[w["dtype"], fmt_bytes(w["bytes"]), w["ratio_to_bf16"]] for w in weights],
         )

@@ -5,6 +5,13 @@ formats (GPTQ, AWQ) add one fp16 scale and one fp16 zero point per group of weig
 which `weight_bytes_per_param` includes (group size 128 by default: 4 bytes / 128 =
 0.03125 byte per weight). Per-channel or per-tensor scales of fp8 / int8 are a few bytes
 per row and are ignored. KV-cache quantization scales are ignored likewise.
+
+``q4_1`` and ``q8_0`` are llama.cpp's GGUF block formats (ggml-quants): each block of 32
+weights of a row stores an fp16 scale d (and for Q4_1 an fp16 minimum m) beside its 4-bit
+or 8-bit codes, so Q4_1 is 16 + 4 = 20 bytes per 32 weights (0.625 byte each) and Q8_0
+32 + 2 = 34 bytes per 32 (1.0625). Their scales are part of the element size. radixlm's CPU
+kernels keep such blocks packed and compute in fp32 (`kernels/cpu/quant_gemm.c`,
+``--weight-format gguf``).
 """
 
 from __future__ import annotations
@@ -18,10 +25,14 @@ DTYPE_BYTES: dict[str, float] = {
     "fp8": 1.0,
     "int8": 1.0,
     "int4": 0.5,
+    "q8_0": 34 / 32,
+    "q4_1": 20 / 32,
 }
 
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
-WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
+WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "q8_0", "q4_1")
+#: GGUF block formats: computed in fp32 after dequantization (see module doc).
+GGUF_DTYPES = ("q8_0", "q4_1")
 
 _ALIASES = {
     "float32": "fp32",
@@ -32,6 +43,8 @@ _ALIASES = {
     "fp8_e4m3": "fp8",
     "fp8_e5m2": "fp8",
     "e4m3": "fp8",
+    "q8-0": "q8_0",
+    "q4-1": "q4_1",
 }
 
 
@@ -60,8 +73,11 @@ def compute_precision(weight_dtype: str) -> str:
     """The tensor-core precision a weight format runs at.
 
     fp8 weights run fp8 matmuls (W8A8-FP8), int8 weights int8 matmuls (W8A8), fp32 runs
-    as fp32 (TF32 on GPUs), and everything else (bf16, fp16, int4 weight-only, which
+    as fp32 (TF32 on GPUs), GGUF blocks (q8_0, q4_1) as fp32 (radixlm dequantizes them
+    into fp32 tiles), and everything else (bf16, fp16, int4 weight-only, which
     dequantizes to 16 bits in the kernel) runs bf16.
     """
     name = normalize(weight_dtype)
+    if name in GGUF_DTYPES:
+        return "fp32"
     return {"fp8": "fp8", "int8": "int8", "fp32": "fp32"}.get(name, "bf16")

@@ -4,7 +4,10 @@ Memory: every parameter is resident, experts included. Quantized formats (fp8, i
 int4 weight-only) quantize the linear layers inside the transformer blocks and keep the
 embedding, LM head and norms in 16 bits, as published FP8 / GPTQ / AWQ checkpoints do
 (e.g. DeepSeek-V3's FP8 release, AutoAWQ defaults); fp32 / bf16 / fp16 store everything
-in that format.
+in that format. GGUF block formats follow llama.cpp's quantizer: q4_1 stores the block
+linears in Q4_1 and the token embedding / LM head in Q8_0 (as the bundled SmolLM2 file
+does), q8_0 stores both in Q8_0; norms stay fp32. (radixlm's CPU runtime also keeps an
+fp32 copy of the embedding for row lookups; that copy is not counted here.)
 
 Traffic per forward step (memory-bound decode is priced by it): every block weight a
 token of the step uses, plus the LM head; the input embedding is a row lookup and reads
@@ -22,22 +25,30 @@ from __future__ import annotations
 
 import math
 
-from radixlm.plan.dtypes import normalize, weight_bytes_per_param
+from radixlm.plan.dtypes import DTYPE_BYTES, GGUF_DTYPES, normalize, weight_bytes_per_param
 from radixlm.plan.models import ModelSpec
 
 _QUANTIZED = {"fp8", "int8", "int4"}
 
 
 def _unquantized_bytes(dtype: str) -> float:
+    """Bytes per embedding / LM-head weight under weight format `dtype`."""
     name = normalize(dtype)
+    if name in GGUF_DTYPES:
+        return DTYPE_BYTES["q8_0"]
     return 2.0 if name in _QUANTIZED else weight_bytes_per_param(name)
+
+
+def _norm_bytes(dtype: str) -> float:
+    """Bytes per norm weight: fp32 in GGUF files, else as the embedding."""
+    return 4.0 if normalize(dtype) in GGUF_DTYPES else _unquantized_bytes(dtype)
 
 
 def weights_bytes(model: ModelSpec, dtype: str = "bf16", group_size: int = 128) -> float:
     """Resident weight bytes of the whole model (all experts), see module doc."""
     block = model.block_linear_params() * weight_bytes_per_param(dtype, group_size)
-    rest = model.embedding_params() + model.lm_head_params() + model.norm_params()
-    return block + rest * _unquantized_bytes(dtype)
+    rest = model.embedding_params() + model.lm_head_params()
+    return block + rest * _unquantized_bytes(dtype) + model.norm_params() * _norm_bytes(dtype)
 
 
 def expected_distinct_experts(model: ModelSpec, tokens: float) -> float:
@@ -65,7 +76,7 @@ def weights_read_bytes(
     """Weight bytes one forward step over `tokens` tokens reads from memory."""
     per = weight_bytes_per_param(dtype, group_size)
     head = model.vocab_size * model.hidden_size * _unquantized_bytes(dtype)
-    norms = model.norm_params() * _unquantized_bytes(dtype)
+    norms = model.norm_params() * _norm_bytes(dtype)
     if not model.is_moe:
         return model.block_linear_params() * per + head + norms
     dense_part = model.block_linear_params(active_only=True) - (

@@ -96,3 +96,30 @@ def test_max_decode_batch_limits(specs, h100):
     b, why = max_decode_batch(dep, avg_context=1536, seq_tokens=2048, tpot_slo_ms=6.0)
     assert why == "tpot" and 0 < b < b_mem
     assert dep.decode(b, 1536).time_s * 1e3 <= 6.0 < dep.decode(b + 1, 1536).time_s * 1e3
+
+
+def test_gguf_q4_1_bytes_equal_the_bundled_file(specs):
+    """The bundled SmolLM2 GGUF stores its block linears in Q4_1, the token embedding
+    (tied head) in Q8_0 and norms in F32: the planner's q4_1 bytes are its tensor bytes."""
+    gguf = pytest.importorskip("gguf")
+    from radixlm.runtime.model_registry import resolve_model_path
+
+    reader = gguf.GGUFReader(resolve_model_path("smollm2-135m"))
+    file_bytes = sum(int(t.n_bytes) for t in reader.tensors)
+    assert weights_bytes(specs["smollm2"], "q4_1") == file_bytes
+    # by hand: 20 bytes per 32 block weights, 34 per 32 embedding weights, 4 per norm weight
+    m = specs["smollm2"]
+    hand = m.block_linear_params() * 20 / 32 + m.embedding_params() * 34 / 32
+    assert file_bytes == hand + m.norm_params() * 4
+    assert (
+        weights_bytes(m, "q8_0")
+        == (m.block_linear_params() + m.embedding_params()) * 34 / 32 + m.norm_params() * 4
+    )
+
+
+def test_gguf_formats_compute_in_fp32():
+    from radixlm.plan.dtypes import compute_precision, normalize, weight_bytes_per_param
+
+    assert [compute_precision(d) for d in ("q4_1", "q8_0", "Q4-1")] == ["fp32"] * 3
+    assert normalize("Q8_0") == "q8_0"
+    assert weight_bytes_per_param("q4_1", group_size=128) == 0.625  # group fixed at 32
