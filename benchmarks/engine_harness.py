@@ -3,7 +3,7 @@
 Run as a subprocess by `compare_engines.py` (one process per engine and repetition, so
 every engine starts cold, with its own thread setting, in its own virtual environment):
 
-    PYTHON engine_harness.py --engine radixlm|radixlm-kv16|radixlm-ngram|transformers|... \\
+    PYTHON engine_harness.py --engine radixlm|radixlm-mixed|transformers|openvino|... \\
         --model-dir DIR --threads T --spec spec.json --out result.json
 
 DIR is the fp32 safetensors directory for radixlm and transformers, the exported model
@@ -144,6 +144,13 @@ class RadixlmNgramAdapter(RadixlmAdapter):
     draft budget)."""
 
     options = {"speculative_algorithm": "ngram"}
+
+
+class RadixlmMixedAdapter(RadixlmAdapter):
+    """radixlm.Engine with mixed chunks (--enable-mixed-chunk: the running decodes ride in
+    the prefill step's forward)."""
+
+    options = {"enable_mixed_chunk": True}
 
 
 class StaticBatchAdapter:
@@ -345,7 +352,7 @@ class OpenVINOAdapter:
 
 
 ADAPTERS = {"radixlm": RadixlmAdapter, "radixlm-kv16": RadixlmKv16Adapter,
-            "radixlm-ngram": RadixlmNgramAdapter,
+            "radixlm-ngram": RadixlmNgramAdapter, "radixlm-mixed": RadixlmMixedAdapter,
             "transformers": TransformersAdapter,
             "openvino": OpenVINOAdapter, "ortgenai": OrtGenaiAdapter}  # fmt: skip
 

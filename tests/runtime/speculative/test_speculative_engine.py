@@ -102,8 +102,13 @@ def test_greedy_equals_reference(name, engine, eagle_dir, prompts, reference):
         assert engine.generate(input_ids=ids, sampling_params=greedy())["output_ids"] == ref
     assert all(o["spec_accept_length"] >= 1.0 for o in batched)  # per-request meta info
     stats = spec_stats(engine)
-    # plain steps: where no request may draft (a last token) or the goodput budget chose so
-    assert stats["spec_verify_steps_total"] > stats["spec_plain_decode_steps_total"]
+    if spec["speculative_budget"] == "fixed":
+        # plain steps only where no request may draft (a last token)
+        assert stats["spec_verify_steps_total"] > stats["spec_plain_decode_steps_total"]
+    else:
+        # the goodput budget prices drafts from step times measured in this run, so how
+        # many steps it drafts depends on the machine's load; it drafts once priced
+        assert stats["spec_verify_steps_total"] >= 1
     if name == "draft-chain":  # the target drafting for itself: every draft is accepted
         assert stats["spec_accept_rate"] == 1.0
         assert stats["spec_accept_length"] > 3.0
