@@ -69,6 +69,10 @@ def weight_bytes_per_param(dtype: str, group_size: int = 128) -> float:
     return DTYPE_BYTES[name]
 
 
+#: Weight formats that do not run bf16 matmuls (see `compute_precision`).
+_PRECISION = {"fp8": "fp8", "int8": "int8", "fp32": "fp32", **dict.fromkeys(GGUF_DTYPES, "fp32")}
+
+
 def compute_precision(weight_dtype: str) -> str:
     """The tensor-core precision a weight format runs at.
 
@@ -77,7 +81,4 @@ def compute_precision(weight_dtype: str) -> str:
     into fp32 tiles), and everything else (bf16, fp16, int4 weight-only, which
     dequantizes to 16 bits in the kernel) runs bf16.
     """
-    name = normalize(weight_dtype)
-    if name in GGUF_DTYPES:
-        return "fp32"
-    return {"fp8": "fp8", "int8": "int8", "fp32": "fp32"}.get(name, "bf16")
+    return _PRECISION.get(normalize(weight_dtype), "bf16")

@@ -41,7 +41,7 @@ def _unquantized_bytes(dtype: str) -> float:
 
 def _norm_bytes(dtype: str) -> float:
     """Bytes per norm weight: fp32 in GGUF files, else as the embedding."""
-    return 4.0 if normalize(dtype) in GGUF_DTYPES else _unquantized_bytes(dtype)
+    return DTYPE_BYTES["fp32"] if normalize(dtype) in GGUF_DTYPES else _unquantized_bytes(dtype)
 
 
 def weights_bytes(model: ModelSpec, dtype: str = "bf16", group_size: int = 128) -> float:
