@@ -2,15 +2,14 @@
 batch over distinct KV slots and against the bytes it must read.
 
 With a radix cache, B requests that share a P-token prefix point at the same P slots of
-the KV pool; each still reads them in its own pass (`decode_attention.c` has no cascade
-step). This script times `CpuKernels.decode_attention` over the layers of a SmolLM2-sized
-pool (9 query / 3 KV heads x 64) for a batch of B requests of L tokens, their slot lists
-either distinct or sharing the first P slots, and prints each time next to its memory
-bound: the K and V bytes a step reads when every row is fetched once (distinct:
-B L rows; shared: P + B (L - P) rows) over the bandwidth measured here (`machine.py`).
-The gap in the shared rows is what an attention kernel that reads the shared rows once
-for every request (cascade / shared-prefix attention: Hydragen, Juravsky et al. 2024;
-FlashInfer's cascade inference) could win. Layouts alternate within each repetition.
+the KV pool, and `decode_attention.c` reads those shared keys once for the whole group
+(cascade attention: Hydragen, Juravsky et al. 2024; FlashInfer's cascade inference),
+then each request's own keys. This script times `CpuKernels.decode_attention` over the
+layers of a SmolLM2-sized pool (9 query / 3 KV heads x 64) for a batch of B requests of
+L tokens, their slot lists either distinct or sharing the first P slots, and prints each
+time next to its memory bound: the K and V bytes a step reads when every row is fetched
+once (distinct: B L rows; shared: P + B (L - P) rows) over the bandwidth measured here
+(`machine.py`). Layouts alternate within each repetition.
 
     python benchmarks/shared_prefix_attention.py --threads 1 2 --batch 16 --len 300 --prefix 200
 """

@@ -205,6 +205,75 @@ def test_decode_attention_many_query_heads_per_kv_head_and_nan(cpu_kernels):
     assert got[1, 5].isnan().all() and not got[0].isnan().any()
 
 
+def _prefix_sharing_batch(gen: torch.Generator):
+    """int64 slots [B, max len] and seq_lens [B] of a batch whose requests share cached
+    prefixes in every way the cascade groups (decode_attention.c) must handle, over a pool
+    of 8000 slots; slot ids are drawn without repetition except where shared."""
+    free = iter(torch.randperm(8000, generator=gen).tolist())
+    take = lambda n: [next(free) for _ in range(n)]  # noqa: E731
+    a, b = take(200), take(40)
+    rows = [
+        a + take(60),  # group A: 200 shared keys, two chunks of shared-key tasks
+        a + take(1),  # its own part is the new key alone
+        a + take(90),
+        a[:150] + take(30),  # shares 150 with A: A's prefix shrinks to 150
+        a[:10] + take(50),  # shares 10 (< CASCADE_MIN): attends alone
+        b + take(5),  # group B: 40 shared keys, one chunk
+        b + take(33),
+        b[:31] + take(3),  # 31 + 3 keys: too short to join
+        take(70),  # its own slots
+        take(20),  # a group of one
+    ]
+    for _ in range(18):  # 18 more pairs: more prefixes than the 16 groups looked for
+        c = take(35)
+        rows += [c + take(2), c + take(4)]
+    lens = torch.tensor([len(r) for r in rows])
+    slots = torch.zeros(len(rows), int(lens.max()), dtype=torch.int64)
+    for i, r in enumerate(rows):
+        slots[i, : len(r)] = torch.tensor(r)
+    return slots, lens
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("head_dim,group", [(64, 3), (128, 2), (24, 5)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_attention_over_shared_prefixes(cpu_kernels, gemm_isa, kv_dtype, head_dim,
+                                               group, threads):  # fmt: skip
+    """Requests sharing cached prefixes (the cascade path: shared keys scored once for a
+    group, partial softmaxes merged by their maxima) equal the dense reference, as do
+    those that attend alone beside them: short shares, groups of one, groups beyond
+    the sixteenth, on both instruction sets, fp32 and fp16 pools."""
+    gen = torch.Generator().manual_seed(7)
+    slots, lens = _prefix_sharing_batch(gen)
+    k_buf = torch.randn(8000, 2, head_dim, generator=gen).to(kv_dtype)
+    v_buf = torch.randn(8000, 2, head_dim, generator=gen).to(kv_dtype)
+    q = torch.randn(len(lens), 2 * group, head_dim, generator=gen)
+    want = _dense_decode(q, k_buf.float(), v_buf.float(), slots, lens, 0.2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_kernels.decode_attention(q, k_buf, v_buf, slots, lens, 0.2)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_attention_nan_query_in_a_prefix_group(cpu_kernels):
+    """A NaN query of one member of a prefix group gives NaN for that query head only."""
+    gen = torch.Generator().manual_seed(3)
+    shared = torch.arange(100)
+    slots = torch.stack([torch.cat([shared, 100 + 10 * i + torch.arange(10)]) for i in range(4)])
+    lens = torch.full((4,), 110)
+    k_buf, v_buf = torch.randn(200, 1, 8, generator=gen), torch.randn(200, 1, 8, generator=gen)
+    q = torch.randn(4, 3, 8, generator=gen)
+    q[2, 1, 0] = float("nan")
+    got = cpu_kernels.decode_attention(q, k_buf, v_buf, slots, lens, 0.3)
+    want = _dense_decode(q, k_buf, v_buf, slots, lens, 0.3)
+    assert got[2, 1].isnan().all()
+    torch.testing.assert_close(got[:, 0], want[:, 0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[[0, 1, 3]], want[[0, 1, 3]], rtol=1e-5, atol=1e-5)
+
+
 def test_kernel_entries_reject_bad_tables(cpu_kernels):
     k_buf, v_buf = torch.randn(20, 2, 8), torch.randn(20, 2, 8)
     q, lens = torch.randn(1, 4, 8), torch.tensor([3])

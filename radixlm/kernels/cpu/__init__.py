@@ -7,7 +7,8 @@ may be float32 or float16, `KV_DTYPES`):
   layouts in `quant.py`), dequantized slice by slice into L1 for the same register tiles;
 * `decode_attention.c`: paged decode attention read in place from the KV pool
   (`CpuKernels.decode_attention`; `decode_attention_kv.h` is its body, once per KV dtype),
-  in 512-bit vectors where `gemm_isa` is "avx512" and head_dim % 64 == 0;
+  in 512-bit vectors where `gemm_isa` is "avx512" and head_dim % 64 == 0; requests that
+  share a cached prefix attend over it together (cascade attention);
 * `extend_attention.c`: paged causal prefill attention, FlashAttention-style blocks
   (`CpuKernels.extend_attention`);
 * `elementwise.c`: RMSNorm, silu(gate) * up, RoPE in place, and the KV-pool store;
@@ -226,6 +227,11 @@ class CpuKernels:
         Returns:
             float32 [B, H, D]. Raises ValueError on shapes or dtypes outside the above,
             MemoryError when the per-thread score buffers cannot be allocated.
+
+        Requests whose slot lists start with the same >= 32 slots (a prefix the radix
+        cache shares) read those keys once for all of them: cascade attention, the
+        partial softmaxes merged by their maxima (Hydragen, Juravsky et al. 2024). The
+        result equals the per-request one up to float rounding.
         """
         b, h, d = q.shape
         hkv = k_buf.shape[1]

@@ -12,6 +12,16 @@
  *
  * Where radixlm_gemm_isa says AVX-512 and D is a multiple of 64, the scores and the V
  * sum run in 512-bit vectors (`zqk_scores`, `zpv_sum`); the softmax stays AVX2.
+ *
+ * Cascade (shared-prefix) attention: requests whose slot lists begin with the same P >=
+ * CASCADE_MIN slots (a prefix the radix cache shares) form a group. The shared keys are
+ * read once for the whole group: per KV head and chunk of at most CASCADE_CHUNK shared
+ * keys, one task scores every query row of every member against them (the K and V rows
+ * stay in L1 while all the rows use them) and keeps each row's partial softmax (max,
+ * sum of exps, unnormalized V sum). Each request then attends over its own keys P .. L
+ * and merges the partials by their maxima (the log-sum-exp merge of Hydragen, Juravsky
+ * et al. 2024, and FlashInfer's cascade inference). Batch 16 x 300 keys sharing 200, 30
+ * layers, one thread: `benchmarks/shared_prefix_attention.py`.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -50,6 +60,111 @@ static ZW_INLINE __m256 zsum8(const __m512 *a) {
     /* Lane j: [sum a[j], sum a[4 + j], (the same again)]. */
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
     return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, p));
+}
+
+/* Cascade groups: shortest shared prefix given its own pass (keys), shared keys per task,
+ * and distinct prefixes looked for per call. */
+#define CASCADE_MIN 32
+#define CASCADE_CHUNK 128
+#define CASCADE_GROUPS 16
+
+/* Requests sharing their first `prefix` slots: members[first .. first + count) are their
+ * batch rows, in order. Their partial softmaxes are Hkv * chunks blocks, block (h, c) for
+ * KV head h and shared-key chunk c, each `count` member slices of G (D + 2) floats, from
+ * member slice `part` of the call's partials on (decode_attention_kv.h). */
+typedef struct {
+    int64_t prefix, first, count, chunks, part;
+} cascade_group;
+
+/* The batch's cascade groups (at most CASCADE_GROUPS): request b joins the group whose
+ * first member's slot list starts as its own when the two agree on at least CASCADE_MIN
+ * slots; a group's prefix is the shortest such agreement, and at most seq_lens[b] - 1 for
+ * every member, so each keeps its own new key. Groups of one are dropped. Fills group[b]
+ * (index into gs, or -1) and members (B entries: the groups' rows, group by group);
+ * returns the number of groups. */
+static int64_t cascade_groups(const int64_t *slots, int64_t ld, const int64_t *seq_lens,
+                              int64_t B, int64_t Hkv, int64_t *group, int64_t *members,
+                              cascade_group *gs) {
+    int64_t leader[CASCADE_GROUPS], ng = 0;
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t *s = slots + b * ld, own = seq_lens[b] - 1;
+        group[b] = -1;
+        if (own < CASCADE_MIN) continue;
+        int64_t j = 0;
+        while (j < ng && slots[leader[j] * ld] != s[0]) ++j;
+        if (j == ng) {
+            if (ng == CASCADE_GROUPS) continue;
+            leader[ng] = b;
+            gs[ng++] = (cascade_group){own, 0, 1, 0, 0};
+            group[b] = j;
+            continue;
+        }
+        const int64_t *l = slots + leader[j] * ld, cap = own < gs[j].prefix ? own : gs[j].prefix;
+        int64_t t = 0;
+        while (t < cap && l[t] == s[t]) ++t;
+        if (t < CASCADE_MIN) continue;
+        gs[j].prefix = t;
+        gs[j].count++;
+        group[b] = j;
+    }
+    int64_t keep[CASCADE_GROUPS], n = 0, first = 0, part = 0;
+    for (int64_t j = 0; j < ng; ++j) {
+        keep[j] = -1;
+        if (gs[j].count < 2) continue;
+        const int64_t chunks = (gs[j].prefix + CASCADE_CHUNK - 1) / CASCADE_CHUNK;
+        const int64_t count = gs[j].count;
+        gs[n] = (cascade_group){gs[j].prefix, first, 0, chunks, part};  /* n <= j */
+        first += count;
+        part += Hkv * chunks * count;
+        keep[j] = n++;
+    }
+    for (int64_t b = 0; b < B; ++b) {
+        group[b] = group[b] < 0 ? -1 : keep[group[b]];
+        if (group[b] >= 0) members[gs[group[b]].first + gs[group[b]].count++] = b;
+    }
+    return n;
+}
+
+/* Where group gr's partials for KV head h, shared-key chunk c start (floats). */
+static inline int64_t cascade_block(const cascade_group *gr, int64_t h, int64_t c, int64_t G,
+                                    int64_t D) {
+    return (gr->part + (h * gr->chunks + c) * gr->count) * G * (D + 2);
+}
+
+/* Shared keys [c0, c1) of chunk c of a prefix of P keys in `chunks` even chunks. */
+static inline void cascade_chunk(int64_t P, int64_t chunks, int64_t c, int64_t *c0,
+                                 int64_t *c1) {
+    *c0 = P * c / chunks;
+    *c1 = P * (c + 1) / chunks;
+}
+
+/* Softmax numerators in place: rows [0, R) of s (row stride `stride`, a multiple of 8,
+ * 32-byte aligned; keys [0, L) valid, the rest set to -inf so they add zero) become
+ * exp(s - row max); rmax[g] gets the row's max, rsum[g] the sum of its exps. */
+static void softmax_rows(float *s0, int64_t R, int64_t L, int64_t stride, float *rmax,
+                         float *rsum) {
+    for (int64_t g = 0; g < R; ++g) {
+        float *s = s0 + g * stride;
+        for (int64_t t = L; t < stride; ++t) s[t] = -INFINITY;
+        /* A NaN score may drop out of the max; its exp is NaN all the same, and so is the
+         * row's sum. */
+        __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0;
+        int64_t t = 0;
+        for (; t + 16 <= stride; t += 16) {
+            m0 = _mm256_max_ps(_mm256_load_ps(s + t), m0);
+            m1 = _mm256_max_ps(_mm256_load_ps(s + t + 8), m1);
+        }
+        if (t < stride) m0 = _mm256_max_ps(_mm256_load_ps(s + t), m0);
+        const float m = hmax256(_mm256_max_ps(m0, m1));
+        __m256 vm = _mm256_set1_ps(m), vs = _mm256_setzero_ps();
+        for (int64_t t = 0; t < stride; t += 8) {
+            __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(s + t), vm));
+            _mm256_store_ps(s + t, e);
+            vs = _mm256_add_ps(vs, e);
+        }
+        rmax[g] = m;
+        rsum[g] = hsum256(vs);
+    }
 }
 
 #define KV_T float

@@ -235,14 +235,58 @@ static ZW void KV_FN(zpv_sum)(const float *scores, int64_t stride, const KV_T *v
     }
 }
 
+/* The shared part of cascade group g for KV head h, chunk c (decode_attention.c):
+ * gathers the members' G query rows of head h into qg (R = count * G rows of D), scores
+ * them against the chunk's shared keys (read through the first member's slot list) and
+ * writes the partial softmax into its block (`cascade_block`): R rows of D unnormalized V
+ * sums, then the R row maxima, then the R sums of exps. scores: R * stride floats (stride >= the chunk's
+ * length rounded up to 8), 32-byte aligned. */
+static void KV_FN(cascade_part)(const cascade_group *gr, const int64_t *members, int64_t h,
+                                int64_t c, const float *q, int64_t ldq, const KV_T *k_buf,
+                                const KV_T *v_buf, const int64_t *slots, int64_t ld_slots,
+                                int64_t Hkv, int64_t D, int64_t G, float scale, int wide,
+                                float *scores, int64_t stride, float *qg, float *part) {
+    const int64_t R = gr->count * G;
+    int64_t c0, c1;
+    cascade_chunk(gr->prefix, gr->chunks, c, &c0, &c1);
+    for (int64_t i = 0; i < gr->count; ++i)
+        for (int64_t j = 0; j < G * D; ++j)
+            qg[i * G * D + j] = q[members[gr->first + i] * ldq + h * G * D + j];
+    const int64_t *sl = slots + members[gr->first] * ld_slots + c0;
+    float *acc = part + cascade_block(gr, h, c, G, D);
+    (wide ? KV_FN(zqk_scores) : KV_FN(qk_scores))(qg, k_buf, sl, c1 - c0, Hkv, h, 1, D, R, scale,
+                                                  scores, stride);
+    softmax_rows(scores, R, c1 - c0, stride, acc + R * D, acc + R * D + R);
+    (wide ? KV_FN(zpv_sum) : KV_FN(pv_sum))(scores, stride, v_buf, sl, c1 - c0, Hkv, h, 1, D, R,
+                                            acc);
+}
+
 /* radixlm_decode_attention on KV_T buffers. */
 static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_buf,
                                     const KV_T *v_buf, const int64_t *slots, int64_t ld_slots,
                                     const int64_t *seq_lens, float *out, int64_t B, int64_t H,
                                     int64_t Hkv, int64_t D, float scale, int num_threads) {
     const int64_t G = H / Hkv;
-    int64_t max_len = 1;
-    for (int64_t b = 0; b < B; ++b) max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;
+    /* Cascade groups (decode_attention.c): group[b], the groups' rows, their partials. */
+    int64_t *group = malloc((size_t)(2 * B) * sizeof(int64_t)), *members = group + B;
+    if (!group) return -1;
+    cascade_group gs[CASCADE_GROUPS];
+    const int64_t ng = cascade_groups(slots, ld_slots, seq_lens, B, Hkv, group, members, gs);
+    int64_t shared_tasks = 0, part_floats = 0, max_rows = 0, max_len = 1;
+    for (int64_t j = 0; j < ng; ++j) {
+        shared_tasks += Hkv * gs[j].chunks;
+        part_floats += Hkv * gs[j].chunks * gs[j].count * G * (D + 2);
+        max_rows = gs[j].count * G > max_rows ? gs[j].count * G : max_rows;
+    }
+    for (int64_t b = 0; b < B; ++b) {
+        const int64_t own = seq_lens[b] - (group[b] < 0 ? 0 : gs[group[b]].prefix);
+        max_len = own > max_len ? own : max_len;
+    }
+    float *part = ng ? malloc((size_t)part_floats * sizeof(float)) : NULL;
+    if (ng && !part) {
+        free(group);
+        return -1;
+    }
     /* A task per request and KV head; with requests enough to share out, a task per
      * request that reads each K / V row of all the KV heads in one pass. */
     const int64_t nh = B >= 2 * num_threads ? Hkv : 1;
@@ -254,46 +298,79 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
     void (*const v_sum)(const float *, int64_t, const KV_T *, const int64_t *, int64_t, int64_t,
                         int64_t, int64_t, int64_t, int64_t, float *) =
         wide ? KV_FN(zpv_sum) : KV_FN(pv_sum);
+    const int64_t cstride = (CASCADE_CHUNK + 7) / 8 * 8;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
-        /* Per thread: G score rows (padded to 8), G accumulators of D floats, and G
-         * inverse sums (padded to 8 so the allocation stays a multiple of 32 bytes). */
-        int64_t stride = (max_len + 7) / 8 * 8, R = nh * G;
-        float *scores =
-            aligned_alloc(32, (size_t)(R * stride + R * D + (R + 7) / 8 * 8) * sizeof(float));
+        /* Per thread: score rows (padded to 8), accumulators of D floats, row maxima and
+         * sums (each padded to 8 so the parts stay 32-byte aligned); for the shared tasks
+         * also the gathered query rows. */
+        const int64_t stride = (max_len + 7) / 8 * 8, R = nh * G;
+        const int64_t own_floats = R * stride + R * D + 2 * ((R + 7) / 8 * 8);
+        const int64_t shared_floats = max_rows * (cstride + D);
+        float *scores = aligned_alloc(
+            32, (size_t)(own_floats > shared_floats ? own_floats : shared_floats) * sizeof(float));
         if (!scores) failed = 1;
+        /* The groups' shared keys, once per group, KV head and chunk. */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < shared_tasks; ++task) {
+            if (!scores) continue;
+            int64_t j = 0, rest = task;
+            while (rest >= Hkv * gs[j].chunks) rest -= Hkv * gs[j++].chunks;
+            KV_FN(cascade_part)(gs + j, members, rest / gs[j].chunks, rest % gs[j].chunks, q, ldq,
+                                k_buf, v_buf, slots, ld_slots, Hkv, D, G, scale, wide, scores,
+                                cstride, scores + max_rows * cstride, part);
+        }
+        /* Each request's own keys (all of them outside a group), merged with its group's
+         * partials. */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < B * Hkv / nh; ++task) {
             if (!scores) continue;
-            const int64_t b = task / (Hkv / nh), h = task % (Hkv / nh) * nh, L = seq_lens[b];
-            const int64_t *sl = slots + b * ld_slots;
+            const int64_t b = task / (Hkv / nh), h = task % (Hkv / nh) * nh;
+            const cascade_group *gr = group[b] < 0 ? NULL : gs + group[b];
+            const int64_t P = gr ? gr->prefix : 0, L = seq_lens[b] - P;
+            const int64_t *sl = slots + b * ld_slots + P;
             const float *qb = q + b * ldq + h * G * D;
-            float *acc = scores + R * stride, *inv_sum = acc + R * D;
+            float *acc = scores + R * stride, *rmax = acc + R * D;
+            float *rsum = rmax + (R + 7) / 8 * 8;
             scores_of(qb, k_buf, sl, L, Hkv, h, nh, D, G, scale, scores, stride);
-            for (int64_t g = 0; g < R; ++g) {
-                float *s = scores + g * stride;
-                float m = -INFINITY;
-                for (int64_t t = 0; t < L; ++t) m = s[t] > m ? s[t] : m;
-                for (int64_t t = L; t < stride; ++t) s[t] = -INFINITY;
-                __m256 vm = _mm256_set1_ps(m), vs = _mm256_setzero_ps();
-                for (int64_t t = 0; t < stride; t += 8) {
-                    __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(s + t), vm));
-                    _mm256_store_ps(s + t, e);
-                    vs = _mm256_add_ps(vs, e);
-                }
-                inv_sum[g] = 1.0f / hsum256(vs);
-            }
+            softmax_rows(scores, R, L, stride, rmax, rsum);
             v_sum(scores, stride, v_buf, sl, L, Hkv, h, nh, D, G, acc);
+            int64_t i = 0; /* b's index among its group's members */
+            while (gr && members[gr->first + i] != b) ++i;
             for (int64_t g = 0; g < R; ++g) {
-                float *o = out + (b * H + h * G + g) * D;
-                __m256 inv = _mm256_set1_ps(inv_sum[g]);
-                for (int64_t i = 0; i < D; i += 8)
-                    _mm256_storeu_ps(o + i, _mm256_mul_ps(inv, _mm256_loadu_ps(acc + g * D + i)));
+                float *o = out + (b * H + h * G + g) * D, *a = acc + g * D;
+                if (!gr) {
+                    __m256 inv = _mm256_set1_ps(1.0f / rsum[g]);
+                    for (int64_t e = 0; e < D; e += 8)
+                        _mm256_storeu_ps(o + e, _mm256_mul_ps(inv, _mm256_loadu_ps(a + e)));
+                    continue;
+                }
+                /* Merge: each partial's sums scaled by exp(its max - the overall max). */
+                const int64_t Rg = gr->count * G, row = i * G + g % G, hh = h + g / G;
+                const float *blk = part + cascade_block(gr, hh, 0, G, D);
+                const int64_t bs = Rg * (D + 2); /* chunk c's block is c blocks on */
+                float m = rmax[g];
+                for (int64_t c = 0; c < gr->chunks; ++c) {
+                    const float mc = blk[c * bs + Rg * D + row];
+                    m = mc > m ? mc : m;
+                }
+                float w = expf(rmax[g] - m), den = rsum[g] * w;
+                for (int64_t e = 0; e < D; ++e) o[e] = a[e] * w;
+                for (int64_t c = 0; c < gr->chunks; ++c) {
+                    const float *pc = blk + c * bs;
+                    const float wc = expf(pc[Rg * D + row] - m);
+                    den += pc[Rg * D + Rg + row] * wc;
+                    for (int64_t e = 0; e < D; ++e) o[e] += pc[row * D + e] * wc;
+                }
+                const float inv = 1.0f / den;
+                for (int64_t e = 0; e < D; ++e) o[e] *= inv;
             }
         }
         free(scores);
     }
+    free(part);
+    free(group);
     return failed ? -1 : 0;
 }
 
