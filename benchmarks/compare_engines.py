@@ -24,8 +24,10 @@ Method
   (4 groups x 16 of a 512-token system prompt + 64 / 32, in a 8192-token KV pool for
   radixlm), multiturn (4 sessions x 4 turns: 256 tokens, +32 per turn, 32 out, each turn
   resends the history with the previous answers).
-* Protocol: for each thread count (--threads, 1 and 2), repetitions (--reps, 3) alternate
-  the engines A-B-A-B; each repetition starts the engine fresh (cold caches) and runs the
+* Protocol: for each thread count (--threads, 1 and 2), each repetition (--reps, 3) runs
+  every engine in turn, the order reversed on every other one (A B C, C B A, A B C), so a
+  drift in the machine's speed over the run hits them alike; each run starts the engine
+  fresh (cold caches) and runs the
   workloads in the order above. Before each run the script waits (up to 60 s) until the
   CPUs are at most 10% busy (the log says when a run started anyway); HTTP servers are
   stopped with their whole process group. With --neighbours N, N busy-looping processes
@@ -34,7 +36,7 @@ Method
   `os.getloadavg()` and the busy fraction before, the load after each run. Reported:
   output tokens/s median (min-max) over repetitions, TTFT and TPOT p50/p99 of the median
   repetition, cache hit rate, radixlm's ratio (in-process vs in-process peers, HTTP vs
-  HTTP peers).
+  HTTP peers): the median of the ratios within each repetition (paired).
 * Machine, per thread count, before and after its runs (the better of the two is used):
   memory bandwidth (the better of a read and a copy of a 256 MiB tensor, best of 5 each)
   and fp32 peak (the better of torch's 2048^3 matmul and radixlm's packed GEMM). The
@@ -156,6 +158,7 @@ def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     med = sorted(runs, key=lambda r: r["output_throughput"])[len(runs) // 2]
     return {
         "output_tps_median": statistics.median(tps),
+        "output_tps": tps,  # per repetition, in run order (paired ratios)
         "output_tps_min": min(tps),
         "output_tps_max": max(tps),
         "ttft_ms": med["ttft_ms"],
@@ -201,9 +204,14 @@ def markdown_table(
 
 
 def _ratio(ref: dict[str, Any], row: dict[str, Any]) -> str:
-    """ref's median output tokens/s over row's ("" when ref did not run)."""
+    """ref's output tokens/s over row's ("" when ref did not run): the median of the
+    ratios within each repetition (paired: a repetition runs every engine back to back), or
+    of the medians when the two ran a different number of repetitions."""
     if not ref.get("output_tps_median"):
         return ""
+    a, b = ref.get("output_tps", []), row.get("output_tps", [])
+    if a and len(a) == len(b):
+        return f"{statistics.median(x / y for x, y in zip(a, b)):.2f}x"
     return f"{ref['output_tps_median'] / row['output_tps_median']:.2f}x"
 
 
@@ -292,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             machine[str(threads)] = probe = {"before": measure_machine(threads)}
             runs: dict[str, dict[str, list]] = {}
             for rep in range(args.reps):
-                for e in engines:  # alternation: A B A B ...
+                for e in engines if rep % 2 == 0 else engines[::-1]:  # A B C, C B A, ...
                     if status[e.name] is not None:
                         continue
                     waited, busy = wait_for_quiet(QUIET_BUSY)

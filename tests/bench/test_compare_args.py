@@ -1,4 +1,4 @@
-"""benchmarks/compare_engines.py's command line."""
+"""benchmarks/compare_engines.py's command line and its ratio column."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from compare_engines import parse_args  # noqa: E402
+from compare_engines import _ratio, parse_args, summarize_runs  # noqa: E402
 
 
 def test_warm_shared_prefix_workload_needs_the_cold_one(capsys):
@@ -127,3 +127,22 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _run(tps: float) -> dict:
+    lat = {"mean": 1.0, "p50": 1.0, "p90": 1.0, "p99": 1.0}
+    return {"output_throughput": tps, "ttft_ms": lat, "tpot_ms": lat, "cache_hit_rate": None}
+
+
+def test_ratio_pairs_the_repetitions():
+    """radixlm / peer is the median of the per-repetition ratios: a machine that runs the
+    whole third repetition at half speed leaves it at 2.00x, where the ratio of the
+    medians (a fast radixlm rep over a slow peer rep) would read 4.00x."""
+    radixlm = summarize_runs([_run(100), _run(40), _run(100)])
+    peer = summarize_runs([_run(50), _run(20), _run(25)])
+    assert radixlm["output_tps"] == [100, 40, 100]
+    assert _ratio(radixlm, peer) == "2.00x"
+    # Repetitions missing on one side (a peer that failed later): the medians' ratio.
+    short = summarize_runs([_run(50), _run(20)])
+    assert _ratio(radixlm, short) == f"{100 / 35:.2f}x"
+    assert _ratio({}, peer) == ""

@@ -235,12 +235,12 @@ static ZW void KV_FN(zpv_sum)(const float *scores, int64_t stride, const KV_T *v
     }
 }
 
-/* The shared part of cascade group g for KV head h, chunk c (decode_attention.c):
+/* The shared part of cascade group gr for KV head h, chunk c (decode_attention.c):
  * gathers the members' G query rows of head h into qg (R = count * G rows of D), scores
  * them against the chunk's shared keys (read through the first member's slot list) and
- * writes the partial softmax into its block (`cascade_block`): R rows of D unnormalized V
- * sums, then the R row maxima, then the R sums of exps. scores: R * stride floats (stride >= the chunk's
- * length rounded up to 8), 32-byte aligned. */
+ * writes the partial softmax into its block (`cascade_block`): R rows of D unnormalized
+ * V sums, then the R row maxima, then the R sums of exps. scores: R * stride floats
+ * (stride >= the chunk's length rounded up to 8), 32-byte aligned. */
 static void KV_FN(cascade_part)(const cascade_group *gr, const int64_t *members, int64_t h,
                                 int64_t c, const float *q, int64_t ldq, const KV_T *k_buf,
                                 const KV_T *v_buf, const int64_t *slots, int64_t ld_slots,
