@@ -235,6 +235,12 @@ static ZW void KV_FN(zpv_sum)(const float *scores, int64_t stride, const KV_T *v
     }
 }
 
+/* The score and V-sum passes: `qk_scores` / `pv_sum`, or their 512-bit forms. */
+typedef void (*KV_FN(scores_fn))(const float *, const KV_T *, const int64_t *, int64_t, int64_t,
+                                 int64_t, int64_t, int64_t, int64_t, float, float *, int64_t);
+typedef void (*KV_FN(v_sum_fn))(const float *, int64_t, const KV_T *, const int64_t *, int64_t,
+                                int64_t, int64_t, int64_t, int64_t, int64_t, float *);
+
 /* The shared part of cascade group gr for KV head h, chunk c (decode_attention.c):
  * gathers the members' G query rows of head h into qg (R = count * G rows of D), scores
  * them against the chunk's shared keys (read through the first member's slot list) and
@@ -244,7 +250,8 @@ static ZW void KV_FN(zpv_sum)(const float *scores, int64_t stride, const KV_T *v
 static void KV_FN(cascade_part)(const cascade_group *gr, const int64_t *members, int64_t h,
                                 int64_t c, const float *q, int64_t ldq, const KV_T *k_buf,
                                 const KV_T *v_buf, const int64_t *slots, int64_t ld_slots,
-                                int64_t Hkv, int64_t D, int64_t G, float scale, int wide,
+                                int64_t Hkv, int64_t D, int64_t G, float scale,
+                                KV_FN(scores_fn) scores_of, KV_FN(v_sum_fn) v_sum,
                                 float *scores, int64_t stride, float *qg, float *part) {
     const int64_t R = gr->count * G;
     int64_t c0, c1;
@@ -254,11 +261,9 @@ static void KV_FN(cascade_part)(const cascade_group *gr, const int64_t *members,
             qg[i * G * D + j] = q[members[gr->first + i] * ldq + h * G * D + j];
     const int64_t *sl = slots + members[gr->first] * ld_slots + c0;
     float *acc = part + cascade_block(gr, h, c, G, D);
-    (wide ? KV_FN(zqk_scores) : KV_FN(qk_scores))(qg, k_buf, sl, c1 - c0, Hkv, h, 1, D, R, scale,
-                                                  scores, stride);
+    scores_of(qg, k_buf, sl, c1 - c0, Hkv, h, 1, D, R, scale, scores, stride);
     softmax_rows(scores, R, c1 - c0, stride, acc + R * D, acc + R * D + R);
-    (wide ? KV_FN(zpv_sum) : KV_FN(pv_sum))(scores, stride, v_buf, sl, c1 - c0, Hkv, h, 1, D, R,
-                                            acc);
+    v_sum(scores, stride, v_buf, sl, c1 - c0, Hkv, h, 1, D, R, acc);
 }
 
 /* radixlm_decode_attention on KV_T buffers. */
@@ -292,12 +297,8 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
     const int64_t nh = B >= 2 * num_threads ? Hkv : 1;
     /* The 512-bit score and V-sum tiles where the CPU has AVX-512 and D % 64 == 0. */
     const int wide = D % 64 == 0 && radixlm_gemm_isa(-1);
-    void (*const scores_of)(const float *, const KV_T *, const int64_t *, int64_t, int64_t,
-                            int64_t, int64_t, int64_t, int64_t, float, float *, int64_t) =
-        wide ? KV_FN(zqk_scores) : KV_FN(qk_scores);
-    void (*const v_sum)(const float *, int64_t, const KV_T *, const int64_t *, int64_t, int64_t,
-                        int64_t, int64_t, int64_t, int64_t, float *) =
-        wide ? KV_FN(zpv_sum) : KV_FN(pv_sum);
+    const KV_FN(scores_fn) scores_of = wide ? KV_FN(zqk_scores) : KV_FN(qk_scores);
+    const KV_FN(v_sum_fn) v_sum = wide ? KV_FN(zpv_sum) : KV_FN(pv_sum);
     const int64_t cstride = (CASCADE_CHUNK + 7) / 8 * 8;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
@@ -318,8 +319,8 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
             int64_t j = 0, rest = task;
             while (rest >= Hkv * gs[j].chunks) rest -= Hkv * gs[j++].chunks;
             KV_FN(cascade_part)(gs + j, members, rest / gs[j].chunks, rest % gs[j].chunks, q, ldq,
-                                k_buf, v_buf, slots, ld_slots, Hkv, D, G, scale, wide, scores,
-                                cstride, scores + max_rows * cstride, part);
+                                k_buf, v_buf, slots, ld_slots, Hkv, D, G, scale, scores_of, v_sum,
+                                scores, cstride, scores + max_rows * cstride, part);
         }
         /* Each request's own keys (all of them outside a group), merged with its group's
          * partials. */
