@@ -79,7 +79,10 @@ def next_turn(tok, sessions: list[dict[str, Any]], timer: Timer, t0: float):
 
 
 class RadixlmAdapter:
-    """radixlm.Engine: streams consumed round-robin; new turns enter between steps."""
+    """radixlm.Engine driven step by step (`add_request` / `step`), as the OpenVINO
+    adapter drives its pipeline: after every step each request's new tokens are stamped,
+    and the turns that follow the requests finished in it are all added before the next
+    step (so they are prefilled together)."""
 
     #: Engine settings beyond the model, threads and KV pool size.
     options: dict[str, Any] = {}
@@ -96,37 +99,29 @@ class RadixlmAdapter:
         self.tok = self.engine.tokenizer
 
     def run(self, sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        params = lambda n: {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}  # noqa: E731
         t0 = time.perf_counter()
         done: list[dict[str, Any]] = []
-        streams: list[tuple[Any, list[Timer]]] = []
+        live: dict[str, Timer] = {}
 
-        def submit(timers: list[Timer], out_lens: list[int]) -> None:
-            gen = self.engine.generate(
-                input_ids=[t.prompt_ids for t in timers],
-                sampling_params=[params(n) for n in out_lens],
-                stream=True,
-            )
-            streams.append((gen, timers))
+        def submit(timer: Timer, out_len: int) -> None:
+            params = {"max_new_tokens": out_len, "temperature": 0, "ignore_eos": True}
+            rid = self.engine.add_request(input_ids=timer.prompt_ids, sampling_params=params)
+            live[rid] = timer
 
-        first = [Timer(t0, s["turns"][0][0], i, 0) for i, s in enumerate(sessions)]
-        submit(first, [s["turns"][0][1] for s in sessions])
-        while streams:
-            for entry in list(streams):
-                gen, timers = entry
-                chunk = next(gen, None)
-                if chunk is None:
-                    streams.remove(entry)
-                    continue
-                timer = timers[chunk.get("index", 0)]
+        for i, s in enumerate(sessions):
+            submit(Timer(t0, s["turns"][0][0], i, 0), s["turns"][0][1])
+        while live:
+            for chunk in self.engine.step():
+                timer = live[chunk["rid"]]
                 timer.tokens(chunk["output_ids"])
                 if chunk.get("finish_reason") is None:
                     continue
+                del live[chunk["rid"]]
                 timer.cached = chunk["usage"]["cached_tokens"]
                 done.append(timer.result())
                 nxt = next_turn(self.tok, sessions, timer, t0)
                 if nxt is not None:
-                    submit([nxt[0]], [nxt[1]])
+                    submit(*nxt)
         return done
 
     def close(self) -> None:

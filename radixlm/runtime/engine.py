@@ -6,7 +6,14 @@
             print(chunk["text"], end="")
 
 The engine is single-threaded: `generate` drives scheduler steps itself until its
-requests finish; concurrent streams share steps through per-request queues.
+requests finish; concurrent streams share steps through per-request queues. A driver
+that paces steps itself (requests arriving between steps, per-step timing) uses
+`add_request` and `step` instead, the pattern of vLLM's `LLMEngine`:
+
+    rid = llm.add_request("Hello", {"max_new_tokens": 8})
+    while llm.has_unfinished_requests():
+        for chunk in llm.step():
+            print(chunk["rid"], chunk["text"])
 """
 
 from __future__ import annotations
@@ -77,6 +84,7 @@ class Engine:
         self.config, self.tokenizer = stack.config, stack.tokenizer
         self.runner, self.scheduler = stack.runner, stack.scheduler
         self._tracked: dict[str, _Tracked] = {}
+        self._stepped: dict[str, None] = {}  # add_request's requests, in arrival order
         self._rid_counter = itertools.count()
 
     # ---- public API -------------------------------------------------------------------
@@ -164,6 +172,81 @@ class Engine:
         results = [self._result(self._tracked.pop(rid)) for rid in rids]
         return results[0] if single else results
 
+    def add_request(
+        self,
+        prompt: str | list[int] | None = None,
+        sampling_params: SamplingParams | dict | None = None,
+        input_ids: list[int] | None = None,
+        cache_salt: str | None = None,
+    ) -> str:
+        """Queue one request for `step` to serve; returns its request id.
+
+        Nothing runs until `step` is called: requests added between two steps are
+        admitted together (one prefill batch), as in vLLM's `LLMEngine.add_request`.
+
+        Args:
+            prompt: a string or a list of token ids (one prompt, not a batch).
+            sampling_params: as for `generate` (one setting).
+            input_ids: token ids instead of `prompt`.
+            cache_salt: prefix-cache namespace, as for `generate`.
+
+        Raises:
+            InvalidRequestError: a batch of prompts, an empty prompt, bad sampling values,
+                a grammar that does not compile; RequestTooLargeError (its subclass):
+                prompt beyond the context or the KV pool.
+            QueueFullError: the scheduler's waiting queue is full.
+            Nothing is queued when it raises.
+        """
+        self._check_open()
+        if (prompt is None) == (input_ids is None):
+            raise InvalidRequestError("pass exactly one of prompt and input_ids")
+        if isinstance(input_ids, str):
+            raise InvalidRequestError("input_ids must be a list of token ids, not a string")
+        single, token_lists = self._tokenize(prompt if prompt is not None else input_ids)
+        if not single:
+            raise InvalidRequestError("add_request takes one prompt; call it once per prompt")
+        params = self._params(sampling_params, 1)
+        self._validate(token_lists[0], params[0])
+        rid = self._submit_all(token_lists, params, cache_salt)[0]
+        self._stepped[rid] = None
+        return rid
+
+    def step(self) -> list[dict[str, Any]]:
+        """Run one scheduler step; return what it produced for `add_request`'s requests.
+
+        Returns:
+            The step's chunks, in the order the requests were added: each is a chunk of
+            `generate(stream=True)` with ``rid`` (the id `add_request` returned) in
+            place of ``index``: the ``text`` and ``output_ids`` deltas, and on a
+            request's last chunk ``finish_reason``, ``usage`` and ``meta_info``. A
+            request in a prefill step that does not finish its prompt yields nothing
+            that step. Streams of `generate` share the step; their chunks stay queued
+            for them.
+        """
+        self._check_open()
+        self._step()
+        chunks: list[dict[str, Any]] = []
+        for rid in list(self._stepped):
+            t = self._tracked[rid]
+            for chunk in t.chunks:
+                chunk.pop("index", None)
+                chunks.append({"rid": rid, **chunk})
+            t.chunks.clear()
+            if t.final is not None:
+                del self._stepped[rid], self._tracked[rid]
+        return chunks
+
+    def has_unfinished_requests(self) -> bool:
+        """True while a request from `add_request` has not returned its last chunk."""
+        return bool(self._stepped)
+
+    def abort_request(self, rid: str) -> None:
+        """Stop and free an `add_request` request (no further chunks); unknown ids are
+        ignored, as are requests that already finished."""
+        if rid in self._stepped:
+            del self._stepped[rid]
+            self._abort([rid])
+
     def get_server_info(self) -> dict[str, Any]:
         """Settings, KV capacity and pool counters (tokens unless stated)."""
         self._check_open()
@@ -181,6 +264,7 @@ class Engine:
         """Abort everything in flight and drop the model and pools (idempotent)."""
         if self.scheduler is not None:
             self._abort(list(self._tracked))
+        self._stepped.clear()
         self.scheduler = None
         self.runner = None
 

@@ -206,6 +206,82 @@ def test_server_info_says_which_paths_were_chosen(engine):
     assert resolved["quantized_weights"] == 0
 
 
+def _drive(engine: Engine) -> dict[str, list[dict]]:
+    """Step until every add_request request has finished; chunks per request id."""
+    chunks: dict[str, list[dict]] = {}
+    while engine.has_unfinished_requests():
+        for chunk in engine.step():
+            assert "index" not in chunk
+            chunks.setdefault(chunk["rid"], []).append(chunk)
+    return chunks
+
+
+def test_step_driven_requests_equal_generate(engine):
+    second = "The capital of France is"
+    ref_a, ref_b = engine.generate([PROMPT, second], greedy(10))
+    a = engine.add_request(PROMPT, greedy(10))
+    assert engine.get_server_info()["num_waiting"] == 1  # queued, not run
+    first = engine.step()  # prefills a alone: its first token
+    assert [c["rid"] for c in first] == [a] and len(first[0]["output_ids"]) == 1
+    b = engine.add_request(input_ids=engine.tokenizer.encode(second), sampling_params=greedy(10))
+    chunks = _drive(engine)
+    chunks[a] = first + chunks[a]
+    for rid, ref in ((a, ref_a), (b, ref_b)):
+        assert "".join(c["text"] for c in chunks[rid]) == ref["text"]
+        assert [t for c in chunks[rid] for t in c["output_ids"]] == ref["output_ids"]
+        last = chunks[rid][-1]
+        assert last["finish_reason"] == "length" and last["usage"]["completion_tokens"] == 10
+        assert last["meta_info"]["id"] == rid
+        assert all(c.get("finish_reason") is None for c in chunks[rid][:-1])
+    assert engine.step() == []  # nothing left: a step with no requests is a no-op
+    _idle(engine)
+
+
+def test_step_and_a_stream_share_steps(engine):
+    ref = engine.generate(PROMPT, greedy(8))
+    rid = engine.add_request(PROMPT, greedy(8))
+    streamed = list(engine.generate("Hello there", greedy(12), stream=True))
+    assert streamed[-1]["finish_reason"] == "length"
+    # The stream's steps served the added request too; its chunks waited for `step`.
+    pending = engine.step()
+    assert {c["rid"] for c in pending} == {rid} and len(pending) >= 8
+    assert [t for c in pending for t in c["output_ids"]] == ref["output_ids"]
+    assert pending[-1]["finish_reason"] == "length"
+    assert not engine.has_unfinished_requests()
+    _idle(engine)
+
+
+def test_abort_request_frees_it(engine):
+    rid = engine.add_request(PROMPT, greedy(64))
+    engine.step()
+    engine.step()
+    engine.abort_request(rid)
+    engine.abort_request(rid)  # twice, and an unknown id: no error
+    engine.abort_request("no-such-request")
+    assert not engine.has_unfinished_requests() and engine.step() == []
+    assert engine.get_server_info()["num_running"] == 0
+    _idle(engine)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"prompt": [PROMPT, "Hi"]}, "one prompt"),
+        ({"prompt": ""}, "empty"),
+        ({"prompt": PROMPT, "input_ids": [1, 2]}, "exactly one"),
+        ({"input_ids": "text"}, "not a string"),
+        ({"prompt": PROMPT, "sampling_params": {"temperature": -1}}, "temperature"),
+        ({"prompt": [1] * 600}, "context"),
+    ],
+)
+def test_add_request_bad_input_queues_nothing(engine, kwargs, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        engine.add_request(**kwargs)
+    assert not engine.has_unfinished_requests()
+    info = engine.get_server_info()
+    assert info["num_waiting"] == 0 and info["num_running"] == 0
+
+
 def test_unused_stream_never_runs(engine):
     engine.generate(PROMPT, greedy(8), stream=True)
     info = engine.get_server_info()

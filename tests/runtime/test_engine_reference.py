@@ -37,6 +37,22 @@ def test_one_batch_matches_transformers(engine, prompts, reference):
     _check_accounting(engine)
 
 
+def test_step_driven_arrivals_match_transformers(engine, prompts, reference):
+    """Requests added between `step` calls (one, two, then the rest, each after a step)
+    join the running batch mid-flight and still decode the reference tokens."""
+    out: dict[str, list[int]] = {}
+    rids: list[str] = []
+    waves = [prompts[:1], prompts[1:3], prompts[3:]]
+    while waves or engine.has_unfinished_requests():
+        if waves:
+            for ids in waves.pop(0):
+                rids.append(engine.add_request(input_ids=ids, sampling_params=greedy()))
+        for chunk in engine.step():
+            out.setdefault(chunk["rid"], []).extend(chunk["output_ids"])
+    assert [out[rid] for rid in rids] == reference
+    _check_accounting(engine)
+
+
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 def test_cache_hit_equals_miss(page_size, prompts, reference):
     with Engine(MODEL, max_total_tokens=8192, page_size=page_size) as engine:
