@@ -222,6 +222,12 @@ class Engine:
             request in a prefill step that does not finish its prompt yields nothing
             that step. Streams of `generate` share the step; their chunks stay queued
             for them.
+
+        Raises:
+            EngineClosedError: after `shutdown`.
+            Exception: whatever the forward raised when the step failed; the requests of
+                its batch are aborted, freed, and their last chunks (finish_reason
+                "abort") come out of the next `step`.
         """
         self._check_open()
         self._step()

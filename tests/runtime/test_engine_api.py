@@ -263,6 +263,22 @@ def test_abort_request_frees_it(engine):
     _idle(engine)
 
 
+def test_failed_step_raises_then_reports_the_abort(engine, monkeypatch):
+    rid = engine.add_request("A prompt about mountains", greedy(6))
+
+    def broken(fb):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(engine.runner, "forward", broken)
+    with pytest.raises(RuntimeError, match="kernel exploded"):
+        engine.step()
+    monkeypatch.undo()
+    [chunk] = engine.step()  # the abort, so a `while has_unfinished_requests()` loop ends
+    assert chunk["rid"] == rid and chunk["finish_reason"] == "abort"
+    assert chunk["output_ids"] == [] and not engine.has_unfinished_requests()
+    _idle(engine)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
