@@ -142,12 +142,7 @@ class Engine:
                 batch is bad.
             QueueFullError: the scheduler's waiting queue is full (nothing is queued).
         """
-        self._check_open()
-        if (prompt is None) == (input_ids is None):
-            raise InvalidRequestError("pass exactly one of prompt and input_ids")
-        if isinstance(input_ids, str):
-            raise InvalidRequestError("input_ids must be a list of token ids, not a string")
-        single, token_lists = self._tokenize(prompt if prompt is not None else input_ids)
+        single, token_lists = self._prompts(prompt, input_ids)
         params = self._params(sampling_params, len(token_lists))
         n = len(token_lists)
         lps = [
@@ -197,12 +192,7 @@ class Engine:
             QueueFullError: the scheduler's waiting queue is full.
             Nothing is queued when it raises.
         """
-        self._check_open()
-        if (prompt is None) == (input_ids is None):
-            raise InvalidRequestError("pass exactly one of prompt and input_ids")
-        if isinstance(input_ids, str):
-            raise InvalidRequestError("input_ids must be a list of token ids, not a string")
-        single, token_lists = self._tokenize(prompt if prompt is not None else input_ids)
+        single, token_lists = self._prompts(prompt, input_ids)
         if not single:
             raise InvalidRequestError("add_request takes one prompt; call it once per prompt")
         params = self._params(sampling_params, 1)
@@ -290,6 +280,15 @@ class Engine:
         self.shutdown()
 
     # ---- internals --------------------------------------------------------------------
+
+    def _prompts(self, prompt, input_ids) -> tuple[bool, list[list[int]]]:
+        """(single, token lists) of exactly one of `prompt` and `input_ids`."""
+        self._check_open()
+        if (prompt is None) == (input_ids is None):
+            raise InvalidRequestError("pass exactly one of prompt and input_ids")
+        if isinstance(input_ids, str):
+            raise InvalidRequestError("input_ids must be a list of token ids, not a string")
+        return self._tokenize(prompt if prompt is not None else input_ids)
 
     def _tokenize(self, value) -> tuple[bool, list[list[int]]]:
         if isinstance(value, str):
