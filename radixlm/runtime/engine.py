@@ -225,9 +225,10 @@ class Engine:
         for rid in list(self._stepped):
             t = self._tracked[rid]
             for chunk in t.chunks:
-                chunk.pop("index", None)
-                chunks.append({"rid": rid, **chunk})
-            t.chunks.clear()
+                del chunk["index"]
+                chunk["rid"] = rid
+            chunks += t.chunks
+            t.chunks = []
             if t.final is not None:
                 del self._stepped[rid], self._tracked[rid]
         return chunks
