@@ -44,7 +44,10 @@ Method
   weight bytes / bandwidth, the step time of a purely memory-bound decoder; each
   workload gets its roofline (`machine.py`: the output tokens/s of an ideal prefix-cached
   engine at that peak and bandwidth) and every row the fraction of it that the engine
-  reached.
+  reached. The roofline lets prefill arithmetic overlap decode weight reads; the line
+  also gives the bound without that overlap (all prefill, then the decode passes), the
+  one that binds where every request waits on prefill together, as in lockstep
+  multi-turn sessions.
 
     python benchmarks/compare_engines.py --quick --threads 1     # 1 repetition, smaller evict
     python benchmarks/compare_engines.py                          # threads 1 and 2, 3 reps
@@ -373,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{best['bandwidth']:.1f} GB/s = {bound_ms:.1f} ms)")  # fmt: skip
         for name, r in roof[threads].items():
             print(f"threads {threads}: {name} roofline {r['tokens_per_s']:.0f} output tok/s "
-                  f"({r['bound']}-bound, {r['flops'] / 1e9:.0f} GFLOP)")  # fmt: skip
+                  f"({r['bound']}-bound, {r['flops'] / 1e9:.0f} GFLOP); "
+                  f"{r['serial_tokens_per_s']:.0f} without prefill / decode overlap")  # fmt: skip
     markdown = markdown_table(table, engines, roof)
     print(markdown)
     save_report(

@@ -27,6 +27,9 @@ import statistics
 import time
 from pathlib import Path
 
+import radixlm  # noqa: F401  (before torch: it sets libgomp's wait policy, omp_policy.py)
+
+# isort: split
 import torch
 
 from radixlm import Engine

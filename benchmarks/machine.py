@@ -200,12 +200,27 @@ def roofline(work: dict[str, int], body_params: int, logit_params: int, weight_b
              peak: float, bandwidth: float) -> dict[str, float]:  # fmt: skip
     """The roofline time (seconds) and output tokens/s of `work` (from `workload_work`)
     on a machine of `peak` FLOP/s and `bandwidth` bytes/s; also its FLOPs and which
-    roof binds ("compute" or "memory")."""
-    flops = 2 * body_params * (work["prefill_tokens"] + work["decode_tokens"])
-    flops += 2 * logit_params * work["output_tokens"]
+    roof binds ("compute" or "memory").
+
+    The roofline, max(FLOPs / peak, passes * weight_bytes / bandwidth), assumes that the
+    prefill's arithmetic overlaps the decode passes' weight reads. Where every request
+    waits on prefill together (a burst; multi-turn sessions in lockstep, whose next turns
+    all arrive as the previous ones finish) no decode runs beside that prefill, so
+    `serial_seconds` / `serial_tokens_per_s` also give the bound without the overlap:
+    the prefill at peak, then the decode passes, each at the slower of its two roofs:
+    prefill FLOPs / peak + max(decode FLOPs / peak, passes * weight_bytes / bandwidth).
+    """
+    prefill_flops = 2 * body_params * work["prefill_tokens"]
+    decode_flops = 2 * body_params * work["decode_tokens"]
+    decode_flops += 2 * logit_params * work["output_tokens"]
+    flops = prefill_flops + decode_flops
     compute_s = flops / peak
     memory_s = work["passes"] * weight_bytes / bandwidth
     seconds = max(compute_s, memory_s)
-    rate = work["output_tokens"] / seconds if seconds > 0 else 0.0
-    return {"flops": flops, "seconds": seconds, "tokens_per_s": rate,
-            "bound": "compute" if compute_s >= memory_s else "memory"}  # fmt: skip
+    serial = prefill_flops / peak + max(decode_flops / peak, memory_s)
+    out = work["output_tokens"]
+    return {"flops": flops, "seconds": seconds,
+            "tokens_per_s": out / seconds if seconds else 0.0,
+            "bound": "compute" if compute_s >= memory_s else "memory",
+            "serial_seconds": serial,
+            "serial_tokens_per_s": out / serial if serial else 0.0}  # fmt: skip

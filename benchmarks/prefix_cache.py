@@ -50,6 +50,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import radixlm  # noqa: F401  (before torch: it sets libgomp's wait policy, omp_policy.py)
+
+# isort: split
 import torch
 from engine_throughput import HFRunner, machine_info, summarize
 from report import save_report

@@ -37,6 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import radixlm  # noqa: F401  (before torch: it sets libgomp's wait policy, omp_policy.py)
+
+# isort: split
 import torch
 from engine_throughput import machine_info
 from prefix_cache import make_prompts

@@ -23,6 +23,9 @@ import sys
 import time
 from pathlib import Path
 
+import radixlm  # noqa: F401  (before torch: it sets libgomp's wait policy, omp_policy.py)
+
+# isort: split
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -35,14 +35,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import radixlm  # noqa: F401  (before torch: it sets libgomp's wait policy, omp_policy.py)
+
+# isort: split
 import torch
 from report import save_report
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from radixlm import Engine
+from radixlm.runtime.speculative.prompts import heldout_prompts
 
-from radixlm import Engine  # noqa: E402
-from radixlm.runtime.speculative.prompts import heldout_prompts  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_EAGLE = "smollm2-135m"  # the bundled head (radixlm/runtime/speculative/heads/)
 

@@ -37,12 +37,18 @@ def test_multi_turn_sessions_prefill_only_the_new_turn():
 def test_roofline_takes_the_binding_roof():
     work = {"prefill_tokens": 6, "decode_tokens": 3, "output_tokens": 5, "passes": 3}
     # FLOPs 2*10*9 + 2*5*5 = 230: 0.23 s at 1000 FLOP/s; memory 3 * 100 B / 50 B/s = 6 s
+    # without overlap: prefill 2*10*6 = 120 FLOPs (0.12 s), then max(decode 110 FLOPs
+    # (0.11 s), 6 s of weight reads)
     slow_memory = roofline(work, 10, 5, 100, peak=1000.0, bandwidth=50.0)
-    assert slow_memory == {"flops": 230, "seconds": 6.0, "tokens_per_s": 5 / 6.0,
-                           "bound": "memory"}  # fmt: skip
+    assert slow_memory.pop("bound") == "memory"
+    assert slow_memory == pytest.approx({"flops": 230, "seconds": 6.0, "tokens_per_s": 5 / 6.0,
+                                         "serial_seconds": 6.12,
+                                         "serial_tokens_per_s": 5 / 6.12})  # fmt: skip
     slow_compute = roofline(work, 10, 5, 100, peak=10.0, bandwidth=1e6)
     assert slow_compute["bound"] == "compute"
     assert slow_compute["seconds"] == pytest.approx(23.0)
+    # compute-bound both ways: 12 s of prefill + 11 s of decode = the roofline's 23 s
+    assert slow_compute["serial_seconds"] == pytest.approx(23.0)
 
 
 def test_cpu_busy_is_a_fraction():
