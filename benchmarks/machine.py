@@ -203,12 +203,13 @@ def roofline(work: dict[str, int], body_params: int, logit_params: int, weight_b
     roof binds ("compute" or "memory").
 
     The roofline, max(FLOPs / peak, passes * weight_bytes / bandwidth), assumes that the
-    prefill's arithmetic overlaps the decode passes' weight reads. Where every request
-    waits on prefill together (a burst; multi-turn sessions in lockstep, whose next turns
-    all arrive as the previous ones finish) no decode runs beside that prefill, so
+    prefill's arithmetic overlaps the decode passes' weight reads, which needs decodes
+    running beside each prefill. An engine gets none where it prefills a burst before
+    decoding it, or where multi-turn sessions move in lockstep (each next turn arrives
+    as its previous answer ends, all at once) and it does not stagger them, so
     `serial_seconds` / `serial_tokens_per_s` also give the bound without the overlap:
-    the prefill at peak, then the decode passes, each at the slower of its two roofs:
-    prefill FLOPs / peak + max(decode FLOPs / peak, passes * weight_bytes / bandwidth).
+    the prefill at peak, then the decode phase at the slower of its two roofs, prefill
+    FLOPs / peak + max(decode FLOPs / peak, passes * weight_bytes / bandwidth).
     """
     prefill_flops = 2 * body_params * work["prefill_tokens"]
     decode_flops = 2 * body_params * work["decode_tokens"]
