@@ -46,8 +46,8 @@ Method
   engine at that peak and bandwidth) and every row the fraction of it that the engine
   reached. The roofline lets prefill arithmetic overlap decode weight reads; the line
   also gives the bound without that overlap (all prefill, then the decode passes), the
-  one that binds where every request waits on prefill together, as in lockstep
-  multi-turn sessions.
+  one that binds for an engine that prefills a burst before decoding it, or that does
+  not stagger lockstep multi-turn sessions.
 
     python benchmarks/compare_engines.py --quick --threads 1     # 1 repetition, smaller evict
     python benchmarks/compare_engines.py                          # threads 1 and 2, 3 reps

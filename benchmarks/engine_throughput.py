@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import os
 import platform
 import random
@@ -60,10 +59,6 @@ import radixlm  # noqa: F401  (before torch: it sets libgomp's wait policy, omp_
 # isort: split
 import torch
 from report import save_report
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if importlib.util.find_spec("radixlm") is None:  # run from a checkout without installing
-    sys.path.insert(0, str(REPO_ROOT))
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "engine_throughput.json"
 FULL = {"batch_sizes": [1, 8, 32], "decode_tokens": 64, "prefill_prompts": 4, "repeats": 3}
