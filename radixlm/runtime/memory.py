@@ -17,6 +17,7 @@ import os
 import torch
 
 from radixlm.errors import RequestTooLargeError
+from radixlm.kernels.cpu.weights import empty_in_huge_pages
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,9 @@ class KVPool:
         padding_slots: leading slots zeroed for padding reads (the reserved page).
 
     Bytes per token = num_layers * num_kv_heads * head_dim * 2 (K and V) * dtype size.
+    On the CPU every buffer lies in one mapping advised for transparent huge pages
+    (`empty_in_huge_pages`): against 4 KiB pages, one decode step's attention (the case
+    `PagedAllocator` cites) ran 1.07x as fast at 1 and 2 threads.
     """
 
     def __init__(
@@ -79,8 +83,15 @@ class KVPool:
         shape = (num_slots, num_kv_heads, head_dim)
         # Uninitialised (fast to create, pages mapped on first write) except the padding
         # page, which attention reads for masked positions and must hold finite values.
-        self.k_buffer = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffer = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # On the CPU the buffers share one mapping in transparent huge pages (None where
+        # the kernel refuses): attention reads each request's rows through its slot list,
+        # and with 4 KiB pages nearly every row it reads costs a TLB miss.
+        self._arena, bufs = None, []
+        if torch.device(device).type == "cpu":
+            self._arena, bufs = empty_in_huge_pages([(shape, dtype)] * (2 * num_layers))
+        if self._arena is None:
+            bufs = [torch.empty(shape, dtype=dtype, device=device) for _ in range(2 * num_layers)]
+        self.k_buffer, self.v_buffer = bufs[:num_layers], bufs[num_layers:]
         for buf in self.k_buffer + self.v_buffer:
             buf[:padding_slots].zero_()
         self.dtype = dtype
@@ -101,6 +112,14 @@ def kv_bytes_per_token(
 
 class PagedAllocator:
     """Free list of KV pages; sizes are reported in tokens (slots).
+
+    The list is a stack whose top is the lowest page of the last pages freed (at start,
+    page 1), and `alloc_pages` returns pages in ascending order: a request's slots then
+    run forward through the KV pool where they can, so attention reads its rows as
+    ascending streams. Against descending ones (the order before), one decode step's
+    attention over 4 KiB pages (batch 16 x 300 keys, 256 of them prompt, 30 layers,
+    Sapphire Rapids, `benchmarks/kv_layout.py`) ran 1.12x as fast at 1 thread and 1.07x
+    at 2; with `KVPool`'s huge pages too, 1.15x at both.
 
     Args:
         num_tokens: usable slots (a multiple of page_size); the buffers hold
@@ -125,14 +144,14 @@ class PagedAllocator:
             raise OutOfSlotsError(f"need {n} pages, {len(self._free_pages)} free")
         pages = self._free_pages[len(self._free_pages) - n :]
         del self._free_pages[len(self._free_pages) - n :]
-        return torch.tensor(pages, dtype=torch.int64)
+        return torch.tensor(pages[::-1], dtype=torch.int64)
 
     def free(self, slots: torch.Tensor) -> None:
         """Return the pages covering `slots` (int64 [n]); each page must be wholly owned."""
         if slots.numel() == 0:
             return
         pages = torch.unique(slots.to(torch.int64) // self.page_size).tolist()
-        self._free_pages.extend(pages)
+        self._free_pages.extend(reversed(pages))
 
     def alloc_positions(self, last_slot: int, start: int, n: int) -> torch.Tensor:
         """Slots for positions start..start+n-1 of one request (int64 [n]).

@@ -38,6 +38,33 @@ def test_positions_share_pages_and_free_restores(page_size):
     assert alloc.available() == 64
 
 
+def test_pages_come_out_ascending_and_freed_ones_are_reused_lowest_first():
+    alloc = PagedAllocator(32, page_size=2)
+    assert alloc.alloc_pages(3).tolist() == [1, 2, 3]
+    a = alloc.alloc_positions(0, 0, 5)  # 3 new pages: 4, 5, 6
+    assert a.tolist() == [8, 9, 10, 11, 12]
+    alloc.free(torch.tensor([2, 3, 4, 5, 10, 11]))  # pages 1, 2 and 5
+    assert alloc.alloc_pages(2).tolist() == [1, 2]
+    assert alloc.alloc_pages(2).tolist() == [5, 7]
+
+
+def test_kv_pool_lies_in_one_huge_page_mapping_on_the_cpu():
+    import mmap
+
+    pool = KVPool(1000, 2, 3, 64, torch.float16, padding_slots=4)
+    if not hasattr(mmap, "MADV_HUGEPAGE") or pool._arena is None:
+        pytest.skip("no transparent huge pages here")
+    bufs = pool.k_buffer + pool.v_buffer
+    row = 3 * 64 * 2
+    stride = -(-1000 * row // 64) * 64
+    assert bufs[0].data_ptr() % (2 << 20) == 0
+    assert [b.data_ptr() - bufs[0].data_ptr() for b in bufs] == [i * stride for i in range(4)]
+    assert all(b.shape == (1000, 3, 64) and b.dtype == torch.float16 for b in bufs)
+    assert all(not b[:4].any() for b in bufs)  # the padding page reads as zeros
+    pool.set_kv(1, torch.tensor([5, 9]), torch.ones(2, 3, 64), torch.full((2, 3, 64), 2.0))
+    assert pool.k_buffer[1][[5, 9]].eq(1).all() and pool.v_buffer[1][[5, 9]].eq(2).all()
+
+
 def test_pages_needed():
     assert PagedAllocator.pages_needed(4, 0, 5) == 2
     assert PagedAllocator.pages_needed(4, 5, 3) == 0

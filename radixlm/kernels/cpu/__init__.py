@@ -33,13 +33,19 @@ from functools import cache
 import torch
 
 from radixlm.kernels.cpu import build, quant
-from radixlm.kernels.cpu.weights import HUGE_PAGE, PANEL, into_huge_pages, pack_panels
+from radixlm.kernels.cpu.weights import (
+    HUGE_PAGE,
+    PANEL,
+    empty_in_huge_pages,
+    into_huge_pages,
+    pack_panels,
+)
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "HUGE_PAGE", "KV_DTYPES", "PANEL", "CpuKernels", "LayerSpec", "into_huge_pages",
-    "pack_panels",
+    "HUGE_PAGE", "KV_DTYPES", "PANEL", "CpuKernels", "LayerSpec", "empty_in_huge_pages",
+    "into_huge_pages", "pack_panels",
 ]  # fmt: skip
 
 #: KV pool dtypes the attention and KV-store kernels read and write (computing in fp32).

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 
 import torch
@@ -31,10 +32,44 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
 HUGE_PAGE = 2 << 20
 
 
+def empty_in_huge_pages(
+    specs: list[tuple[tuple[int, ...], torch.dtype]],
+) -> tuple[mmap.mmap | None, list[torch.Tensor]]:
+    """Uninitialized tensors of the given (shape, dtype) specs, laid one after another in
+    one anonymous mapping advised for transparent huge pages (Linux
+    `madvise(MADV_HUGEPAGE)`), the first 2 MiB-aligned and each on a 64-byte boundary.
+
+    Nothing is touched here: the pages are mapped (2 MiB at a time) on first write, like
+    `torch.empty`'s. Returns (mapping, tensors): the tensors are views of the mapping,
+    which the caller must keep alive as long as them. Where the platform has no
+    MADV_HUGEPAGE or the kernel refuses it, returns (None, []); callers then allocate as
+    usual.
+    """
+    if not hasattr(mmap, "MADV_HUGEPAGE") or not specs:
+        return None, []
+    sizes = [-(-math.prod(shape) * dt.itemsize // 64) * 64 for shape, dt in specs]
+    arena = mmap.mmap(
+        -1, sum(sizes) + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    )  # fmt: skip
+    try:
+        arena.madvise(mmap.MADV_HUGEPAGE)
+    except OSError as exc:  # e.g. a kernel built without transparent huge pages
+        logger.info("no transparent huge pages (madvise: %s)", exc)
+        arena.close()
+        return None, []
+    flat = torch.frombuffer(arena, dtype=torch.uint8)
+    offset = -flat.data_ptr() % HUGE_PAGE
+    views = []
+    for (shape, dt), size in zip(specs, sizes):
+        nbytes = math.prod(shape) * dt.itemsize
+        views.append(flat[offset : offset + nbytes].view(dt).view(shape))
+        offset += size
+    return arena, views
+
+
 def into_huge_pages(tensors: list[torch.Tensor]) -> tuple[mmap.mmap | None, list[torch.Tensor]]:
-    """Copy `tensors` (any dtypes: fp32 or quantized uint8 panels) into one anonymous
-    mapping advised for transparent huge pages (Linux `madvise(MADV_HUGEPAGE)`; the
-    mapping is 2 MiB-aligned before it is touched).
+    """Copy `tensors` (any dtypes: fp32 or quantized uint8 panels) into one mapping of
+    `empty_in_huge_pages`.
 
     Decode steps stream every weight once per step; with 4 KiB pages each page of that
     stream costs a TLB miss. Measured on the 2-core AVX2 machine at 2 threads, alternated
@@ -47,25 +82,10 @@ def into_huge_pages(tensors: list[torch.Tensor]) -> tuple[mmap.mmap | None, list
     keep alive as long as them. Where the platform has no MADV_HUGEPAGE or the kernel
     refuses it, returns (None, tensors) unchanged.
     """
-    if not hasattr(mmap, "MADV_HUGEPAGE") or not tensors:
+    arena, copies = empty_in_huge_pages([(tuple(t.shape), t.dtype) for t in tensors])
+    if arena is None:
         return None, tensors
-    sizes = [-(-t.numel() * t.element_size() // 64) * 64 for t in tensors]  # 64-byte aligned
-    arena = mmap.mmap(
-        -1, sum(sizes) + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-    )  # fmt: skip
-    try:
-        arena.madvise(mmap.MADV_HUGEPAGE)
-    except OSError as exc:  # e.g. a kernel built without transparent huge pages
-        logger.info("packed weights stay in 4 KiB pages (madvise: %s)", exc)
-        arena.close()
-        return None, tensors
-    flat = torch.frombuffer(arena, dtype=torch.uint8)
-    offset = -flat.data_ptr() % HUGE_PAGE
-    copies = []
-    for t, size in zip(tensors, sizes):
-        nbytes = t.numel() * t.element_size()
-        view = flat[offset : offset + nbytes].view(t.dtype).view(t.shape)
-        view.copy_(t)
-        copies.append(view)
-        offset += size
+    for copy, t in zip(copies, tensors):
+        copy.copy_(t)
     return arena, copies
+
