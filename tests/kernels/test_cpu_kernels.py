@@ -59,6 +59,24 @@ def test_matches_torch(cpu_kernels, gemm_isa, m, n, k, threads):
     torch.testing.assert_close(y, x @ w.t(), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("m", [127, 128, 301])
+def test_threads_split_rows_or_panels_with_the_same_bits(cpu_kernels, gemm_isa, m):
+    # 2 threads split the panels below 128 rows and the rows from there on; each row's
+    # sums run in the same order either way, so they equal one thread's bit for bit.
+    torch.manual_seed(m)
+    w, x = torch.randn(200, 1152), torch.randn(m, 1152)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs.append(cpu_kernels.mm(x, pack_panels(w), 200))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[1], x @ w.t(), rtol=1e-5, atol=1e-4)
+
+
 def test_gemm_isa_defaults_to_avx512_where_the_cpu_has_it(cpu_kernels):
     has_avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
     assert cpu_kernels.gemm_isa() == ("avx512" if has_avx512 else "avx2")
