@@ -32,7 +32,7 @@ import radixlm  # noqa: F401  (before torch: it sets libgomp's wait policy, omp_
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import save_report  # noqa: E402
+from report import print_table_and_save  # noqa: E402
 
 from radixlm.kernels.cpu import CpuKernels, empty_in_huge_pages  # noqa: E402
 
@@ -43,7 +43,9 @@ def slot_tables(batch: int, length: int, prompt: int) -> dict[str, torch.Tensor]
     """int64 [batch, length] slot lists: the prompt's slots descending or ascending (one
     run per request, from slot 1), then the generated tokens' interleaved ones."""
     gen = length - prompt
-    generated = batch * prompt + 1 + torch.arange(gen)[None, :] * batch + torch.arange(batch)[:, None]
+    generated = (
+        batch * prompt + 1 + torch.arange(gen)[None, :] * batch + torch.arange(batch)[:, None]
+    )
     asc = 1 + torch.arange(batch * prompt).reshape(batch, prompt)
     return {
         "descending": torch.cat([asc.flip(1), generated], 1),
@@ -60,7 +62,10 @@ def pools() -> dict[str, tuple[list[torch.Tensor], list[torch.Tensor], object]]:
         raise SystemExit("this kernel gives no transparent huge pages (madvise refused)")
     for h, p in zip(huge, plain):
         h.copy_(p)
-    return {"4k": (plain[:LAYERS], plain[LAYERS:], None), "huge": (huge[:LAYERS], huge[LAYERS:], arena)}
+    return {
+        "4k": (plain[:LAYERS], plain[LAYERS:], None),
+        "huge": (huge[:LAYERS], huge[LAYERS:], arena),
+    }
 
 
 def run(threads: int, batch: int, length: int, prompt: int, reps: int) -> dict:
@@ -126,10 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {r['threads']} | {r['pages']} | {r['prompt_slots']} | {r['ms']:.2f} | "
                 f"{r['speedup']:.3f}x ({r['speedup_min']:.3f}-{r['speedup_max']:.3f}) |"
             )
-    print("\n".join(lines))
-    report = {"args": vars(args), "load_before": load_before, "load_after": os.getloadavg(),
-              "runs": runs, "markdown": "\n".join(lines)}  # fmt: skip
-    save_report(report, Path(args.output))
+    print_table_and_save(lines, Path(args.output), args, load_before, runs=runs)
     return 0
 
 

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import memory_bandwidth  # noqa: E402
-from report import save_report  # noqa: E402
+from report import print_table_and_save  # noqa: E402
 
 from radixlm.kernels.cpu import CpuKernels  # noqa: E402
 
@@ -112,10 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(
                 f"| {r['threads']} | {name} | {ms:.2f} | {bound:.2f} | {ms / bound:.2f}x |"
             )
-    print("\n".join(lines))
-    report = {"args": vars(args), "load_before": load_before, "load_after": os.getloadavg(),
-              "rows": rows, "markdown": "\n".join(lines)}  # fmt: skip
-    save_report(report, Path(args.output))
+    print_table_and_save(lines, Path(args.output), args, load_before, rows=rows)
     return 0
 
 

@@ -88,4 +88,3 @@ def into_huge_pages(tensors: list[torch.Tensor]) -> tuple[mmap.mmap | None, list
     for copy, t in zip(copies, tensors):
         copy.copy_(t)
     return arena, copies
-
