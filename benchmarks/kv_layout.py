@@ -23,7 +23,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import radixlm  # noqa: F401  (before torch: it sets libgomp's wait policy, omp_policy.py)
@@ -33,10 +32,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from report import print_table_and_save  # noqa: E402
+from shared_prefix_attention import (  # noqa: E402
+    HEAD_DIM,
+    HEADS,
+    KV_HEADS,
+    LAYERS,
+    load_kernels,
+    step_seconds,
+)
 
-from radixlm.kernels.cpu import CpuKernels, empty_in_huge_pages  # noqa: E402
+from radixlm.kernels.cpu import empty_in_huge_pages  # noqa: E402
 
-HEADS, KV_HEADS, HEAD_DIM, LAYERS, POOL_SLOTS = 9, 3, 64, 30, 20_001
+#: Slots of the pool, as many as the engine's default pool on this model.
+POOL_SLOTS = 20_001
 
 
 def slot_tables(batch: int, length: int, prompt: int) -> dict[str, torch.Tensor]:
@@ -71,23 +79,14 @@ def pools() -> dict[str, tuple[list[torch.Tensor], list[torch.Tensor], object]]:
 def run(threads: int, batch: int, length: int, prompt: int, reps: int) -> dict:
     """Best-of-3 time of one step's attention (LAYERS layers) per pool kind and slot order,
     median over `reps` alternated repetitions, and each one's paired ratio to 4k-descending."""
-    torch.set_num_threads(threads)
-    kernels = CpuKernels.load()
-    if kernels is None:
-        raise SystemExit("radixlm's CPU kernels are not available here")
+    kernels = load_kernels(threads)
     kinds, tables = pools(), slot_tables(batch, length, prompt)
     q = torch.randn(batch, HEADS, HEAD_DIM)
     seq_lens = torch.full((batch,), length, dtype=torch.int64)
 
     def step(kind: str, table: torch.Tensor) -> float:
         k_bufs, v_bufs, _ = kinds[kind]
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for k, v in zip(k_bufs, v_bufs):
-                kernels.decode_attention(q, k, v, table, seq_lens, 0.125)
-            best = min(best, time.perf_counter() - t0)
-        return best
+        return step_seconds(kernels, q, k_bufs, v_bufs, table, seq_lens)
 
     layouts = [(kind, order) for kind in kinds for order in tables]
     times: dict[tuple[str, str], list[float]] = {lay: [] for lay in layouts}

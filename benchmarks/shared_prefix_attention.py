@@ -47,34 +47,42 @@ def slot_tables(batch: int, length: int, prefix: int) -> dict[str, torch.Tensor]
     return {"distinct": distinct, "shared": shared}
 
 
-def run(threads: int, batch: int, length: int, prefix: int, reps: int) -> dict:
-    """Best-of-3 time of one step's attention (LAYERS layers), median over `reps`
-    alternated repetitions, per layout; and the memory-bound time of each."""
+def load_kernels(threads: int) -> CpuKernels:
+    """radixlm's CPU kernels on `threads` torch threads; exits where they cannot build."""
     torch.set_num_threads(threads)
     kernels = CpuKernels.load()
     if kernels is None:
         raise SystemExit("radixlm's CPU kernels are not available here")
+    return kernels
+
+
+def step_seconds(kernels: CpuKernels, q, k_bufs, v_bufs, table, seq_lens) -> float:
+    """Best of 3 times (s) of one decode step's attention: q float32 [B, HEADS, HEAD_DIM]
+    over every layer's (k, v) buffer pair through the slot `table` int64 [B, >= L]."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for k, v in zip(k_bufs, v_bufs):
+            kernels.decode_attention(q, k, v, table, seq_lens, 0.125)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def run(threads: int, batch: int, length: int, prefix: int, reps: int) -> dict:
+    """Best-of-3 time of one step's attention (LAYERS layers), median over `reps`
+    alternated repetitions, per layout; and the memory-bound time of each."""
+    kernels = load_kernels(threads)
     slots = batch * length
     k_bufs = [torch.randn(slots, KV_HEADS, HEAD_DIM) for _ in range(LAYERS)]
     v_bufs = [torch.randn(slots, KV_HEADS, HEAD_DIM) for _ in range(LAYERS)]
     q = torch.randn(batch, HEADS, HEAD_DIM)
     seq_lens = torch.full((batch,), length, dtype=torch.int64)
     tables = slot_tables(batch, length, prefix)
-
-    def step(table: torch.Tensor) -> float:
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for k, v in zip(k_bufs, v_bufs):
-                kernels.decode_attention(q, k, v, table, seq_lens, 0.125)
-            best = min(best, time.perf_counter() - t0)
-        return best
-
     times: dict[str, list[float]] = {name: [] for name in tables}
     for r in range(reps):
         order = list(tables) if r % 2 == 0 else list(reversed(tables))
         for name in order:
-            times[name].append(step(tables[name]))
+            times[name].append(step_seconds(kernels, q, k_bufs, v_bufs, tables[name], seq_lens))
     bandwidth = memory_bandwidth(threads)
     row_bytes = 2 * KV_HEADS * HEAD_DIM * 4 * LAYERS  # K and V of one token, every layer
     rows_read = {"distinct": batch * length, "shared": prefix + batch * (length - prefix)}
