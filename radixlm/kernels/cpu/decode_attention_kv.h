@@ -84,7 +84,7 @@ static void KV_FN(qk_scores)(const float *qb, const KV_T *k_buf, const int64_t *
 /* acc[g] = sum_t p[g][t] v_t for the nh * G query heads of KV heads h0 .. h0 + nh - 1:
  * tokens in blocks of VBLOCK (their V rows stay in L1 while every query head uses them),
  * 64 columns at a time in eight registers. */
-#define VBLOCK 32
+#define VBLOCK 16
 static void KV_FN(pv_sum)(const float *scores, int64_t stride, const KV_T *v_buf, const int64_t *sl,
                    int64_t L, int64_t Hkv, int64_t h0, int64_t nh, int64_t D, int64_t G,
                    float *acc) {
