@@ -7,7 +7,7 @@ A shared machine rarely has its cores to itself. This script measures what one o
 busy process does to radixlm's CPU steps, and how the OpenMP wait policy decides it
 (`radixlm/omp_policy.py`):
 
-* policies: ``radixlm default`` (a short spin, ``GOMP_SPINCOUNT=300``, set by
+* policies: ``radixlm default`` (a short spin, ``GOMP_SPINCOUNT=1000``, set by
   `import radixlm`), ``passive`` (``OMP_WAIT_POLICY=PASSIVE``: no spin) and ``spin``
   (libgomp's own default, ``GOMP_SPINCOUNT=300000``), at ``--threads`` compute threads;
   plus ``1 thread`` (radixlm's default policy) as the reference a single core gives;

@@ -29,8 +29,8 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
 def test_import_sets_passive_before_torch_loads():
     out = _run("import radixlm, sys; " + SHOW + "; print('torch' in sys.modules)")
     policy, described, spins, torch_loaded = out.stdout.splitlines()
-    assert policy == "PASSIVE 300"
-    assert described == "passive (GOMP_SPINCOUNT=300, OMP_WAIT_POLICY=PASSIVE, set by radixlm)"
+    assert policy == "PASSIVE 1000"
+    assert described == "passive (GOMP_SPINCOUNT=1000, OMP_WAIT_POLICY=PASSIVE, set by radixlm)"
     assert spins == "False"
     assert torch_loaded == "False"  # `import radixlm` stays torch-free
 
@@ -44,14 +44,14 @@ def test_a_child_knows_radixlm_chose_its_inherited_policy():
         "text=True).stdout)"
     )
     described, inherited = _run(code).stdout.splitlines()[:2]
-    assert described == "passive (GOMP_SPINCOUNT=300, OMP_WAIT_POLICY=PASSIVE, set by radixlm)"
+    assert described == "passive (GOMP_SPINCOUNT=1000, OMP_WAIT_POLICY=PASSIVE, set by radixlm)"
     assert inherited == str(sorted(["GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "RADIXLM_OMP_DEFAULTS"]))
 
 
 def test_libgomp_runs_with_the_policy_radixlm_set():
     # OMP_DISPLAY_ENV makes libgomp print the settings it read when it loaded.
     out = _run("import radixlm, torch; torch.ones(2).sum()", OMP_DISPLAY_ENV="VERBOSE")
-    assert "GOMP_SPINCOUNT = '300'" in out.stderr
+    assert "GOMP_SPINCOUNT = '1000'" in out.stderr
     default = _run("import torch; torch.ones(2).sum()", OMP_DISPLAY_ENV="VERBOSE")
     assert "GOMP_SPINCOUNT = '300000'" in default.stderr
 

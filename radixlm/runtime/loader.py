@@ -55,7 +55,7 @@ def build_stack(args: ServerArgs) -> ServingStack:
         logger.warning(
             "OpenMP wait policy: %s; beside other busy processes a step can run many times "
             "slower: import radixlm before torch, or export OMP_WAIT_POLICY=PASSIVE (or "
-            "GOMP_SPINCOUNT=300) before Python starts",
+            "GOMP_SPINCOUNT=1000) before Python starts",
             omp_policy.describe(),
         )
     hf_dir = local_hf_dir(args.model)

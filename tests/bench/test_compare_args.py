@@ -75,14 +75,14 @@ def test_peers_run_with_their_own_openmp_defaults(monkeypatch):
     monkeypatch.setenv(omp_policy.MARKER, "1")
     for key in ("radixlm", "radixlm-http"):
         env = engine_environ(by_key[key], 2)
-        assert env["GOMP_SPINCOUNT"] == "300" and env["OMP_NUM_THREADS"] == "2"
+        assert env["GOMP_SPINCOUNT"] == "1000" and env["OMP_NUM_THREADS"] == "2"
     for key in ("openvino", "vllm", "transformers"):
         env = engine_environ(by_key[key], 2, EXTRA="1")
         assert not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY", omp_policy.MARKER} & set(env)
         assert env["OMP_NUM_THREADS"] == "2" and env["EXTRA"] == "1"
     # A policy the user chose (no marker) reaches every engine.
     monkeypatch.delenv(omp_policy.MARKER)
-    assert engine_environ(by_key["vllm"], 1)["GOMP_SPINCOUNT"] == "300"
+    assert engine_environ(by_key["vllm"], 1)["GOMP_SPINCOUNT"] == "1000"
 
 
 def test_busy_neighbours_die_with_a_killed_benchmark():
