@@ -44,10 +44,11 @@ speed. Same measurement, SmolLM2-135M GGUF blocks, 2 compute threads, one run
 | 0 (OMP_WAIT_POLICY=PASSIVE) | 25.6 / 56.5 / 778 | 24 / 66 / 1364 |
 
 1000 spins keep nearly all of the spinning default's quiet speed there (1.5x / 1.4x /
-1.4x faster than 300 in that run; fp32 decode steps at 2 threads, 400-token prompts:
-batch 1 / 4 / 16 28 / 33 / 50 -> 21 / 26-30 / 43 ms with 3000 and more), and a busy
-neighbour costs them about 1.5x at batch 1 and 1.1x at batch 16 and prefill against 300,
-not the spinning default's 5-60x.
+1.4x faster than 300 in that run), and a busy neighbour costs them about 1.5x at batch 1
+and 1.1x at batch 16 and prefill against 300, not the spinning default's 5-60x. The fp32
+decode step (`benchmarks/step_overhead.py`, 2 threads, 400-token prompts, batch 1 / 4 /
+16) moved the same way: 26-28 / 33-39 / 50-64 ms at 300 spins, 20-21 / 27-30 / 39-43 ms
+at 3000 or 10000.
 
 So `import radixlm` sets ``GOMP_SPINCOUNT=1000`` and ``OMP_WAIT_POLICY=PASSIVE`` (the
 latter for OpenMP runtimes other than libgomp, such as LLVM's libomp, where only it
