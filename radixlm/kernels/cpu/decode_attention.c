@@ -35,10 +35,10 @@
  * one: fetch every cache line of the row AHEAD tokens on, into L2 (T1 hint). Fetching
  * into L1 (T0) ran out of L1 miss buffers: measured on the 2-core AMD EPYC (Zen 4), 30
  * layers from memory, 7 alternated reps, T0 at 8 tokens -> T1 at 16 (and VBLOCK 32 -> 16,
- * decode_attention_kv.h): batch 16 x 300 keys, 1 thread 24-30 -> 17 ms, 2 threads 13.4 ->
- * 9.2 ms; batch 4 x 500, 1 thread 12.3 -> 6.5 ms; batch 1 x 300, 1 thread 1.13 -> 0.85 ms
- * (a plain read of the same rows ran at 30 GB/s, T0 at 8-9). T1 at 32 and T2 measured
- * within the noise of T1 at 16. */
+ * decode_attention_kv.h): batch 16 x 300 keys, 1 thread 24-30 -> 17-19 ms, 2 threads
+ * 13.4 -> 9.2 ms; batch 4 x 500, 1 thread 12.3 -> 6.5 ms; batch 1 x 300, 1 thread 1.13 ->
+ * 0.85 ms (a plain read of the same rows ran at 30 GB/s, the T0 kernel at 8-9 GB/s). T1 at
+ * 32 and T2 measured within the noise of T1 at 16. */
 #define AHEAD 16
 static inline void prefetch_row(const void *row, int64_t bytes) {
     for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch((const char *)row + i, _MM_HINT_T1);
