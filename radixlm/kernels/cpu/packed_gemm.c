@@ -16,10 +16,10 @@
  * stay in L2, and runs every 6-row tile of it against one KC x 16 panel slice. On AVX-512
  * CPUs every row count runs 12-row x 32-column tiles instead (zblocked_panels below).
  *
- * With more than one row the products are compute-heavy enough that the hardware
- * prefetcher falls behind the weight stream, so the row tiles software-prefetch the next
- * weight block while they compute, each tile its share of the block's lines (one tile
- * fetching it all left the memory idle while the others ran).
+ * With more than one row (on AVX-512: PF_MIN_ROWS) the products are compute-heavy enough
+ * that the hardware prefetcher falls behind the weight stream, so the row tiles
+ * software-prefetch the next weight block while they compute, each tile its share of the
+ * block's lines (one tile fetching it all left the memory idle while the others ran).
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -47,6 +47,14 @@
 #define PF_AHEAD 8192
 #define MC 144
 #define KC 576
+/* Rows of an x block from which the AVX-512 row tiles software-prefetch the next tile's
+ * weights; fewer rows leave the stream to the hardware prefetcher. Measured on the 2-core
+ * AMD EPYC (Zen 4), the four projections of 30 layers plus the LM head streamed from
+ * memory, 7 alternated reps, no prefetch against prefetch (paired medians over two or
+ * three runs; the same code read within 5% of itself): 1 thread, rows 1 / 4 / 8 / 12 / 16:
+ * 0.96-1.08x, 1.10-1.13x, 1.13-1.14x, 0.95-0.96x, 0.85x; 2 threads 1.03-1.04x,
+ * 1.01-1.08x, 1.05x, 0.93-1.04x, 0.88x. Not measured on Intel CPUs. */
+#define PF_MIN_ROWS 9
 /* Rows per thread from which the threads split the rows (each packs only its own rows of
  * x and runs every panel) rather than the panels (each packs every row of x and runs its
  * share of the panels). A thread packs M x K floats per product either way, against
@@ -339,7 +347,7 @@ static AVX512 void zblocked_panels(const float *x, const radixlm_wsrc *src, floa
                 for (int64_t r = 0, i = 0; r < mn; r += width, ++i) {
                     int64_t mr = mn - r < width ? mn - r : width, off = i * kn * 64 / ntiles;
                     ZTILES[mr](np, k0 > 0, xp + r * kn, width, w0, w1, kn, dst + r * ldy, ldy,
-                               src->fmt ? 0 : pf0 + off, pf1 + off, pstep);
+                               src->fmt || mn < PF_MIN_ROWS ? 0 : pf0 + off, pf1 + off, pstep);
                 }
                 if (cols < 16 && k0 + kn == K)
                     for (int64_t r = 0; r < mn; ++r)
