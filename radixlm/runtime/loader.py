@@ -55,8 +55,9 @@ def build_stack(args: ServerArgs) -> ServingStack:
         logger.warning(
             "OpenMP wait policy: %s; beside other busy processes a step can run many times "
             "slower: import radixlm before torch, or export OMP_WAIT_POLICY=PASSIVE (or "
-            "GOMP_SPINCOUNT=1000) before Python starts",
+            "GOMP_SPINCOUNT=%s) before Python starts",
             omp_policy.describe(),
+            omp_policy.DEFAULTS["GOMP_SPINCOUNT"],
         )
     hf_dir = local_hf_dir(args.model)
     config = AutoConfig.from_pretrained(hf_dir)
