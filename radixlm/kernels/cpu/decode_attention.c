@@ -32,7 +32,8 @@
 #include "simd_math.h"
 
 /* Rows are read through the slot list, so the hardware prefetcher cannot see the next
- * one: fetch every cache line of the row AHEAD tokens on, into L2 (T1 hint). Fetching
+ * one: fetch every cache line of the row AHEAD tokens on, into L2 (T1 hint; the 512-bit
+ * passes fetch each head's part as they reach it, decode_attention_kv.h). Fetching
  * into L1 (T0) ran out of L1 miss buffers: measured on the 2-core AMD EPYC (Zen 4), 30
  * layers from memory, 7 alternated reps, T0 at 8 tokens -> T1 at 16 (and VBLOCK 32 -> 16,
  * decode_attention_kv.h): batch 16 x 300 keys, 1 thread 24-30 -> 17-19 ms, 2 threads
