@@ -59,18 +59,19 @@ def test_matches_torch(cpu_kernels, gemm_isa, m, n, k, threads):
     torch.testing.assert_close(y, x @ w.t(), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("m", [127, 128, 301])
-def test_threads_split_rows_or_panels_with_the_same_bits(cpu_kernels, gemm_isa, m):
-    # 2 threads split the panels below 128 rows and the rows from there on; each row's
-    # sums run in the same order either way, so they equal one thread's bit for bit.
-    torch.manual_seed(m)
-    w, x = torch.randn(200, 1152), torch.randn(m, 1152)
+@pytest.mark.parametrize(("m", "n"), [(1, 200), (1, 3000), (127, 200), (128, 200), (301, 200)])
+def test_threads_split_rows_or_panels_with_the_same_bits(cpu_kernels, gemm_isa, m, n):
+    # 2 threads split the panels below 128 rows (one row: the last eighth two panels at a
+    # time) and the rows from there on; each row's sums run in the same order either way,
+    # so they equal one thread's bit for bit.
+    torch.manual_seed(m + n)
+    w, x = torch.randn(n, 1152), torch.randn(m, 1152)
     before = torch.get_num_threads()
     try:
         outs = []
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            outs.append(cpu_kernels.mm(x, pack_panels(w), 200))
+            outs.append(cpu_kernels.mm(x, pack_panels(w), n))
     finally:
         torch.set_num_threads(before)
     assert torch.equal(outs[0], outs[1])
