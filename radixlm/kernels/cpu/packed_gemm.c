@@ -431,8 +431,8 @@ void radixlm_packed_gemm(const float *x, const float *panels, float *y, int64_t 
                 int64_t m0 = M * t / nt, m1 = M * (t + 1) / nt;
                 radixlm_gemm_blocked(x + m0 * K, &src, y + m0 * N, m1 - m0, K, N, 0, NB);
             } else if (nt > 1 && M == 1) {
-                /* The last TAIL_SHARE of the panels go two at a time to whichever thread
-                 * is free first (below). */
+                /* The last 1 / TAIL_SHARE of the panels go two at a time to whichever
+                 * thread is free first. */
                 const int64_t tail = NB / TAIL_SHARE & ~(int64_t)1, S = NB - tail;
                 radixlm_gemm_blocked(x, &src, y, M, K, N, S * t / nt, S * (t + 1) / nt);
 #pragma omp for schedule(dynamic, 1) nowait
