@@ -257,6 +257,18 @@ typedef void (*KV_FN(scores_fn))(const float *, const KV_T *, const int64_t *, i
 typedef void (*KV_FN(v_sum_fn))(const float *, int64_t, const KV_T *, const int64_t *, int64_t,
                                 int64_t, int64_t, int64_t, int64_t, int64_t, float *);
 
+/* Fetch rows [0, AHEAD) of KV heads h .. h + nh - 1 (of the L a pass reads) into L2: the
+ * rows before the pass's own prefetches (AHEAD on) reach. Called before the score pass for
+ * K and before the softmax for V, so the V rows arrive while it runs. Measured on the
+ * 2-core AMD EPYC (Zen 4), 30 layers from memory, 7 alternated reps, 1 / 2 threads:
+ * batch 16 x 64 keys 1.22x / 1.10x, x 100 1.16x / 1.08x, x 300 1.07x / 1.05x; batch 4 x
+ * 500 1.02x / 1.05x; batch 1 x 300 within the noise (0.95x / 1.02x). */
+static inline void KV_FN(prefetch_first)(const KV_T *buf, const int64_t *sl, int64_t L,
+                                         int64_t Hkv, int64_t h, int64_t nh, int64_t D) {
+    for (int64_t t = 0; t < AHEAD && t < L; ++t)
+        prefetch_row(ROWH(buf, t, h), nh * D * sizeof(KV_T));
+}
+
 /* The shared part of cascade group gr for KV head h, chunk c (decode_attention.c):
  * gathers the members' G query rows of head h into qg (R = count * G rows of D), scores
  * them against the chunk's shared keys (read through the first member's slot list) and
@@ -277,7 +289,9 @@ static void KV_FN(cascade_part)(const cascade_group *gr, const int64_t *members,
             qg[i * G * D + j] = q[members[gr->first + i] * ldq + h * G * D + j];
     const int64_t *sl = slots + members[gr->first] * ld_slots + c0;
     float *acc = part + cascade_block(gr, h, c, G, D);
+    KV_FN(prefetch_first)(k_buf, sl, c1 - c0, Hkv, h, 1, D);
     scores_of(qg, k_buf, sl, c1 - c0, Hkv, h, 1, D, R, scale, scores, stride);
+    KV_FN(prefetch_first)(v_buf, sl, c1 - c0, Hkv, h, 1, D);
     softmax_rows(scores, R, c1 - c0, stride, acc + R * D, acc + R * D + R);
     v_sum(scores, stride, v_buf, sl, c1 - c0, Hkv, h, 1, D, R, acc);
 }
@@ -350,7 +364,9 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
             const float *qb = q + b * ldq + h * G * D;
             float *acc = scores + R * stride, *rmax = acc + R * D;
             float *rsum = rmax + (R + 7) / 8 * 8;
+            KV_FN(prefetch_first)(k_buf, sl, L, Hkv, h, nh, D);
             scores_of(qb, k_buf, sl, L, Hkv, h, nh, D, G, scale, scores, stride);
+            KV_FN(prefetch_first)(v_buf, sl, L, Hkv, h, nh, D);
             softmax_rows(scores, R, L, stride, rmax, rsum);
             v_sum(scores, stride, v_buf, sl, L, Hkv, h, nh, D, G, acc);
             int64_t i = 0; /* b's index among its group's members */
