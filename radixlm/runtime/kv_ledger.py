@@ -110,6 +110,33 @@ class KVLedger:
         self.table[req.row, start : start + n] = slots.to(torch.int32)
         return slots
 
+    def alloc_decode(self, reqs: Sequence[Req]) -> torch.Tensor:
+        """Allocate one slot for each request's next position (its kv_len), write them to
+        the requests' rows and return them (int64 [len(reqs)], in request order): the
+        slots `alloc(req, req.kv_len, 1)` would give each in turn, from one allocation and
+        one table write instead of a Python round trip per request. Evicts cache when the
+        free list is short; all or none: raises OutOfSlotsError, allocating nothing, when
+        even eviction cannot supply them."""
+        ps = self.page_size
+        rows = torch.tensor([r.row for r in reqs], dtype=torch.int64)
+        pos = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
+        if ps == 1:
+            fresh, slots = None, None
+        else:  # a position inside a page follows the slot before it
+            fresh = pos % ps == 0
+            slots = self.table[rows, (pos - 1).clamp(min=0)].to(torch.int64) + 1
+        n_new = len(reqs) if fresh is None else int(fresh.sum())
+        short = n_new * ps - self.allocator.available()
+        if short > 0:
+            self.tree.evict(short)
+        pages = self.allocator.alloc_pages(n_new)
+        if slots is None:
+            slots = pages
+        else:
+            slots[fresh] = pages * ps
+        self.table[rows, pos] = slots.to(torch.int32)
+        return slots
+
     def cache_running(self, req: Req) -> None:
         """Insert a running request's computed tokens (a prefilled prompt or chunk) into
         the cache, so its next chunk and later admissions hit them (as SGLang does)."""

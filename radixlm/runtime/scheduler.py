@@ -175,6 +175,8 @@ class Scheduler:
 
     def _plan_extend(self) -> Plan:
         """Continue the chunked request, then admit waiting requests in policy order."""
+        if self.chunked is None and (not self.waiting or self.req_pool.available() == 0):
+            return []  # nothing to admit: skip the budgets (a loop over the running requests)
         if self.args.enable_mixed_chunk and self.running:
             self._make_room_for_decode()  # the decodes ride along in this extend step
         rem = self.step_prefill_tokens or self.args.max_prefill_tokens
@@ -231,19 +233,27 @@ class Scheduler:
         items = plan + [(r, 0) for r in decodes]
         select = LogitsSelection([(r, max(n, 1)) for r, n in items])
         try:
-            for req, n in items:
+            for req, n in plan:
                 start = req.kv_len
-                locs.append(self.kv.alloc(req, start, max(n, 1)))
-                ids.extend(req.all_ids[start : start + n] if n else [req.output_ids[-1]])
-                positions.extend(range(start, start + max(n, 1)))
-                ext_lens.append(max(n, 1))
+                locs.append(self.kv.alloc(req, start, n))
+                ids.extend(req.all_ids[start : start + n])
+                positions.extend(range(start, start + n))
+                ext_lens.append(n)
                 pre_lens.append(start)
+            if decodes:  # one token each: one slot allocation for all of them
+                locs.append(self.kv.alloc_decode(decodes))
+                ids.extend(r.output_ids[-1] for r in decodes)
+                pre_lens.extend(r.kv_len for r in decodes)
+                positions.extend(pre_lens[len(plan) :])
+                ext_lens.extend([1] * len(decodes))
             fb = self._forward_batch(mode, batch, ids, positions, locs, pre_lens, ext_lens)
             fb.logits_indices = select.indices
             out = self.runner.forward(fb)
             select.collect_prompt_logprobs(out)
             # Rows whose prompt is complete sample a token; a partial chunk samples nothing.
-            done = [i for i, r in enumerate(batch) if r.kv_len == len(r.all_ids)]
+            done = [
+                i for i, r in enumerate(batch) if r.kv_len == len(r.input_ids) + len(r.output_ids)
+            ]
             rows = [select.last_rows[i] for i in done]
             # A decode step samples every row in order: use the logits without a copy.
             logits = out if rows == list(range(out.shape[0])) else out[rows]
