@@ -277,14 +277,39 @@ def test_decode_attention_over_shared_prefixes(cpu_kernels, gemm_isa, kv_dtype, 
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_decode_attention_nan_query_in_a_prefix_group(cpu_kernels):
-    """A NaN query of one member of a prefix group gives NaN for that query head only."""
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("members,group,prefix", [(24, 5, 150), (17, 3, 203), (2, 1, 33)])
+def test_decode_attention_large_prefix_groups(cpu_kernels, gemm_isa, kv_dtype, members, group,
+                                              prefix):  # fmt: skip
+    """A group of many members: its members x group query rows span several 16-row vectors
+    of the 512-bit shared pass (120 rows: 8 vectors, two of them a tail of the 3-vector
+    tiles; 51 rows: a part-filled last vector; 2 rows), over shared chunks whose key counts
+    are not multiples of the 4-key tiles; equals the dense reference on both instruction
+    sets."""
+    gen = torch.Generator().manual_seed(members)
+    shared = torch.randperm(4000, generator=gen)[:prefix]
+    own = 4000 + torch.arange(members * 40).reshape(members, 40)
+    lens = prefix + torch.randint(1, 41, (members,), generator=gen)
+    slots = torch.cat([shared.expand(members, -1), own], dim=1)
+    k_buf = torch.randn(4000 + members * 40, 2, 64, generator=gen).to(kv_dtype)
+    v_buf = torch.randn(4000 + members * 40, 2, 64, generator=gen).to(kv_dtype)
+    q = torch.randn(members, 2 * group, 64, generator=gen)
+    want = _dense_decode(q, k_buf.float(), v_buf.float(), slots, lens, 0.125)
+    got = cpu_kernels.decode_attention(q, k_buf, v_buf, slots, lens, 0.125)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [8, 64])
+def test_decode_attention_nan_query_in_a_prefix_group(cpu_kernels, head_dim):
+    """A NaN query of one member of a prefix group gives NaN for that query head only (head
+    dim 64: the 512-bit shared pass, whose vectors hold the group's rows side by side)."""
     gen = torch.Generator().manual_seed(3)
     shared = torch.arange(100)
     slots = torch.stack([torch.cat([shared, 100 + 10 * i + torch.arange(10)]) for i in range(4)])
     lens = torch.full((4,), 110)
-    k_buf, v_buf = torch.randn(200, 1, 8, generator=gen), torch.randn(200, 1, 8, generator=gen)
-    q = torch.randn(4, 3, 8, generator=gen)
+    k_buf = torch.randn(200, 1, head_dim, generator=gen)
+    v_buf = torch.randn(200, 1, head_dim, generator=gen)
+    q = torch.randn(4, 3, head_dim, generator=gen)
     q[2, 1, 0] = float("nan")
     got = cpu_kernels.decode_attention(q, k_buf, v_buf, slots, lens, 0.3)
     want = _dense_decode(q, k_buf, v_buf, slots, lens, 0.3)

@@ -196,7 +196,8 @@ static ZW void KV_FN(zqk_scores)(const float *qb, const KV_T *k_buf, const int64
  * reps, block-at-once -> spread, 1 / 2 threads: batch 16 x 130 keys 1.15x / 1.11x, x 300
  * 1.29-1.33x / 1.18-1.39x; batch 4 x 500 1.29x / 1.14x; batch 1 x 300 within the noise
  * (0.94-1.06x). The AVX2 passes keep the block-at-once prefetch (not measured there). */
-static ZW_INLINE void KV_FN(zpv_tile)(const float *p, int64_t stride, int nq, const KV_T *v_buf,
+static ZW_INLINE void KV_FN(zpv_tile)(const float *p, int64_t stride, int64_t ts, int nq,
+                                      const KV_T *v_buf,
                                       const int64_t *sl, int64_t Hkv, int64_t h, int64_t D,
                                       int64_t c0, int64_t t0, int64_t t1, float *acc,
                                       int64_t pf_end) {
@@ -213,7 +214,7 @@ static ZW_INLINE void KV_FN(zpv_tile)(const float *p, int64_t stride, int nq, co
         const __m512 x0 = KV_LOAD16(v), x1 = KV_LOAD16(v + 16);
         const __m512 x2 = KV_LOAD16(v + 32), x3 = KV_LOAD16(v + 48);
         for (int g = 0; g < nq; ++g) {
-            const __m512 pt = _mm512_set1_ps(p[g * stride + t]);
+            const __m512 pt = _mm512_set1_ps(p[g * stride + t * ts]);
             r[g][0] = _mm512_fmadd_ps(pt, x0, r[g][0]);
             r[g][1] = _mm512_fmadd_ps(pt, x1, r[g][1]);
             r[g][2] = _mm512_fmadd_ps(pt, x2, r[g][2]);
@@ -241,11 +242,11 @@ static ZW void KV_FN(zpv_sum)(const float *scores, int64_t stride, const KV_T *v
                 const int64_t pf = g == (h - h0) * G ? L : 0;
                 for (int64_t c = 0; c < D; c += 64) {
                     if (left >= 3)
-                        KV_FN(zpv_tile)(p, stride, 3, v_buf, sl, Hkv, h, D, c, t0, t1, pe, pf);
+                        KV_FN(zpv_tile)(p, stride, 1, 3, v_buf, sl, Hkv, h, D, c, t0, t1, pe, pf);
                     else if (left == 2)
-                        KV_FN(zpv_tile)(p, stride, 2, v_buf, sl, Hkv, h, D, c, t0, t1, pe, pf);
+                        KV_FN(zpv_tile)(p, stride, 1, 2, v_buf, sl, Hkv, h, D, c, t0, t1, pe, pf);
                     else
-                        KV_FN(zpv_tile)(p, stride, 1, v_buf, sl, Hkv, h, D, c, t0, t1, pe, pf);
+                        KV_FN(zpv_tile)(p, stride, 1, 1, v_buf, sl, Hkv, h, D, c, t0, t1, pe, pf);
                 }
             }
     }
@@ -296,6 +297,124 @@ static void KV_FN(cascade_part)(const cascade_group *gr, const int64_t *members,
     v_sum(scores, stride, v_buf, sl, c1 - c0, Hkv, h, 1, D, R, acc);
 }
 
+/* The cascade's shared part in 512-bit vectors (D % 64 == 0), its R query rows across
+ * the lanes: scored against one key at a time with no horizontal sums, where `zqk_tile`
+ * spends 24 shuffles and adds per eight keys of each row reducing its 16-lane partials.
+ * Queries are gathered transposed (qt[d * ld + r], rows R .. ld - 1 zero), scores come
+ * out transposed (st[t * ld + r]), and the softmax runs down the columns, 16 rows a
+ * vector. */
+
+/* st[i * ld + 16 j + lane] = scale * (q row 16 j + lane) . k_i for the keys i < NK and
+ * row vectors j < NV: each key element is broadcast once for all 16 NV rows, 4 NV
+ * independent FMA chains. */
+static ZW_INLINE void KV_FN(zqkt_tile)(const float *qt, int64_t ld, int nv,
+                                       const KV_T *const *k, int nk, int64_t D, __m512 vscale,
+                                       float *st) {
+    __m512 a[4][3];
+    for (int i = 0; i < nk; ++i)
+        for (int j = 0; j < nv; ++j) a[i][j] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; ++d) {
+        __m512 qv[3];
+        for (int j = 0; j < nv; ++j) qv[j] = _mm512_loadu_ps(qt + d * ld + 16 * j);
+        for (int i = 0; i < nk; ++i) {
+            const __m512 kb = _mm512_set1_ps(KV_TO_F32(k[i][d]));
+            for (int j = 0; j < nv; ++j) a[i][j] = _mm512_fmadd_ps(kb, qv[j], a[i][j]);
+        }
+    }
+    for (int i = 0; i < nk; ++i)
+        for (int j = 0; j < nv; ++j)
+            _mm512_storeu_ps(st + i * ld + 16 * j, _mm512_mul_ps(a[i][j], vscale));
+}
+
+/* Transposed scores of the ld / 16 row vectors against keys [0, L) of KV head h: four
+ * keys a tile (then one), up to three row vectors a tile. */
+static ZW void KV_FN(zqkt_scores)(const float *qt, int64_t ld, const KV_T *k_buf,
+                                  const int64_t *sl, int64_t L, int64_t Hkv, int64_t h,
+                                  int64_t D, float scale, float *st) {
+    const __m512 vscale = _mm512_set1_ps(scale);
+    const int64_t nvec = ld / 16;
+    for (int64_t t = 0; t < L;) {
+        const int nk = L - t >= 4 ? 4 : 1;
+        for (int64_t a = t + AHEAD; a < t + AHEAD + nk && a < L; ++a)
+            prefetch_row(ROWH(k_buf, a, h), D * sizeof(KV_T));
+        const KV_T *k[4];
+        for (int i = 0; i < nk; ++i) k[i] = ROWH(k_buf, t + i, h);
+        for (int64_t j = 0; j < nvec; j += 3) {
+            const int64_t left = nvec - j;
+            const float *qj = qt + 16 * j;
+            float *o = st + t * ld + 16 * j;
+            if (nk == 4) {
+                if (left >= 3)
+                    KV_FN(zqkt_tile)(qj, ld, 3, k, 4, D, vscale, o);
+                else if (left == 2)
+                    KV_FN(zqkt_tile)(qj, ld, 2, k, 4, D, vscale, o);
+                else
+                    KV_FN(zqkt_tile)(qj, ld, 1, k, 4, D, vscale, o);
+            } else {
+                if (left >= 3)
+                    KV_FN(zqkt_tile)(qj, ld, 3, k, 1, D, vscale, o);
+                else if (left == 2)
+                    KV_FN(zqkt_tile)(qj, ld, 2, k, 1, D, vscale, o);
+                else
+                    KV_FN(zqkt_tile)(qj, ld, 1, k, 1, D, vscale, o);
+            }
+        }
+        t += nk;
+    }
+}
+
+/* acc[r] = sum_t p_r[t] v_t for the R rows of the transposed numerators st (st[t * ld +
+ * r]) over keys [0, L) of KV head h: `zpv_tile`'s blocks and tiles with p read down the
+ * columns. */
+static ZW void KV_FN(zpvt_sum)(const float *st, int64_t ld, const KV_T *v_buf,
+                               const int64_t *sl, int64_t L, int64_t Hkv, int64_t h, int64_t D,
+                               int64_t R, float *acc) {
+    for (int64_t i = 0; i < R * D; ++i) acc[i] = 0.0f;
+    for (int64_t t0 = 0; t0 < L; t0 += VBLOCK) {
+        const int64_t t1 = t0 + VBLOCK < L ? t0 + VBLOCK : L;
+        for (int64_t g = 0; g < R; g += 3) {
+            const int64_t left = R - g, pf = g == 0 ? L : 0;
+            for (int64_t c = 0; c < D; c += 64) {
+                if (left >= 3)
+                    KV_FN(zpv_tile)(st + g, 1, ld, 3, v_buf, sl, Hkv, h, D, c, t0, t1,
+                                    acc + g * D, pf);
+                else if (left == 2)
+                    KV_FN(zpv_tile)(st + g, 1, ld, 2, v_buf, sl, Hkv, h, D, c, t0, t1,
+                                    acc + g * D, pf);
+                else
+                    KV_FN(zpv_tile)(st + g, 1, ld, 1, v_buf, sl, Hkv, h, D, c, t0, t1,
+                                    acc + g * D, pf);
+            }
+        }
+    }
+}
+
+/* `cascade_part` in 512-bit vectors with the rows across the lanes (above). qt: D * ld
+ * floats, st: the chunk's length * ld floats, ld = R rounded up to 16. */
+static ZW void KV_FN(zcascade_part)(const cascade_group *gr, const int64_t *members, int64_t h,
+                                    int64_t c, const float *q, int64_t ldq, const KV_T *k_buf,
+                                    const KV_T *v_buf, const int64_t *slots, int64_t ld_slots,
+                                    int64_t Hkv, int64_t D, int64_t G, float scale, float *st,
+                                    float *qt, float *part) {
+    const int64_t R = gr->count * G, ld = (R + 15) / 16 * 16;
+    int64_t c0, c1;
+    cascade_chunk(gr->prefix, gr->chunks, c, &c0, &c1);
+    for (int64_t i = 0; i < gr->count; ++i)
+        for (int64_t g = 0; g < G; ++g) {
+            const float *qr = q + members[gr->first + i] * ldq + (h * G + g) * D;
+            for (int64_t d = 0; d < D; ++d) qt[d * ld + i * G + g] = qr[d];
+        }
+    for (int64_t d = 0; d < D; ++d)
+        for (int64_t r = R; r < ld; ++r) qt[d * ld + r] = 0.0f;
+    const int64_t *sl = slots + members[gr->first] * ld_slots + c0;
+    float *acc = part + cascade_block(gr, h, c, G, D);
+    KV_FN(prefetch_first)(k_buf, sl, c1 - c0, Hkv, h, 1, D);
+    KV_FN(zqkt_scores)(qt, ld, k_buf, sl, c1 - c0, Hkv, h, D, scale, st);
+    KV_FN(prefetch_first)(v_buf, sl, c1 - c0, Hkv, h, 1, D);
+    softmax_cols(st, c1 - c0, ld, R, acc + R * D, acc + R * D + R);
+    KV_FN(zpvt_sum)(st, ld, v_buf, sl, c1 - c0, Hkv, h, D, R, acc);
+}
+
 /* radixlm_decode_attention on KV_T buffers. */
 static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_buf,
                                     const KV_T *v_buf, const int64_t *slots, int64_t ld_slots,
@@ -338,7 +457,8 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
          * also the gathered query rows. */
         const int64_t stride = (max_len + 7) / 8 * 8, R = nh * G;
         const int64_t own_floats = R * stride + R * D + 2 * ((R + 7) / 8 * 8);
-        const int64_t shared_floats = max_rows * (cstride + D);
+        const int64_t rows16 = (max_rows + 15) / 16 * 16;  /* zcascade_part pads rows */
+        const int64_t shared_floats = rows16 * (cstride + D);
         float *scores = aligned_alloc(
             32, (size_t)(own_floats > shared_floats ? own_floats : shared_floats) * sizeof(float));
         if (!scores) failed = 1;
@@ -348,9 +468,15 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
             if (!scores) continue;
             int64_t j = 0, rest = task;
             while (rest >= Hkv * gs[j].chunks) rest -= Hkv * gs[j++].chunks;
-            KV_FN(cascade_part)(gs + j, members, rest / gs[j].chunks, rest % gs[j].chunks, q, ldq,
-                                k_buf, v_buf, slots, ld_slots, Hkv, D, G, scale, scores_of, v_sum,
-                                scores, cstride, scores + max_rows * cstride, part);
+            if (wide)
+                KV_FN(zcascade_part)(gs + j, members, rest / gs[j].chunks, rest % gs[j].chunks, q,
+                                     ldq, k_buf, v_buf, slots, ld_slots, Hkv, D, G, scale, scores,
+                                     scores + rows16 * cstride, part);
+            else
+                KV_FN(cascade_part)(gs + j, members, rest / gs[j].chunks, rest % gs[j].chunks, q,
+                                    ldq, k_buf, v_buf, slots, ld_slots, Hkv, D, G, scale,
+                                    scores_of, v_sum, scores, cstride,
+                                    scores + max_rows * cstride, part);
         }
         /* Each request's own keys (all of them outside a group), merged with its group's
          * partials. */
