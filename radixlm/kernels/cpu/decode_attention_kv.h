@@ -326,39 +326,37 @@ static ZW_INLINE void KV_FN(zqkt_tile)(const float *qt, int64_t ld, int nv,
             _mm512_storeu_ps(st + i * ld + 16 * j, _mm512_mul_ps(a[i][j], vscale));
 }
 
+/* `zqkt_tile` over all nvec row vectors for the keys k[0 .. nk): tiles of up to three. */
+static ZW_INLINE void KV_FN(zqkt_keys)(const float *qt, int64_t ld, int64_t nvec,
+                                       const KV_T *const *k, int nk, int64_t D, __m512 vscale,
+                                       float *st) {
+    for (int64_t j = 0; j < nvec; j += 3) {
+        const int64_t left = nvec - j;
+        if (left >= 3)
+            KV_FN(zqkt_tile)(qt + 16 * j, ld, 3, k, nk, D, vscale, st + 16 * j);
+        else if (left == 2)
+            KV_FN(zqkt_tile)(qt + 16 * j, ld, 2, k, nk, D, vscale, st + 16 * j);
+        else
+            KV_FN(zqkt_tile)(qt + 16 * j, ld, 1, k, nk, D, vscale, st + 16 * j);
+    }
+}
+
 /* Transposed scores of the ld / 16 row vectors against keys [0, L) of KV head h: four
- * keys a tile (then one), up to three row vectors a tile. */
+ * keys a tile (then one at a time). */
 static ZW void KV_FN(zqkt_scores)(const float *qt, int64_t ld, const KV_T *k_buf,
                                   const int64_t *sl, int64_t L, int64_t Hkv, int64_t h,
                                   int64_t D, float scale, float *st) {
     const __m512 vscale = _mm512_set1_ps(scale);
-    const int64_t nvec = ld / 16;
     for (int64_t t = 0; t < L;) {
         const int nk = L - t >= 4 ? 4 : 1;
         for (int64_t a = t + AHEAD; a < t + AHEAD + nk && a < L; ++a)
             prefetch_row(ROWH(k_buf, a, h), D * sizeof(KV_T));
         const KV_T *k[4];
         for (int i = 0; i < nk; ++i) k[i] = ROWH(k_buf, t + i, h);
-        for (int64_t j = 0; j < nvec; j += 3) {
-            const int64_t left = nvec - j;
-            const float *qj = qt + 16 * j;
-            float *o = st + t * ld + 16 * j;
-            if (nk == 4) {
-                if (left >= 3)
-                    KV_FN(zqkt_tile)(qj, ld, 3, k, 4, D, vscale, o);
-                else if (left == 2)
-                    KV_FN(zqkt_tile)(qj, ld, 2, k, 4, D, vscale, o);
-                else
-                    KV_FN(zqkt_tile)(qj, ld, 1, k, 4, D, vscale, o);
-            } else {
-                if (left >= 3)
-                    KV_FN(zqkt_tile)(qj, ld, 3, k, 1, D, vscale, o);
-                else if (left == 2)
-                    KV_FN(zqkt_tile)(qj, ld, 2, k, 1, D, vscale, o);
-                else
-                    KV_FN(zqkt_tile)(qj, ld, 1, k, 1, D, vscale, o);
-            }
-        }
+        if (nk == 4)
+            KV_FN(zqkt_keys)(qt, ld, ld / 16, k, 4, D, vscale, st + t * ld);
+        else
+            KV_FN(zqkt_keys)(qt, ld, ld / 16, k, 1, D, vscale, st + t * ld);
         t += nk;
     }
 }
