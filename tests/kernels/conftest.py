@@ -7,6 +7,7 @@ The variable must be set before any Triton kernel is decorated, hence at conftes
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,11 +28,15 @@ def device() -> str:
 
 @pytest.fixture(scope="session")
 def hf_dir():
-    """The bundled model's directory (its tokenizer files serve the tiny random models);
-    skips when the model is not installed (e.g. a bare GPU machine)."""
+    """The bundled model's directory (its tokenizer files serve the tiny random models),
+    or RADIXLM_TEST_TOKENIZER_DIR where set: a directory holding just the bundled model's
+    tokenizer.json and tokenizer_config.json, for a GPU machine that cannot hold the model
+    (a device run carries at most 64 MiB; the GGUF is 94 MB). Skips when neither is there."""
     from radixlm.errors import ModelNotFoundError
     from radixlm.runtime.model_registry import local_hf_dir
 
+    if os.environ.get("RADIXLM_TEST_TOKENIZER_DIR"):
+        return Path(os.environ["RADIXLM_TEST_TOKENIZER_DIR"])
     try:
         return local_hf_dir("smollm2-135m")
     except ModelNotFoundError as e:
