@@ -57,7 +57,7 @@ class PrefillAdder:
     def add_chunked(self, req: Req) -> bool:
         """Plan the next chunk of the request mid-chunk (its KV was reserved at its
         admission). Returns True when it completes its prompt in this step."""
-        left = len(req.all_ids) - req.kv_len
+        left = req.seq_len - req.kv_len
         n = min(left, self.rem_tokens)
         self.plan.append((req, n))
         self.guard.add(req.all_ids, req.extra_key)

@@ -71,14 +71,14 @@ class KVLedger:
     def estimate(self, req: Req) -> int:
         """Slots admission reserves for the request's future decode steps:
         ceil(ratio x the most tokens it can still write)."""
-        future = min(req.remaining_new_tokens(), max(self.context_len - len(req.all_ids), 0))
+        future = min(req.remaining_new_tokens(), max(self.context_len - req.seq_len, 0))
         return int(self.ratio.value * future + 0.999)
 
     def reserved_tokens(self, running: Sequence[Req], chunked: Req | None) -> int:
         """Slots the running requests (and the rest of the chunked prompt) will still take."""
         pages = sum(self.pages(r.kv_len, self.estimate(r)) for r in running)
         if chunked is not None:
-            left = len(chunked.all_ids) - chunked.kv_len
+            left = chunked.seq_len - chunked.kv_len
             pages += self.pages(chunked.kv_len, left + self.estimate(chunked))
         return pages * self.page_size
 
@@ -120,20 +120,15 @@ class KVLedger:
         ps = self.page_size
         rows = torch.tensor([r.row for r in reqs], dtype=torch.int64)
         pos = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
-        if ps == 1:
-            fresh, slots = None, None
-        else:  # a position inside a page follows the slot before it
-            fresh = pos % ps == 0
-            slots = self.table[rows, (pos - 1).clamp(min=0)].to(torch.int64) + 1
-        n_new = len(reqs) if fresh is None else int(fresh.sum())
+        # A position inside a page follows the slot before it; one at a page start (every
+        # position when page_size is 1) takes a fresh page, in request order.
+        slots = self.table[rows, (pos - 1).clamp(min=0)].to(torch.int64) + 1
+        fresh = pos % ps == 0
+        n_new = int(fresh.sum())
         short = n_new * ps - self.allocator.available()
         if short > 0:
             self.tree.evict(short)
-        pages = self.allocator.alloc_pages(n_new)
-        if slots is None:
-            slots = pages
-        else:
-            slots[fresh] = pages * ps
+        slots[fresh] = self.allocator.alloc_pages(n_new) * ps
         self.table[rows, pos] = slots.to(torch.int32)
         return slots
 

@@ -57,6 +57,11 @@ class Req:
         """Prompt followed by the generated tokens."""
         return self.input_ids + self.output_ids
 
+    @property
+    def seq_len(self) -> int:
+        """len(all_ids) without building the list: prompt plus generated tokens."""
+        return len(self.input_ids) + len(self.output_ids)
+
     def prompt_logprobs_pending(self) -> bool:
         """Whether prompt logprobs were asked for and not yet sent."""
         return self.return_logprob and self.logprob_start_len >= 0 and not self.input_logprobs_sent
@@ -65,7 +70,7 @@ class Req:
         """Tokens of `all_ids` the prefix cache may match: all but the last (it must run to
         produce logits), and no further than ``logprob_start_len - 1`` while prompt
         logprobs are pending (a cached position has no logits)."""
-        limit = len(self.all_ids) - 1
+        limit = self.seq_len - 1
         if self.prompt_logprobs_pending():
             limit = min(limit, max(self.logprob_start_len - 1, 0))
         return limit

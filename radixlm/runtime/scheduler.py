@@ -175,14 +175,15 @@ class Scheduler:
 
     def _plan_extend(self) -> Plan:
         """Continue the chunked request, then admit waiting requests in policy order."""
-        if self.chunked is None and (not self.waiting or self.req_pool.available() == 0):
-            return []  # nothing to admit: skip the budgets (a loop over the running requests)
+        can_admit = bool(self.waiting) and self.req_pool.available() > 0
+        if self.chunked is None and not can_admit:
+            return []  # nothing to plan: skip the budgets (a loop over the running requests)
         if self.args.enable_mixed_chunk and self.running:
             self._make_room_for_decode()  # the decodes ride along in this extend step
         rem = self.step_prefill_tokens or self.args.max_prefill_tokens
         c = self.chunked
         if c is not None:
-            chunk = self.kv.pages(c.kv_len, min(len(c.all_ids) - c.kv_len, rem)) * self.page_size
+            chunk = self.kv.pages(c.kv_len, min(c.seq_len - c.kv_len, rem)) * self.page_size
             if chunk > self.kv.room():
                 self._retract(c)  # decodes took its room; it resumes from the cache later
         budget = self.allocator.available() - self.kv.reserved_tokens(self.running, self.chunked)
@@ -198,7 +199,7 @@ class Scheduler:
         if self.chunked is not None and not adder.add_chunked(self.chunked):
             return adder.plan
         self.chunked = None
-        if not self.waiting or self.req_pool.available() == 0:
+        if not can_admit:
             return adder.plan
         for req in self.policy.order(self.waiting):
             if self.req_pool.available() == 0:
@@ -230,8 +231,7 @@ class Scheduler:
         mode = ForwardMode.EXTEND if plan else ForwardMode.DECODE
         batch = [r for r, _ in plan] + decodes
         ids, positions, locs, ext_lens, pre_lens = [], [], [], [], []
-        items = plan + [(r, 0) for r in decodes]
-        select = LogitsSelection([(r, max(n, 1)) for r, n in items])
+        select = LogitsSelection(plan + [(r, 1) for r in decodes])
         try:
             for req, n in plan:
                 start = req.kv_len
@@ -251,9 +251,7 @@ class Scheduler:
             out = self.runner.forward(fb)
             select.collect_prompt_logprobs(out)
             # Rows whose prompt is complete sample a token; a partial chunk samples nothing.
-            done = [
-                i for i, r in enumerate(batch) if r.kv_len == len(r.input_ids) + len(r.output_ids)
-            ]
+            done = [i for i, r in enumerate(batch) if r.kv_len == r.seq_len]
             rows = [select.last_rows[i] for i in done]
             # A decode step samples every row in order: use the logits without a copy.
             logits = out if rows == list(range(out.shape[0])) else out[rows]

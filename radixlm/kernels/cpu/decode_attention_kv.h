@@ -473,8 +473,8 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
             else
                 KV_FN(cascade_part)(gs + j, members, rest / gs[j].chunks, rest % gs[j].chunks, q,
                                     ldq, k_buf, v_buf, slots, ld_slots, Hkv, D, G, scale,
-                                    scores_of, v_sum, scores, cstride,
-                                    scores + max_rows * cstride, part);
+                                    scores_of, v_sum, scores, cstride, scores + rows16 * cstride,
+                                    part);
         }
         /* Each request's own keys (all of them outside a group), merged with its group's
          * partials. */

@@ -184,7 +184,7 @@ class SpeculativeDecode:
         room -= sum(PagedAllocator.pages_needed(ps, r.kv_len, 1) for r in reqs) * ps
         budgets = []
         for req in reqs:
-            seq = len(req.input_ids) + len(req.output_ids)
+            seq = req.seq_len
             n = min(self.num_draft, req.remaining_new_tokens() - 1, context - seq - 1)
             n = max(n, 0)
             extra = PagedAllocator.pages_needed(ps, req.kv_len, n + 1)
@@ -293,7 +293,7 @@ class SpeculativeDecode:
         emitted: list[int] = []
         for tok in tokens:
             req.output_ids.append(tok)
-            req.kv_len = len(req.input_ids) + len(req.output_ids) - 1
+            req.kv_len = req.seq_len - 1
             emitted.append(tok)
             reason = sched.stop.check(req, tok)
             if reason is not None:
