@@ -108,6 +108,14 @@ class ServerArgs:
         "kernels run (--cpu-gemm auto) and the model is a .gguf file, else fp32",
         choices=["auto", "fp32", "gguf"],
     )
+    disable_lm_head_screen: bool = _opt(
+        False,
+        "CPU packed fp32 LM head: do not keep its fp16 copy (vocab x hidden x 2 bytes). With "
+        "it, decode batches of at most 4 requests that only take the argmax (greedy, no "
+        "penalties, logit bias, logprobs or grammar) read the copy and compute exact fp32 "
+        "logits only where an error bound allows the argmax: the same tokens, about half "
+        "the head's bytes",
+    )
     disable_cuda_graph: bool = _opt(False, "run decode without CUDA graphs (graphs are CUDA-only)")
     cuda_graph_max_bs: int = _opt(256, "largest decode batch captured in a CUDA graph")
     schedule_policy: str = _opt(

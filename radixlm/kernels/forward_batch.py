@@ -42,6 +42,10 @@ class ForwardBatch:
             `custom_mask` (exclusive prefix sum of n_b * s_b).
         logits_indices: EXTEND only: int64 [R] indices into the T new tokens whose logits
             the model returns (prompt logprobs); None = each request's last token.
+        argmax_only: only the argmax of each returned row of logits is used (every
+            request samples greedily with no logit processor, logprob or grammar): the
+            model may return logits that are exact only where a row's argmax can be
+            (`PackedHead.argmax_logits`) and -inf elsewhere.
     """
 
     mode: ForwardMode
@@ -56,6 +60,7 @@ class ForwardBatch:
     custom_mask: torch.Tensor | None = None
     mask_indptr: torch.Tensor | None = None
     logits_indices: torch.Tensor | None = None
+    argmax_only: bool = False
 
     @property
     def batch_size(self) -> int:

@@ -64,7 +64,9 @@ class ModelRunner:
         if self.device == "cpu":
             gemm = CpuKernels.load() if args.cpu_gemm == "auto" else None
             source = self._panel_source(gemm, hf_dir)
-            self.weight_copy_bytes = use_cpu_layout(self.model, gemm, source)
+            self.weight_copy_bytes = use_cpu_layout(
+                self.model, gemm, source, lm_head_screen=not args.disable_lm_head_screen
+            )
             self.weights_bytes -= quantized_savings(self.model)
             self.quantized_weights = source.quantized
             packed = isinstance(self.model.lm_head, PackedHead)

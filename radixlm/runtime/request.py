@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from radixlm.runtime.logprobs import TokenLogprobs
+from radixlm.runtime.penalties import uses_processors
 from radixlm.runtime.sampling import SamplingParams
 
 
@@ -61,6 +62,17 @@ class Req:
     def seq_len(self) -> int:
         """len(all_ids) without building the list: prompt plus generated tokens."""
         return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def argmax_only(self) -> bool:
+        """Whether only the argmax of this request's raw logits is used: greedy, with no
+        logit processor (`uses_processors`), logprobs or grammar."""
+        return (
+            self.params.is_greedy
+            and not uses_processors(self.params)
+            and not self.return_logprob
+            and self.grammar is None
+        )
 
     def prompt_logprobs_pending(self) -> bool:
         """Whether prompt logprobs were asked for and not yet sent."""

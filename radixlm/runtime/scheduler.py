@@ -248,6 +248,7 @@ class Scheduler:
                 ext_lens.extend([1] * len(decodes))
             fb = self._forward_batch(mode, batch, ids, positions, locs, pre_lens, ext_lens)
             fb.logits_indices = select.indices
+            fb.argmax_only = all(r.argmax_only for r in batch)
             out = self.runner.forward(fb)
             select.collect_prompt_logprobs(out)
             # Rows whose prompt is complete sample a token; a partial chunk samples nothing.

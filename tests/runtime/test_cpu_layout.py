@@ -66,8 +66,9 @@ def test_packed_conversion_keeps_tied_head_and_counts_panels_and_padding(cpu_ker
     x = torch.randn(3, 64)
     want = model.model.proj(x)
     extra = use_cpu_layout(model, cpu_kernels)
-    # The head's panels (1000 columns pad to 63 panels = 1008) plus the projection's padding.
-    assert extra == 1008 * 64 * 4 + 8 * 64 * 4
+    # The head's panels (1000 columns pad to 63 panels = 1008) plus the projection's
+    # padding, and the head's greedy screen: fp16 panels and a bound per vocabulary row.
+    assert extra == 1008 * 64 * 4 + 8 * 64 * 4 + 1008 * 64 * 2 + 1000 * 4
     assert isinstance(model.model.proj, PackedLinear) and isinstance(model.lm_head, PackedHead)
     assert model.lm_head.weight is model.model.embed.weight
     assert "lm_head.panels" not in model.state_dict()
@@ -76,6 +77,7 @@ def test_packed_conversion_keeps_tied_head_and_counts_panels_and_padding(cpu_ker
     arena = model.panel_arena
     base = torch.frombuffer(arena, dtype=torch.float32).data_ptr()
     ptrs = [model.model.proj.panels.data_ptr(), model.lm_head.panels.data_ptr()]
+    ptrs.append(model.lm_head.screen.panels.data_ptr())
     assert all(base <= p < base + len(arena) for p in ptrs)
     assert min(ptrs) % cpu.HUGE_PAGE == 0 and all(p % 64 == 0 for p in ptrs)
 

@@ -5,6 +5,8 @@ may be float32 or float16, `KV_DTYPES`):
   the CPU has it, else AVX2 (`CpuKernels.gemm_isa`);
 * `quant_gemm.c`: the same GEMM over GGUF Q4_1 / Q8_0 blocks kept packed (`CpuKernels.qmm`,
   layouts in `quant.py`), dequantized slice by slice into L1 for the same register tiles;
+* `half_gemm.c`: the GEMM of a few rows over IEEE fp16 panels (`CpuKernels.hmm`), the
+  LM head's greedy screen;
 * `decode_attention.c`: paged decode attention read in place from the KV pool
   (`CpuKernels.decode_attention`; `decode_attention_kv.h` is its body, once per KV dtype),
   in 512-bit vectors where `gemm_isa` is "avx512" and head_dim % 64 == 0; requests that
@@ -79,6 +81,8 @@ class CpuKernels:
         self._gemm_isa = _bind(lib.radixlm_gemm_isa, [i32], ctypes.c_int)
         self._qgemm = _bind(lib.radixlm_quant_gemm, [p, i64, p, i32, p, i64, i64, i64, i32])
         self._dequant = _bind(lib.radixlm_quant_dequant, [i32, p, i64, p])
+        self._hgemm = _bind(lib.radixlm_half_gemm, [p, p, p, i64, i64, i64, i32])
+        self._screen = _bind(lib.radixlm_screen_select, [p, p, p, i64, i64, p], i64)
         attn_args = [p, i64, p, p, i32, p, i64, p, p, i64, i64, i64, i64, f32, i32]
         self._attn = _bind(lib.radixlm_decode_attention, attn_args, ctypes.c_int)
         ext_args = [p, i64, p, p, i32, p, i64, p, p, p, i64, i64, i64, i64, f32, i32]
@@ -149,6 +153,41 @@ class CpuKernels:
             torch.get_num_threads(),
         )  # fmt: skip
         return y
+
+    def hmm(self, x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
+        """x [M, K] float32 times W [n, K] held as float16 panels [ceil(n / 16), K, 16]
+        (`pack_panels` of W rounded to float16): returns [M, n] float32, each weight widened
+        to fp32 exactly and the products summed in fp32 (in an order of the kernel's own,
+        not `mm`'s). Meant for a few rows: each panel is read once per two rows. Raises
+        ValueError on a dtype or shape mismatch."""
+        if x.dtype != torch.float32 or panels.dtype != torch.float16 or x.dim() != 2:
+            raise ValueError(f"hmm takes float32 x [M, K] and float16 panels, got {x.dtype}")
+        m, k = x.shape
+        if tuple(panels.shape) != (-(-n // PANEL), k, PANEL):
+            raise ValueError(f"panels {tuple(panels.shape)} do not pack {n} x {k}")
+        x, panels = x.contiguous(), panels.contiguous()
+        y = torch.empty(m, n, dtype=torch.float32)
+        self._hgemm(x.data_ptr(), panels.data_ptr(), y.data_ptr(), m, k, n, torch.get_num_threads())
+        return y
+
+    def screen_select(
+        self, approx: torch.Tensor, coef: torch.Tensor, norm: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Candidates of the LM head's greedy screen (`head_screen.ArgmaxScreen`): approx
+        float32 [M, V] approximate logits (M <= 8), coef float32 [V] per-row error factors,
+        norm float32 [M] the rows' ||x||_2. Row i is kept when approx[b, i] + norm[b]
+        coef[i] >= max_j (approx[b, j] - norm[b] coef[j]) for some b. Returns int64 [C]
+        sorted ids, or None when a norm, an approximate logit or a floor is not finite. Raises
+        ValueError on a dtype or shape mismatch."""
+        m, v = approx.shape
+        ok = approx.dtype == coef.dtype == norm.dtype == torch.float32
+        if not ok or tuple(coef.shape) != (v,) or tuple(norm.shape) != (m,) or m > 8:
+            raise ValueError("screen_select takes float32 approx [M <= 8, V], coef [V], norm [M]")
+        approx, coef, norm = approx.contiguous(), coef.contiguous(), norm.contiguous()
+        ids = torch.empty(v, dtype=torch.int64)
+        ptrs = (approx.data_ptr(), coef.data_ptr(), norm.data_ptr())
+        count = self._screen(*ptrs, m, v, ids.data_ptr())
+        return None if count < 0 else ids[:count]
 
     def dequantize(self, panels: torch.Tensor, fmt: int) -> torch.Tensor:
         """The C kernels' dequantization of one panel's groups: panels uint8 [G, group

@@ -25,6 +25,7 @@ SOURCES = [
     for n in (
         "packed_gemm.c",
         "quant_gemm.c",
+        "half_gemm.c",
         "decode_attention.c",
         "extend_attention.c",
         "elementwise.c",

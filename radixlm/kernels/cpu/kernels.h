@@ -28,6 +28,12 @@ void radixlm_gemm_blocked(const float *x, const radixlm_wsrc *src, float *y, int
                           int64_t K, int64_t N, int64_t b0, int64_t b1);
 /* ng groups of one quantized panel (format fmt) into buf[ng * 32][16] fp32. */
 void radixlm_quant_dequant(int fmt, const uint8_t *groups, int64_t ng, float *buf);
+/* y[M, N] = x[M, K] @ W^T over IEEE fp16 panels [ceil(N / 16)][K][16] (half_gemm.c). */
+void radixlm_half_gemm(const float *x, const uint16_t *panels, float *y, int64_t M, int64_t K,
+                       int64_t N, int num_threads);
+/* The LM head screen's candidates (half_gemm.c): returns their count, -1 when undecided. */
+int64_t radixlm_screen_select(const float *approx, const float *coef, const float *norm,
+                              int64_t M, int64_t V, int64_t *ids);
 /* KV pool buffers (k_buf, v_buf) hold float32, or IEEE float16 when kv_f16 is 1. */
 int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
                              int kv_f16, const int64_t *slots, int64_t ld_slots,

@@ -322,26 +322,34 @@ def _fuse_decode_stack(inner: nn.Module, kernels: CpuKernels) -> None:
 
 
 def _panels_into_huge_pages(model: nn.Module) -> None:
-    """Move every panel tensor of `model` into one huge-page mapping (`into_huge_pages`),
-    kept alive as `model.panel_arena`."""
+    """Move every panel tensor of `model` (with the head screen's fp16 panels) into one
+    huge-page mapping (`into_huge_pages`), kept alive as `model.panel_arena`."""
     owners = [m for m in model.modules() if isinstance(m, (PackedLinear, QuantLinear, PackedHead))]
-    arena, copies = into_huge_pages([m.panels.data for m in owners])
+    screens = [m.screen for m in owners if getattr(m, "screen", None) is not None]
+    arena, copies = into_huge_pages([m.panels.data for m in owners] + [s.panels for s in screens])
     if arena is None:
         return
     for m, copy in zip(owners, copies):
         m.panels.data = copy
+    for screen, copy in zip(screens, copies[len(owners) :]):
+        screen.panels = copy
     model.panel_arena = arena
 
 
 def use_cpu_layout(
-    model: nn.Module, kernels: CpuKernels | None, source: FloatPanels | None = None
+    model: nn.Module,
+    kernels: CpuKernels | None,
+    source: FloatPanels | None = None,
+    lm_head_screen: bool = True,
 ) -> int:
     """Convert a loaded causal LM in place. With `kernels` and fp32 weights: attention, MLP,
     RMSNorm and every other nn.Linear under `model.model` take their packed / C-kernel
     forms and `model.lm_head` becomes a `PackedHead`, each projection packed by `source`
-    (default `FloatPanels`; `GgufPanels` keeps GGUF blocks quantized); otherwise every
-    nn.Linear takes the input-major layout and the head a `FewRowsHead`. Returns the bytes
-    added (the head's second layout, plus any fp32 panel padding); the originals are
+    (default `FloatPanels`; `GgufPanels` keeps GGUF blocks quantized), and with
+    `lm_head_screen` an fp32 head gets its greedy screen (`PackedHead.attach_screen`);
+    otherwise every nn.Linear takes the input-major layout and the head a `FewRowsHead`.
+    Returns the bytes added (the head's second layout and screen, plus any fp32 panel
+    padding); the originals are
     released (`quantized_savings` gives what quantized panels save over them)."""
     packed = kernels is not None and model.lm_head.weight.dtype == torch.float32
     source = source or FloatPanels()
@@ -361,6 +369,8 @@ def use_cpu_layout(
     convert(model.model, "model")
     model.lm_head = source.head(model.lm_head, kernels) if packed else FewRowsHead(model.lm_head)
     if packed:
+        if lm_head_screen:
+            model.lm_head.attach_screen()
         _panels_into_huge_pages(model)
         _fuse_decode_stack(model.model, kernels)
     linears = (m for m in model.model.modules() if isinstance(m, (PackedLinear, InputMajorLinear)))

@@ -15,6 +15,7 @@ from torch import nn
 
 from radixlm.kernels.cpu import CpuKernels, pack_panels, quant
 from radixlm.runtime.gguf_blocks import RawBlocks
+from radixlm.runtime.models.head_screen import SCREEN_ROWS, ArgmaxScreen
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +150,11 @@ class PackedHead(nn.Module):
     """lm_head holding `weight` [vocab, hidden] (the original parameter, possibly tied to the
     embedding) and `panels` of it: fp32 panels, or quantized ones of the GGUF `blocks` of
     the same values (format `fmt`); packed GEMM for at most `PACKED_HEAD_ROWS` rows,
-    `F.linear` above. forward(x [rows, hidden] fp32) -> logits [rows, vocab] fp32."""
+    `F.linear` above. forward(x [rows, hidden] fp32) -> logits [rows, vocab] fp32.
+
+    `argmax_logits` serves greedy-only batches: with an `ArgmaxScreen` attached
+    (`attach_screen`), up to `SCREEN_ROWS` rows read the head's fp16 copy and compute exact
+    logits only where the argmax can be."""
 
     def __init__(self, head: nn.Linear, gemm: CpuKernels, blocks: RawBlocks | None = None):
         super().__init__()
@@ -161,11 +166,22 @@ class PackedHead(nn.Module):
             self.fmt, panels = blocks.fmt, quant.pack_blocks(blocks.data, blocks.fmt, blocks.k)
         self.register_buffer("panels", panels, persistent=False)
         self._gemm = gemm
+        #: The greedy screen (`attach_screen`), or None.
+        self.screen: ArgmaxScreen | None = None
+
+    def attach_screen(self) -> bool:
+        """Build the head's `ArgmaxScreen` where it applies: fp32 panels, no bias, a weight
+        finite in fp16. Returns whether it is attached."""
+        if self.fmt != quant.FP32 or self.bias is not None or not ArgmaxScreen.fits(self.weight):
+            return False
+        self.screen = ArgmaxScreen(self.weight.detach().float(), self._gemm)
+        return True
 
     @property
     def extra_bytes(self) -> int:
-        """Bytes of the panels."""
-        return self.panels.numel() * self.panels.element_size()
+        """Bytes of the panels (and of the screen's fp16 copy)."""
+        screen = self.screen.extra_bytes if self.screen is not None else 0
+        return self.panels.numel() * self.panels.element_size() + screen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > PACKED_HEAD_ROWS:
@@ -175,3 +191,17 @@ class PackedHead(nn.Module):
         else:
             y = self._gemm.qmm(x, self.panels, self.fmt, self.weight.shape[0])
         return y if self.bias is None else y.add_(self.bias)
+
+    def argmax_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, vocab] fp32 whose row-wise argmax (first index on ties) equals that
+        of `forward(x)`; entries the screen ruled out are -inf. For rows only sampled
+        greedily, with no logit processor, logprob or grammar reading them."""
+        if self.screen is None or x.shape[0] > SCREEN_ROWS:
+            return self.forward(x)
+        out = self.screen.logits(x, self._columns)
+        return self.forward(x) if out is None else out
+
+    def _columns(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """forward(x)[:, ids] without the other columns: the same kernel, rows and k order
+        over panels of just those vocabulary rows, so the same values bit for bit."""
+        return self._gemm.mm(x, pack_panels(self.weight.detach()[ids]), ids.numel())

@@ -194,11 +194,17 @@ class LlamaForCausalLM(nn.Module):
             x = self.last_hidden = self.model.norm(x)
             if fb.mode is ForwardMode.EXTEND:
                 x = x[fb.logits_index()]
-            return self.lm_head(x).float()
+            return self._logits(x, fb)
         if fb.mode is ForwardMode.EXTEND:
             x = x[fb.logits_index()]
         x = self.model.norm(x)
-        return self.lm_head(x).float()
+        return self._logits(x, fb)
+
+    def _logits(self, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """The head over final states x [R, hidden]: float32 [R, vocab]. An argmax-only
+        batch takes the head's `argmax_logits` where it has one (`PackedHead`)."""
+        head = getattr(self.lm_head, "argmax_logits", None) if fb.argmax_only else None
+        return (head or self.lm_head)(x).float()
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

@@ -1,0 +1,210 @@
+/* GEMM of a few fp32 rows against IEEE fp16 weight panels, the conversion fused into the
+ * product: y[M, N] = x[M, K] @ W^T with W [N, K] stored as fp16 panels [ceil(N / 16)][K][16]
+ * (the fp32 panel layout of packed_gemm.c, at 2 bytes a weight). Each weight is widened to
+ * fp32 exactly (F16C `vcvtph2ps`) and multiplied and summed in fp32.
+ *
+ * It serves the greedy screen of the LM head (runtime/models/head_screen.py): at a few
+ * rows the head's product is bound by the bytes it streams, and fp16 panels halve them.
+ * The screen's error bound holds for any summation order, so the k loop keeps several
+ * partial sums per column (independent FMA chains) and adds them at the end; the results
+ * are not those of the fp32 GEMM over the same values, and nothing relies on that.
+ */
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define AVX512 __attribute__((target("avx512f")))
+
+/* y[r, 0:16] = x[r, 0:K] @ panel (fp16 [K][16]) for the rows r < mr (mr <= 2) of x (row
+ * stride K); four partial sums per row and column (k mod 4). */
+static AVX512 void ztile_half(int mr, const float *x, int64_t K, const uint16_t *w,
+                              float *y, int64_t ldy) {
+    __m512 a[2][4];
+    for (int r = 0; r < 2; ++r)
+        for (int j = 0; j < 4; ++j) a[r][j] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 4 <= K; k += 4)
+        for (int j = 0; j < 4; ++j) {
+            __m512 wk = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + (k + j) * 16)));
+            a[0][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[k + j]), wk, a[0][j]);
+            if (mr > 1) a[1][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[K + k + j]), wk, a[1][j]);
+        }
+    for (; k < K; ++k) {
+        __m512 wk = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + k * 16)));
+        a[0][0] = _mm512_fmadd_ps(_mm512_set1_ps(x[k]), wk, a[0][0]);
+        if (mr > 1) a[1][0] = _mm512_fmadd_ps(_mm512_set1_ps(x[K + k]), wk, a[1][0]);
+    }
+    for (int r = 0; r < mr; ++r)
+        _mm512_storeu_ps(y + r * ldy, _mm512_add_ps(_mm512_add_ps(a[r][0], a[r][1]),
+                                                    _mm512_add_ps(a[r][2], a[r][3])));
+}
+
+/* The AVX2 + F16C form of ztile_half: each 16-column row in two 8-lane halves, two partial
+ * sums per half (k mod 2). */
+static void tile_half(int mr, const float *x, int64_t K, const uint16_t *w, float *y,
+                      int64_t ldy) {
+    __m256 a[2][2][2];
+    for (int r = 0; r < 2; ++r)
+        for (int h = 0; h < 2; ++h) a[r][h][0] = a[r][h][1] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 2 <= K; k += 2)
+        for (int j = 0; j < 2; ++j)
+            for (int h = 0; h < 2; ++h) {
+                __m256 wk = _mm256_cvtph_ps(
+                    _mm_loadu_si128((const __m128i *)(w + (k + j) * 16 + 8 * h)));
+                a[0][h][j] = _mm256_fmadd_ps(_mm256_set1_ps(x[k + j]), wk, a[0][h][j]);
+                if (mr > 1)
+                    a[1][h][j] = _mm256_fmadd_ps(_mm256_set1_ps(x[K + k + j]), wk, a[1][h][j]);
+            }
+    for (; k < K; ++k)
+        for (int h = 0; h < 2; ++h) {
+            __m256 wk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + k * 16 + 8 * h)));
+            a[0][h][0] = _mm256_fmadd_ps(_mm256_set1_ps(x[k]), wk, a[0][h][0]);
+            if (mr > 1) a[1][h][0] = _mm256_fmadd_ps(_mm256_set1_ps(x[K + k]), wk, a[1][h][0]);
+        }
+    for (int r = 0; r < mr; ++r)
+        for (int h = 0; h < 2; ++h)
+            _mm256_storeu_ps(y + r * ldy + 8 * h, _mm256_add_ps(a[r][h][0], a[r][h][1]));
+}
+
+/* y[r, 0:16] = x[r, 0:K] @ panel for the rows r < mr (3 <= mr <= 8): one sum per row and
+ * column, each weight widened once for all the rows. */
+static AVX512 void ztile_half_rows(int mr, const float *x, int64_t K, const uint16_t *w,
+                                   float *y, int64_t ldy) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+           a7 = a0;
+    for (int64_t k = 0; k < K; ++k) {
+        __m512 wk = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + k * 16)));
+        const float *xk = x + k;
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(xk[0]), wk, a0);
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(xk[K]), wk, a1);
+        a2 = _mm512_fmadd_ps(_mm512_set1_ps(xk[2 * K]), wk, a2);
+        if (mr > 3) a3 = _mm512_fmadd_ps(_mm512_set1_ps(xk[3 * K]), wk, a3);
+        if (mr > 4) a4 = _mm512_fmadd_ps(_mm512_set1_ps(xk[4 * K]), wk, a4);
+        if (mr > 5) a5 = _mm512_fmadd_ps(_mm512_set1_ps(xk[5 * K]), wk, a5);
+        if (mr > 6) a6 = _mm512_fmadd_ps(_mm512_set1_ps(xk[6 * K]), wk, a6);
+        if (mr > 7) a7 = _mm512_fmadd_ps(_mm512_set1_ps(xk[7 * K]), wk, a7);
+    }
+    __m512 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    for (int r = 0; r < mr; ++r) _mm512_storeu_ps(y + r * ldy, acc[r]);
+}
+
+/* The AVX2 + F16C form of ztile_half_rows for 3 <= mr <= 4 rows. */
+static void tile_half_rows(int mr, const float *x, int64_t K, const uint16_t *w, float *y,
+                           int64_t ldy) {
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+           a30 = a00, a31 = a00;
+    for (int64_t k = 0; k < K; ++k) {
+        __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + k * 16)));
+        __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + k * 16 + 8)));
+        const float *xk = x + k;
+        __m256 x0 = _mm256_set1_ps(xk[0]), x1 = _mm256_set1_ps(xk[K]);
+        __m256 x2 = _mm256_set1_ps(xk[2 * K]);
+        a00 = _mm256_fmadd_ps(x0, w0, a00), a01 = _mm256_fmadd_ps(x0, w1, a01);
+        a10 = _mm256_fmadd_ps(x1, w0, a10), a11 = _mm256_fmadd_ps(x1, w1, a11);
+        a20 = _mm256_fmadd_ps(x2, w0, a20), a21 = _mm256_fmadd_ps(x2, w1, a21);
+        if (mr > 3) {
+            __m256 x3 = _mm256_set1_ps(xk[3 * K]);
+            a30 = _mm256_fmadd_ps(x3, w0, a30), a31 = _mm256_fmadd_ps(x3, w1, a31);
+        }
+    }
+    __m256 acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+    for (int r = 0; r < mr; ++r) {
+        _mm256_storeu_ps(y + r * ldy, acc[r][0]);
+        _mm256_storeu_ps(y + r * ldy + 8, acc[r][1]);
+    }
+}
+
+/* Rows of x one pass over a panel serves: two (with split sums) for one or two rows, else
+ * up to ZROWS (AVX-512) or 4 (AVX2). */
+#define ZROWS 8
+
+/* x [M, K] row-major; panels fp16 [ceil(N / 16), K, 16]; y [M, N] row-major. Each panel
+ * is widened once per tile of rows (the panel stays in L1 / L2 for the next tile); the
+ * threads split the panels evenly. */
+void radixlm_half_gemm(const float *x, const uint16_t *panels, float *y, int64_t M, int64_t K,
+                       int64_t N, int num_threads) {
+    const int64_t NB = (N + 15) / 16;
+    const int z = radixlm_gemm_isa(-1), most = M <= 2 ? 2 : z ? ZROWS : 4;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t b = 0; b < NB; ++b) {
+        const uint16_t *w = panels + b * K * 16;
+        const int64_t cols = N - b * 16 < 16 ? N - b * 16 : 16;
+        float tail[ZROWS * 16];
+        for (int64_t m = 0, mr; m < M; m += mr) {
+            /* Balanced tiles: 10 rows on AVX-512 go as 5 + 5, not 8 + 2. */
+            const int64_t ntiles = (M - m + most - 1) / most;
+            mr = (M - m + ntiles - 1) / ntiles;
+            /* A full panel writes y in place; the padded last one goes through `tail`. */
+            float *dst = cols == 16 ? y + m * N + b * 16 : tail;
+            const int64_t ldy = cols == 16 ? N : 16;
+            const float *xm = x + m * K;
+            if (mr <= 2)
+                (z ? ztile_half : tile_half)((int)mr, xm, K, w, dst, ldy);
+            else
+                (z ? ztile_half_rows : tile_half_rows)((int)mr, xm, K, w, dst, ldy);
+            if (cols < 16)
+                for (int64_t r = 0; r < mr; ++r)
+                    memcpy(y + (m + r) * N + b * 16, tail + r * 16, cols * sizeof(float));
+        }
+    }
+}
+
+/* The greedy screen's candidates (runtime/models/head_screen.py): approx [M, V] logits,
+ * coef [V] per-row bounds, norm [M] the rows' ||x||_2. Row b's floor is max_i (approx[b, i]
+ * - norm[b] coef[i]); vocabulary row i is a candidate when approx[b, i] + norm[b] coef[i]
+ * >= floor_b for some b. Writes the candidates in increasing order to ids (room for V) and
+ * returns how many, or -1 when a norm, an approximate logit or a floor is not finite. One thread:
+ * M x V is small (at most 4 x the vocabulary). */
+int64_t radixlm_screen_select(const float *approx, const float *coef, const float *norm,
+                              int64_t M, int64_t V, int64_t *ids) {
+    float floor[8];
+    if (M > 8) return -1;
+    const int64_t V8 = V & ~(int64_t)7;
+    for (int64_t b = 0; b < M; ++b) {
+        if (!isfinite(norm[b])) return -1;
+        const float *a = approx + b * V;
+        const __m256 n = _mm256_set1_ps(norm[b]);
+        __m256 best = _mm256_set1_ps(-INFINITY), bad = _mm256_setzero_ps();
+        for (int64_t i = 0; i < V8; i += 8) {
+            __m256 ai = _mm256_loadu_ps(a + i);
+            /* a - a is NaN exactly where a is NaN or +-inf. */
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(ai, ai), _mm256_setzero_ps(),
+                                                  _CMP_NEQ_UQ));
+            best = _mm256_max_ps(best, _mm256_sub_ps(ai, _mm256_mul_ps(n, _mm256_loadu_ps(coef + i))));
+        }
+        if (_mm256_movemask_ps(bad)) return -1;
+        float lanes[8], f = -INFINITY;
+        _mm256_storeu_ps(lanes, best);
+        for (int j = 0; j < 8; ++j) f = lanes[j] > f ? lanes[j] : f;
+        for (int64_t i = V8; i < V; ++i) {
+            if (!isfinite(a[i])) return -1;
+            float lo = a[i] - norm[b] * coef[i];
+            f = lo > f ? lo : f;
+        }
+        if (!isfinite(f)) return -1;
+        floor[b] = f;
+    }
+    int64_t count = 0;
+    for (int64_t i = 0; i < V8; i += 8) {
+        const __m256 c = _mm256_loadu_ps(coef + i);
+        int mask = 0;
+        for (int64_t b = 0; b < M; ++b) {
+            __m256 hi = _mm256_add_ps(_mm256_loadu_ps(approx + b * V + i),
+                                      _mm256_mul_ps(_mm256_set1_ps(norm[b]), c));
+            mask |= _mm256_movemask_ps(_mm256_cmp_ps(hi, _mm256_set1_ps(floor[b]), _CMP_GE_OQ));
+        }
+        for (; mask; mask &= mask - 1) ids[count++] = i + __builtin_ctz(mask);
+    }
+    for (int64_t i = V8; i < V; ++i)
+        for (int64_t b = 0; b < M; ++b)
+            if (approx[b * V + i] + norm[b] * coef[i] >= floor[b]) {
+                ids[count++] = i;
+                break;
+            }
+    return count;
+}
