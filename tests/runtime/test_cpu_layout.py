@@ -67,8 +67,8 @@ def test_packed_conversion_keeps_tied_head_and_counts_panels_and_padding(cpu_ker
     want = model.model.proj(x)
     extra = use_cpu_layout(model, cpu_kernels)
     # The head's panels (1000 columns pad to 63 panels = 1008) plus the projection's
-    # padding, and the head's greedy screen: fp16 panels and a bound per vocabulary row.
-    assert extra == 1008 * 64 * 4 + 8 * 64 * 4 + 1008 * 64 * 2 + 1000 * 4
+    # padding, and the head's greedy screen: its 16-bit copy and two bound factors per row.
+    assert extra == 1008 * 64 * 4 + 8 * 64 * 4 + 1008 * 64 * 2 + 2 * 1000 * 4
     assert isinstance(model.model.proj, PackedLinear) and isinstance(model.lm_head, PackedHead)
     assert model.lm_head.weight is model.model.embed.weight
     assert "lm_head.panels" not in model.state_dict()

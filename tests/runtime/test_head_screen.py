@@ -1,7 +1,7 @@
-"""The LM head's greedy screen: the fp16 GEMM and the candidate selection equal their torch
-references, the screened logits give the full head's argmax (ties included) with the
-candidates' logits bit for bit, and the engine uses the screen only for argmax-only
-batches, with the same tokens as transformers."""
+"""The LM head's greedy screen: the fp16 and bfloat16 GEMMs and the candidate selection
+equal their torch references, the error bound holds, the screened logits give the full
+head's argmax (ties included) with its largest logit bit for bit, and the engine uses the
+screen only for argmax-only batches, with the same tokens as transformers."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from radixlm import Engine
-from radixlm.kernels.cpu import pack_panels
+from radixlm.kernels.cpu import pack_pair_panels, pack_panels
 from radixlm.runtime.models import head_screen
 from radixlm.runtime.models.cpu_linear import PackedHead
-from radixlm.runtime.models.head_screen import SCREEN_ROWS, ArgmaxScreen
+from radixlm.runtime.models.head_screen import ArgmaxScreen, Bf16Product, Fp16Product
 from tests.runtime.conftest import MODEL, greedy
 
 
@@ -23,6 +23,11 @@ def _threads(n: int):
     before = torch.get_num_threads()
     torch.set_num_threads(n)
     return before
+
+
+def _need_bf16(kernels):
+    if not kernels.has_bf16:
+        pytest.skip("the CPU lacks AVX-512 BF16")
 
 
 # Rows: the split-sum tiles (1, 2), the row tiles (3-8) and balanced splits above 8; N: a
@@ -43,45 +48,99 @@ def test_half_gemm_matches_torch(cpu_kernels, gemm_isa, m, n, k, threads):
     torch.testing.assert_close(y, x @ w16.float().t(), rtol=1e-5, atol=1e-4)
 
 
-def test_half_gemm_rejects_bad_input(cpu_kernels):
+def test_pack_pair_panels_layout():
+    w = torch.arange(20 * 3, dtype=torch.float32).view(20, 3).to(torch.bfloat16)
+    p = pack_pair_panels(w)
+    assert p.shape == (2, 2, 16, 2)
+    assert torch.equal(p[0, 0, :, 0], w[:16, 0]) and torch.equal(p[0, 0, :, 1], w[:16, 1])
+    assert torch.equal(p[1, 1, :4, 0], w[16:, 2])
+    assert not p[1, 1, :, 1].any() and not p[1, :, 4:].any()  # zero padding in K and N
+
+
+# Rows: 1-2 (two partial sums), tiles of up to 8, balanced splits to 16; N: an odd panel
+# count (the last pair is one panel), a ragged last panel, N < 16.
+@pytest.mark.parametrize("m", [1, 2, 3, 8, 9, 16])
+@pytest.mark.parametrize("n,k", [(7, 64), (200, 578), (1000, 130)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bf16_gemm_matches_torch(cpu_kernels, m, n, k, threads):
+    _need_bf16(cpu_kernels)
+    gen = torch.Generator().manual_seed(m * 100 + n + k)
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    before = _threads(threads)
+    try:
+        y = cpu_kernels.bmm(x, pack_pair_panels(w), n)
+    finally:
+        torch.set_num_threads(before)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    torch.testing.assert_close(y, x.float() @ w.float().t(), rtol=1e-5, atol=1e-4)
+
+
+def test_16_bit_gemms_reject_bad_input(cpu_kernels):
     panels = pack_panels(torch.randn(20, 8)).half()
     with pytest.raises(ValueError, match="float16 panels"):
         cpu_kernels.hmm(torch.randn(1, 8), panels.float(), 20)
     with pytest.raises(ValueError, match="do not pack"):
         cpu_kernels.hmm(torch.randn(1, 9), panels, 20)
+    pairs = pack_pair_panels(torch.randn(20, 8).to(torch.bfloat16))
+    with pytest.raises(ValueError, match="bfloat16"):
+        cpu_kernels.bmm(torch.randn(1, 8), pairs, 20)
+    with pytest.raises(ValueError, match="in pairs"):
+        cpu_kernels.bmm(torch.randn(1, 10).to(torch.bfloat16), pairs, 20)
 
 
-def _select_reference(approx, coef, norm):
-    radius = norm[:, None] * coef[None, :]
+def _select_reference(approx, c1, c2, n1, n2, pad):
+    radius = (n1[:, None] * c1[None, :] + n2[:, None] * c2[None, :]) + pad
     floor = (approx - radius).amax(dim=1)
     return (approx + radius >= floor[:, None]).any(dim=0).nonzero().flatten()
 
 
-@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("m", [1, 2, 5, 16])
 @pytest.mark.parametrize("v", [8, 1003])
-def test_screen_select_matches_torch(cpu_kernels, m, v):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_screen_select_matches_torch(cpu_kernels, m, v, threads):
     gen = torch.Generator().manual_seed(m + v)
     approx = torch.randn(m, v, generator=gen) * 4
-    coef = torch.rand(v, generator=gen) * 0.05
-    norm = torch.rand(m, generator=gen) * 10
-    # A tie at the top of row 0 and an entry on the bound of the floor: both kept.
+    c1, c2 = torch.rand(v, generator=gen) * 0.05, torch.rand(v, generator=gen) * 0.02
+    n1, n2 = torch.rand(m, generator=gen) * 10, torch.rand(m, generator=gen)
+    # A tie at the top of row 0, in the vector loop and in the tail: both kept.
     approx[0, 3] = approx[0, v - 1] = approx[0].max() + 1
-    got = cpu_kernels.screen_select(approx, coef, norm)
-    want = _select_reference(approx, coef, norm)
+    before = _threads(threads)
+    try:
+        got = cpu_kernels.screen_select(approx, c1, c2, n1, n2, 2.0**-100)
+    finally:
+        torch.set_num_threads(before)
+    want = _select_reference(approx, c1, c2, n1, n2, 2.0**-100)
     assert torch.equal(got, want)
     assert 3 in got.tolist() and v - 1 in got.tolist()
+    # With zero radii only the ties are left.
+    zero = torch.zeros(v)
+    only = cpu_kernels.screen_select(approx[:1], zero, zero, n1[:1], n2[:1], 0.0)
+    assert only.tolist() == [3, v - 1]
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_screen_select_declines_non_finite_input(cpu_kernels, bad):
-    approx, coef, norm = torch.randn(2, 50), torch.full((50,), 0.01), torch.ones(2)
+    approx, c = torch.randn(2, 50), torch.full((50,), 0.01)
+    ones = torch.ones(2)
     for i in (7, 49):  # inside the vector loop, and in the tail
         a = approx.clone()
         a[1, i] = bad
-        assert cpu_kernels.screen_select(a, coef, norm) is None
-    assert cpu_kernels.screen_select(approx, coef, torch.tensor([1.0, bad])) is None
+        assert cpu_kernels.screen_select(a, c, c, ones, ones, 0.0) is None
+    assert cpu_kernels.screen_select(approx, c, c, torch.tensor([1.0, bad]), ones, 0.0) is None
+    assert cpu_kernels.screen_select(approx, c, c, ones, torch.tensor([bad, 1.0]), 0.0) is None
     with pytest.raises(ValueError, match="screen_select"):
-        cpu_kernels.screen_select(torch.randn(9, 50), coef, torch.ones(9))
+        cpu_kernels.screen_select(torch.randn(17, 50), c, c, torch.ones(17), torch.ones(17), 0.0)
+
+
+@pytest.fixture(params=["fp16", "bf16"])
+def screen_form(request, cpu_kernels, monkeypatch):
+    """Runs the test with each form of the screen's copy this CPU has."""
+    if request.param == "bf16":
+        _need_bf16(cpu_kernels)
+    form = Bf16Product if request.param == "bf16" else Fp16Product
+    monkeypatch.setattr(ArgmaxScreen, "product_for", staticmethod(lambda kernels: form(kernels)))
+    return form
 
 
 def _head(weight: torch.Tensor, bias: bool = False) -> nn.Linear:
@@ -90,60 +149,81 @@ def _head(weight: torch.Tensor, bias: bool = False) -> nn.Linear:
     return lin
 
 
-#: float16's spacing just above 1.0.
-_H = 2.0**-10
+#: float16's spacing just above 1.0, and bfloat16's.
+_H16, _HB = 2.0**-10, 2.0**-7
 
 
 def _near_ties(vocab: int = 1000, hidden: int = 64, seed: int = 0) -> torch.Tensor:
     """A head whose rows 10 and 11 are equal (exact ties), rows 20 / 21 differ in one
-    weight's last bits (ties to within rounding), and rows 30 / 31 swap order in float16:
-    against x = (1, 1, 0, ...) row 30 scores 1 + 0.49 h exactly and 1 in float16 (its
-    weight rounds down), row 31 scores 1 + 0.3 h both ways."""
+    weight's last bits (ties to within rounding), and rows 30 / 31 swap order in 16 bits:
+    against x = (1, 1, 0, ...) row 30 scores 1 + 0.49 h exactly and 1 in fp16 and
+    bfloat16 (its weight rounds down), row 31 scores 1 + 0.3 h both ways (h = bfloat16's
+    spacing at 1; float16's is finer, so for it rows 32 / 33 do the same with its own)."""
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(vocab, hidden, generator=gen) * 0.1
     w[11] = w[10]
     w[21] = w[20]
     w[21, 0] = torch.nextafter(w[20, 0], torch.tensor(1.0))
-    w[30:32] = 0.0
-    w[30, 0] = 1 + 0.49 * _H
-    w[31, 0], w[31, 1] = 1.0, 0.3 * _H
+    w[30:34] = 0.0
+    w[30, 0], w[32, 2] = 1 + 0.49 * _HB, 1 + 0.49 * _H16
+    w[31, 0], w[31, 1] = 1.0, 0.3 * _HB
+    w[33, 2], w[33, 3] = 1.0, 0.3 * _H16
     return w
 
 
+class _Selected:
+    """Records how many candidates each screen_select call kept."""
+
+    def __init__(self, kernels, monkeypatch):
+        self.counts: list[int] = []
+        original = type(kernels).screen_select
+
+        def counted(k, *args):
+            ids = original(k, *args)
+            self.counts.append(-1 if ids is None else ids.numel())
+            return ids
+
+        monkeypatch.setattr(type(kernels), "screen_select", counted)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
-def test_argmax_logits_give_the_full_heads_argmax_and_values(cpu_kernels, gemm_isa, threads):
+def test_argmax_logits_give_the_full_heads_argmax(
+    cpu_kernels, gemm_isa, screen_form, threads, monkeypatch
+):
     w = _near_ties()
     head = PackedHead(_head(w), cpu_kernels)
-    assert head.attach_screen()
+    assert head.attach_screen() and isinstance(head.screen.product, screen_form)
+    picked = _Selected(cpu_kernels, monkeypatch)
+    # The pair whose order the copy swaps, and the inputs that score it.
+    pair, swap = ((31, 30), [0, 1]) if screen_form is Bf16Product else ((33, 32), [2, 3])
     gen = torch.Generator().manual_seed(1)
     before = _threads(threads)
     try:
-        for trial in range(40):
-            m = 1 + trial % SCREEN_ROWS
+        for trial in range(48):
+            m = 1 + trial % head.screen.rows
             x = torch.randn(m, w.shape[1], generator=gen)
-            if trial % 4 == 1:  # two rows, aimed at the tied pairs: both must stay candidates
+            if trial % 4 == 1 and m > 1:  # aimed at the tied pairs: both stay candidates
                 x[0] = w[10] * 5
                 x[-1] = w[20] * 5
-            if trial % 4 == 2:  # row 30 wins, though its float16 copy scores below row 31
+            if trial % 4 == 2:  # row 30 (32) wins, though its copy scores below row 31 (33)
                 x[0] = 0.0
-                x[0, :2] = 10.0
+                x[0, swap] = 10.0
             full, screened = head.forward(x), head.argmax_logits(x)
-            kept = torch.isfinite(screened)
             assert torch.equal(screened.argmax(dim=1), full.argmax(dim=1))
-            assert torch.equal(screened[kept], full[kept])  # bit for bit
-            assert (screened[~kept] == -math.inf).all()
-            assert kept.sum(dim=1).max() < w.shape[0]  # the screen did rule rows out
-            if trial % 4 == 1:
-                assert kept[0, 10] and kept[0, 11] and kept[-1, 20] and kept[-1, 21]
+            assert torch.equal(screened.amax(dim=1), full.amax(dim=1))  # bit for bit
+            if trial % 4 == 1 and m > 1:
                 assert screened[0].argmax() == 10  # first index of the exact tie
             if trial % 4 == 2:
-                approx = cpu_kernels.hmm(x, head.screen.panels, w.shape[0])
-                assert approx[0].argmax() == 31 and screened[0].argmax() == 30
+                xs = head.screen.product.approximate(x, head.screen.panels, w.shape[0])[0]
+                assert xs[0].argmax() == pair[0]  # the copy alone would pick wrong
+                assert screened[0].argmax() == full[0].argmax() == pair[1]
     finally:
         torch.set_num_threads(before)
+    assert picked.counts and -1 not in picked.counts
+    assert max(picked.counts) < w.shape[0] // 10  # the screen did rule most rows out
 
 
-def test_argmax_logits_fall_back_to_the_full_head(cpu_kernels):
+def test_argmax_logits_fall_back_to_the_full_head(cpu_kernels, screen_form):
     w = _near_ties()
     head = PackedHead(_head(w), cpu_kernels)
     head.attach_screen()
@@ -152,41 +232,48 @@ def test_argmax_logits_fall_back_to_the_full_head(cpu_kernels):
     got, full = head.argmax_logits(x), head.forward(x)
     assert torch.equal(got[0], full[0])  # the whole batch took the full head
     assert torch.isnan(got[1]).all() and torch.isnan(full[1]).all()
-    many = torch.randn(SCREEN_ROWS + 1, w.shape[1])
+    many = torch.randn(head.screen.rows + 1, w.shape[1])
     assert torch.equal(head.argmax_logits(many), head.forward(many))
 
 
-def test_screen_applies_only_to_fp16_finite_fp32_heads_without_bias(cpu_kernels):
+def test_screen_applies_only_to_finite_fp32_heads_without_bias(cpu_kernels, screen_form):
     w = torch.randn(64, 32)
     assert not PackedHead(_head(w, bias=True), cpu_kernels).attach_screen()
     big = w.clone()
-    big[3, 4] = 70000.0  # past float16's largest finite value
-    assert not ArgmaxScreen.fits(big)
+    big[3, 4] = 3.4e38 if screen_form is Bf16Product else 70000.0  # past the copy's range
+    assert not ArgmaxScreen.fits(big, cpu_kernels)
     assert not PackedHead(_head(big), cpu_kernels).attach_screen()
-    with pytest.raises(ValueError, match="not finite in float16"):
+    with pytest.raises(ValueError, match="not finite in"):
         ArgmaxScreen(big, cpu_kernels)
     head = PackedHead(_head(w), cpu_kernels)
     panel_bytes = head.extra_bytes
     assert head.attach_screen() and head.screen is not None
-    assert head.extra_bytes == panel_bytes + 4 * 32 * 16 * 2 + 64 * 4  # fp16 panels + coef
+    assert head.extra_bytes == panel_bytes + 4 * 32 * 16 * 2 + 2 * 64 * 4  # copy + c1, c2
     x = torch.randn(1, 32)
     assert head.argmax_logits(x).argmax() == head.forward(x).argmax()
     without = PackedHead(_head(w), cpu_kernels)
     assert torch.equal(without.argmax_logits(x), without.forward(x))
 
 
-def test_bound_covers_the_rounding_error(cpu_kernels):
-    """|approximate - exact| stays within ||x|| c_i on every row, for inputs of very
-    different scales."""
-    w = torch.randn(500, 96) * 0.05
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+def test_bound_covers_the_error(cpu_kernels, screen_form, scale):
+    """|approximate - exact| <= n1 c1 + n2 c2 + pad on every row, for inputs of very
+    different scales, with entries the product reads as zero (below 2^-40) and subnormal
+    weights."""
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(500, 96, generator=gen) * 0.05
+    w[7, :10] = 1e-39  # subnormal in fp32
     screen = ArgmaxScreen(w, cpu_kernels)
     exact_panels = pack_panels(w)
-    for scale in (1e-3, 1.0, 1e3):
-        x = torch.randn(3, 96) * scale
-        approx = cpu_kernels.hmm(x, screen.panels, 500)
-        exact = cpu_kernels.mm(x, exact_panels, 500)
-        bound = x.double().norm(dim=1)[:, None] * screen.coef.double()[None, :]
-        assert ((approx.double() - exact.double()).abs() <= bound).all()
+    x = torch.randn(3, 96, generator=gen) * scale
+    x[1, :20] = 1e-13  # below 2^-40
+    approx, xs = screen.product.approximate(x, screen.panels, 500)
+    exact = cpu_kernels.mm(x, exact_panels, 500)
+    n1 = xs.double().norm(dim=1)
+    n2 = (x.double() - xs.double()).norm(dim=1)
+    assert n2[1] > 0
+    bound = n1[:, None] * screen.c1.double() + n2[:, None] * screen.c2.double() + 2.0**-100
+    assert ((approx.double() - exact.double()).abs() <= bound).all()
 
 
 class _Counter:

@@ -5,8 +5,9 @@ may be float32 or float16, `KV_DTYPES`):
   the CPU has it, else AVX2 (`CpuKernels.gemm_isa`);
 * `quant_gemm.c`: the same GEMM over GGUF Q4_1 / Q8_0 blocks kept packed (`CpuKernels.qmm`,
   layouts in `quant.py`), dequantized slice by slice into L1 for the same register tiles;
-* `half_gemm.c`: the GEMM of a few rows over IEEE fp16 panels (`CpuKernels.hmm`), the
-  LM head's greedy screen;
+* `half_gemm.c`: the LM head's greedy screen: the GEMM of a few rows over IEEE fp16 panels
+  (`CpuKernels.hmm`) or, with AVX-512 BF16, over bfloat16 pair panels (`CpuKernels.bmm`),
+  and the candidate selection (`CpuKernels.screen_select`);
 * `decode_attention.c`: paged decode attention read in place from the KV pool
   (`CpuKernels.decode_attention`; `decode_attention_kv.h` is its body, once per KV dtype),
   in 512-bit vectors where `gemm_isa` is "avx512" and head_dim % 64 == 0; requests that
@@ -40,6 +41,7 @@ from radixlm.kernels.cpu.weights import (
     PANEL,
     empty_in_huge_pages,
     into_huge_pages,
+    pack_pair_panels,
     pack_panels,
 )
 
@@ -47,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "HUGE_PAGE", "KV_DTYPES", "PANEL", "CpuKernels", "LayerSpec", "empty_in_huge_pages",
-    "into_huge_pages", "pack_panels",
+    "into_huge_pages", "pack_pair_panels", "pack_panels",
 ]  # fmt: skip
 
 #: KV pool dtypes the attention and KV-store kernels read and write (computing in fp32).
@@ -82,7 +84,10 @@ class CpuKernels:
         self._qgemm = _bind(lib.radixlm_quant_gemm, [p, i64, p, i32, p, i64, i64, i64, i32])
         self._dequant = _bind(lib.radixlm_quant_dequant, [i32, p, i64, p])
         self._hgemm = _bind(lib.radixlm_half_gemm, [p, p, p, i64, i64, i64, i32])
-        self._screen = _bind(lib.radixlm_screen_select, [p, p, p, i64, i64, p], i64)
+        self._bgemm = _bind(lib.radixlm_bf16_gemm, [p, p, p, i64, i64, i64, i32], ctypes.c_int)
+        self._has_bf16 = _bind(lib.radixlm_has_bf16, [], ctypes.c_int)
+        screen_args = [p, p, p, p, p, f32, i64, i64, p, i32]
+        self._screen = _bind(lib.radixlm_screen_select, screen_args, i64)
         attn_args = [p, i64, p, p, i32, p, i64, p, p, i64, i64, i64, i64, f32, i32]
         self._attn = _bind(lib.radixlm_decode_attention, attn_args, ctypes.c_int)
         ext_args = [p, i64, p, p, i32, p, i64, p, p, p, i64, i64, i64, i64, f32, i32]
@@ -170,23 +175,54 @@ class CpuKernels:
         self._hgemm(x.data_ptr(), panels.data_ptr(), y.data_ptr(), m, k, n, torch.get_num_threads())
         return y
 
+    @property
+    def has_bf16(self) -> bool:
+        """Whether the CPU has AVX-512 BF16 (`bmm` runs)."""
+        return bool(self._has_bf16())
+
+    def bmm(self, x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
+        """x bfloat16 [M, 2 K2] times W [n, 2 K2] held as bfloat16 pair panels
+        [ceil(n / 16), K2, 16, 2] (`pack_pair_panels`): returns [M, n] float32, each pair of
+        products exact and added in fp32 by AVX-512 BF16's `vdpbf16ps` (round to nearest
+        even; subnormal inputs and results taken as zero). Raises ValueError on a dtype or
+        shape mismatch, RuntimeError where the CPU lacks AVX-512 BF16 (`has_bf16`)."""
+        if x.dtype != torch.bfloat16 or panels.dtype != torch.bfloat16 or x.dim() != 2:
+            raise ValueError(f"bmm takes bfloat16 x [M, K] and bfloat16 panels, got {x.dtype}")
+        m, k = x.shape
+        if k % 2 or tuple(panels.shape) != (-(-n // PANEL), k // 2, PANEL, 2):
+            raise ValueError(f"panels {tuple(panels.shape)} do not pack {n} x {k} in pairs")
+        x, panels = x.contiguous(), panels.contiguous()
+        y = torch.empty(m, n, dtype=torch.float32)
+        args = (x.data_ptr(), panels.data_ptr(), y.data_ptr(), m, k // 2, n)
+        if self._bgemm(*args, torch.get_num_threads()) < 0:
+            raise RuntimeError("bmm needs AVX-512 BF16, which this CPU lacks")
+        return y
+
     def screen_select(
-        self, approx: torch.Tensor, coef: torch.Tensor, norm: torch.Tensor
+        self,
+        approx: torch.Tensor,
+        c1: torch.Tensor,
+        c2: torch.Tensor,
+        n1: torch.Tensor,
+        n2: torch.Tensor,
+        pad: float,
     ) -> torch.Tensor | None:
         """Candidates of the LM head's greedy screen (`head_screen.ArgmaxScreen`): approx
-        float32 [M, V] approximate logits (M <= 8), coef float32 [V] per-row error factors,
-        norm float32 [M] the rows' ||x||_2. Row i is kept when approx[b, i] + norm[b]
-        coef[i] >= max_j (approx[b, j] - norm[b] coef[j]) for some b. Returns int64 [C]
-        sorted ids, or None when a norm, an approximate logit or a floor is not finite. Raises
-        ValueError on a dtype or shape mismatch."""
+        float32 [M, V] approximate logits (M <= 16, contiguous) whose errors are at most
+        n1[b] c1[i] + n2[b] c2[i] + pad (c1, c2 float32 [V], n1, n2 float32 [M]). Row i is
+        kept when approx[b, i] + that radius >= max_j (approx[b, j] - its radius) for some
+        b. Returns int64 [C] sorted ids, or None when a norm, an approximate logit or a
+        floor is not finite. Raises ValueError on a dtype or shape mismatch."""
         m, v = approx.shape
-        ok = approx.dtype == coef.dtype == norm.dtype == torch.float32
-        if not ok or tuple(coef.shape) != (v,) or tuple(norm.shape) != (m,) or m > 8:
-            raise ValueError("screen_select takes float32 approx [M <= 8, V], coef [V], norm [M]")
-        approx, coef, norm = approx.contiguous(), coef.contiguous(), norm.contiguous()
+        parts = (approx, c1, c2, n1, n2)
+        shapes = ((m, v), (v,), (v,), (m,), (m,))
+        if m > 16 or any(t.dtype != torch.float32 or tuple(t.shape) != sh
+                         for t, sh in zip(parts, shapes)):  # fmt: skip
+            raise ValueError("screen_select takes float32 approx [M <= 16, V], c [V], n [M]")
+        parts = [t.contiguous() for t in parts]
         ids = torch.empty(v, dtype=torch.int64)
-        ptrs = (approx.data_ptr(), coef.data_ptr(), norm.data_ptr())
-        count = self._screen(*ptrs, m, v, ids.data_ptr())
+        threads = torch.get_num_threads()
+        count = self._screen(*(t.data_ptr() for t in parts), pad, m, v, ids.data_ptr(), threads)
         return None if count < 0 else ids[:count]
 
     def dequantize(self, panels: torch.Tensor, fmt: int) -> torch.Tensor:

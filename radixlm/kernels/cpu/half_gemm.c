@@ -154,57 +154,194 @@ void radixlm_half_gemm(const float *x, const uint16_t *panels, float *y, int64_t
     }
 }
 
-/* The greedy screen's candidates (runtime/models/head_screen.py): approx [M, V] logits,
- * coef [V] per-row bounds, norm [M] the rows' ||x||_2. Row b's floor is max_i (approx[b, i]
- * - norm[b] coef[i]); vocabulary row i is a candidate when approx[b, i] + norm[b] coef[i]
- * >= floor_b for some b. Writes the candidates in increasing order to ids (room for V) and
- * returns how many, or -1 when a norm, an approximate logit or a floor is not finite. One thread:
- * M x V is small (at most 4 x the vocabulary). */
-int64_t radixlm_screen_select(const float *approx, const float *coef, const float *norm,
-                              int64_t M, int64_t V, int64_t *ids) {
-    float floor[8];
-    if (M > 8) return -1;
+/* bf16 pair panels [ceil(N / 16)][K2][16] of uint32, each the pair (w[n][2j], w[n][2j + 1])
+ * of one column n (low half first), against x as bf16 pairs [M][K2]: AVX-512 BF16's
+ * `vdpbf16ps` multiplies each pair exactly and adds the two products into an fp32 lane
+ * (round to nearest even; bf16 and fp32 subnormals taken as zero, which the screen's
+ * inputs avoid). Each weight pair is loaded once for up to BF_ROWS rows and two panels;
+ * one or two rows keep two partial sums per column (j even / odd). */
+#define AVX512BF16 __attribute__((target("avx512f,avx512bf16")))
+#define BF_ROWS 8
+
+static inline AVX512BF16 __attribute__((always_inline)) void
+bf16_tile(const int mr, const int np, const int split, const uint32_t *x, int64_t K2,
+          const uint32_t *w0, const uint32_t *w1, float *y, int64_t ldy) {
+    __m512 a[BF_ROWS][2][2];
+    for (int r = 0; r < BF_ROWS; ++r)
+        for (int p = 0; p < 2; ++p) a[r][p][0] = a[r][p][1] = _mm512_setzero_ps();
+    /* Sums h = 0 and (split) 1 take the pairs j = 0, 2, ... and 1, 3, ... */
+    const int64_t step = split ? 2 : 1;
+    int64_t j = 0;
+    for (; j + step <= K2; j += step)
+        for (int h = 0; h < step; ++h) {
+            const __m512bh p0 = (__m512bh)_mm512_loadu_si512(w0 + (j + h) * 16);
+            const __m512bh p1 = np > 1 ? (__m512bh)_mm512_loadu_si512(w1 + (j + h) * 16) : p0;
+            for (int r = 0; r < BF_ROWS; ++r) {
+                if (r >= mr) break;
+                const __m512bh xr = (__m512bh)_mm512_set1_epi32((int)x[r * K2 + j + h]);
+                a[r][0][h] = _mm512_dpbf16_ps(a[r][0][h], xr, p0);
+                if (np > 1) a[r][1][h] = _mm512_dpbf16_ps(a[r][1][h], xr, p1);
+            }
+        }
+    for (; j < K2; ++j) { /* split only: the odd last pair */
+        const __m512bh p0 = (__m512bh)_mm512_loadu_si512(w0 + j * 16);
+        const __m512bh p1 = np > 1 ? (__m512bh)_mm512_loadu_si512(w1 + j * 16) : p0;
+        for (int r = 0; r < BF_ROWS; ++r) {
+            if (r >= mr) break;
+            const __m512bh xr = (__m512bh)_mm512_set1_epi32((int)x[r * K2 + j]);
+            a[r][0][0] = _mm512_dpbf16_ps(a[r][0][0], xr, p0);
+            if (np > 1) a[r][1][0] = _mm512_dpbf16_ps(a[r][1][0], xr, p1);
+        }
+    }
+    for (int r = 0; r < mr; ++r)
+        for (int p = 0; p < np; ++p)
+            _mm512_storeu_ps(y + r * ldy + 16 * p,
+                             split ? _mm512_add_ps(a[r][p][0], a[r][p][1]) : a[r][p][0]);
+}
+
+/* One copy per (rows, panels), so both are constants inside the k loop; j alternates
+ * between two sums only where one or two rows give too few independent chains. */
+#define BF16_TILE(R)                                                                       \
+    static AVX512BF16 void bf16_tile##R(int np, const uint32_t *x, int64_t K2,             \
+                                        const uint32_t *w0, const uint32_t *w1, float *y,   \
+                                        int64_t ldy) {                                      \
+        if (np > 1)                                                                         \
+            bf16_tile(R, 2, R <= 2, x, K2, w0, w1, y, ldy);                                 \
+        else                                                                                \
+            bf16_tile(R, 1, R <= 2, x, K2, w0, w0, y, ldy);                                 \
+    }
+BF16_TILE(1) BF16_TILE(2) BF16_TILE(3) BF16_TILE(4) BF16_TILE(5) BF16_TILE(6) BF16_TILE(7)
+BF16_TILE(8)
+typedef void (*bf16_tile_fn)(int, const uint32_t *, int64_t, const uint32_t *, const uint32_t *,
+                             float *, int64_t);
+static const bf16_tile_fn BF16_TILES[BF_ROWS + 1] = {
+    0, bf16_tile1, bf16_tile2, bf16_tile3, bf16_tile4, bf16_tile5, bf16_tile6, bf16_tile7,
+    bf16_tile8};
+
+int radixlm_has_bf16(void) { return __builtin_cpu_supports("avx512bf16") != 0; }
+
+/* y [M, N] = x @ W^T over bf16 pair panels (above); x bf16 pairs [M, K2]. The threads take
+ * the panels two at a time, evenly. Returns -1 where the CPU lacks AVX-512 BF16, else 0. */
+int radixlm_bf16_gemm(const uint32_t *x, const uint32_t *panels, float *y, int64_t M,
+                      int64_t K2, int64_t N, int num_threads) {
+    if (!radixlm_has_bf16()) return -1;
+    const int64_t NB = (N + 15) / 16, pairs = (NB + 1) / 2;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t c = 0; c < pairs; ++c) {
+        const int64_t b = 2 * c;
+        const int np = b + 1 < NB ? 2 : 1;
+        const int64_t cols = N - b * 16 < 32 ? N - b * 16 : 32;
+        float tail[BF_ROWS * 32];
+        for (int64_t m = 0, mr; m < M; m += mr) {
+            /* Balanced tiles: 10 rows go as 5 + 5, not 8 + 2. */
+            const int64_t ntiles = (M - m + BF_ROWS - 1) / BF_ROWS;
+            mr = (M - m + ntiles - 1) / ntiles;
+            /* Full panels write y in place; a padded last one goes through `tail`. */
+            float *dst = cols == 32 ? y + m * N + b * 16 : tail;
+            const int64_t ldy = cols == 32 ? N : 32;
+            const uint32_t *w1 = np > 1 ? panels + (b + 1) * K2 * 16 : panels;
+            BF16_TILES[mr](np, x + m * K2, K2, panels + b * K2 * 16, w1, dst, ldy);
+            if (cols < 32)
+                for (int64_t r = 0; r < mr; ++r)
+                    memcpy(y + (m + r) * N + b * 16, tail + r * 32, cols * sizeof(float));
+        }
+    }
+    return 0;
+}
+
+/* Most rows radixlm_screen_select takes. */
+#define SELECT_ROWS 16
+
+/* approx[b, i] - (n1 c1[i] + n2 c2[i] + pad) over 8 vocabulary rows, and its upper twin. */
+static inline __m256 radius8(__m256 m1, __m256 m2, const float *c1, const float *c2,
+                             __m256 pad) {
+    return _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(m1, _mm256_loadu_ps(c1)),
+                                       _mm256_mul_ps(m2, _mm256_loadu_ps(c2))),
+                         pad);
+}
+
+/* The greedy screen's candidates (runtime/models/head_screen.py): approx [M, V] logits;
+ * each one's error radius is n1[b] c1[i] + n2[b] c2[i] + pad (c1, c2 [V] per vocabulary row,
+ * n1, n2 [M] per row of x). Row b's floor is max_i (approx[b, i] - radius); vocabulary row
+ * i is a candidate when approx[b, i] + radius >= floor_b for some b. Writes the candidates
+ * in increasing order to ids (room for V) and returns how many, or -1 when M > SELECT_ROWS
+ * or a norm, an approximate logit or a floor is not finite. The threads split the rows,
+ * then the vocabulary. */
+int64_t radixlm_screen_select(const float *approx, const float *c1, const float *c2, const float *n1,
+                              const float *n2, float pad, int64_t M, int64_t V, int64_t *ids,
+                              int num_threads) {
+    float floor[SELECT_ROWS];
+    int bad = M > SELECT_ROWS;
+    for (int64_t b = 0; b < M && !bad; ++b) bad = !isfinite(n1[b]) || !isfinite(n2[b]);
+    if (bad) return -1;
     const int64_t V8 = V & ~(int64_t)7;
+    const __m256 vpad = _mm256_set1_ps(pad);
+#pragma omp parallel for schedule(static) num_threads(num_threads) reduction(|| : bad)
     for (int64_t b = 0; b < M; ++b) {
-        if (!isfinite(norm[b])) return -1;
         const float *a = approx + b * V;
-        const __m256 n = _mm256_set1_ps(norm[b]);
-        __m256 best = _mm256_set1_ps(-INFINITY), bad = _mm256_setzero_ps();
+        const __m256 m1 = _mm256_set1_ps(n1[b]), m2 = _mm256_set1_ps(n2[b]);
+        __m256 best = _mm256_set1_ps(-INFINITY), nf = _mm256_setzero_ps();
         for (int64_t i = 0; i < V8; i += 8) {
             __m256 ai = _mm256_loadu_ps(a + i);
             /* a - a is NaN exactly where a is NaN or +-inf. */
-            bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(ai, ai), _mm256_setzero_ps(),
-                                                  _CMP_NEQ_UQ));
-            best = _mm256_max_ps(best, _mm256_sub_ps(ai, _mm256_mul_ps(n, _mm256_loadu_ps(coef + i))));
+            nf = _mm256_or_ps(nf, _mm256_cmp_ps(_mm256_sub_ps(ai, ai), _mm256_setzero_ps(),
+                                                _CMP_NEQ_UQ));
+            best = _mm256_max_ps(best, _mm256_sub_ps(ai, radius8(m1, m2, c1 + i, c2 + i, vpad)));
         }
-        if (_mm256_movemask_ps(bad)) return -1;
         float lanes[8], f = -INFINITY;
         _mm256_storeu_ps(lanes, best);
         for (int j = 0; j < 8; ++j) f = lanes[j] > f ? lanes[j] : f;
+        int row_bad = _mm256_movemask_ps(nf) != 0;
         for (int64_t i = V8; i < V; ++i) {
-            if (!isfinite(a[i])) return -1;
-            float lo = a[i] - norm[b] * coef[i];
+            row_bad |= !isfinite(a[i]);
+            float lo = a[i] - ((n1[b] * c1[i] + n2[b] * c2[i]) + pad);
             f = lo > f ? lo : f;
         }
-        if (!isfinite(f)) return -1;
         floor[b] = f;
+        bad = bad || row_bad || !isfinite(f);
     }
-    int64_t count = 0;
-    for (int64_t i = 0; i < V8; i += 8) {
-        const __m256 c = _mm256_loadu_ps(coef + i);
-        int mask = 0;
-        for (int64_t b = 0; b < M; ++b) {
-            __m256 hi = _mm256_add_ps(_mm256_loadu_ps(approx + b * V + i),
-                                      _mm256_mul_ps(_mm256_set1_ps(norm[b]), c));
-            mask |= _mm256_movemask_ps(_mm256_cmp_ps(hi, _mm256_set1_ps(floor[b]), _CMP_GE_OQ));
-        }
-        for (; mask; mask &= mask - 1) ids[count++] = i + __builtin_ctz(mask);
-    }
-    for (int64_t i = V8; i < V; ++i)
-        for (int64_t b = 0; b < M; ++b)
-            if (approx[b * V + i] + norm[b] * coef[i] >= floor[b]) {
-                ids[count++] = i;
-                break;
+    if (bad) return -1;
+    /* Each thread marks its share of the vocabulary (8-row blocks; the tail goes to the
+     * last thread) and lists its candidates at its share's start in ids; the lists are
+     * then moved together in order. */
+    int64_t starts[64], counts[64];
+    int used = 1;
+#pragma omp parallel num_threads(num_threads < 64 ? num_threads : 64)
+    {
+        const int64_t t = omp_get_thread_num(), T = omp_get_num_threads(), blocks = V8 / 8;
+        const int64_t i0 = blocks * t / T * 8, i1 = t == T - 1 ? V : blocks * (t + 1) / T * 8;
+        int64_t count = 0;
+        for (int64_t i = i0; i < i1; i += 8) {
+            const int64_t w = i1 - i < 8 ? i1 - i : 8;
+            int mask = 0;
+            if (w == 8) {
+                __m256 keep = _mm256_setzero_ps();
+                for (int64_t b = 0; b < M; ++b) {
+                    __m256 hi = _mm256_add_ps(
+                        _mm256_loadu_ps(approx + b * V + i),
+                        radius8(_mm256_set1_ps(n1[b]), _mm256_set1_ps(n2[b]), c1 + i, c2 + i,
+                                vpad));
+                    keep = _mm256_or_ps(keep, _mm256_cmp_ps(hi, _mm256_set1_ps(floor[b]),
+                                                            _CMP_GE_OQ));
+                }
+                mask = _mm256_movemask_ps(keep);
+            } else {
+                for (int64_t j = 0; j < w; ++j)
+                    for (int64_t b = 0; b < M; ++b) {
+                        const float r = (n1[b] * c1[i + j] + n2[b] * c2[i + j]) + pad;
+                        if (approx[b * V + i + j] + r >= floor[b]) mask |= 1 << j;
+                    }
             }
-    return count;
+            for (; mask; mask &= mask - 1) ids[i0 + count++] = i + __builtin_ctz(mask);
+        }
+        starts[t] = i0;
+        counts[t] = count;
+        if (t == 0) used = (int)T;
+    }
+    int64_t total = 0;
+    for (int t = 0; t < used; ++t) {
+        memmove(ids + total, ids + starts[t], counts[t] * sizeof(int64_t));
+        total += counts[t];
+    }
+    return total;
 }

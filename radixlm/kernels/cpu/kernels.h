@@ -31,9 +31,14 @@ void radixlm_quant_dequant(int fmt, const uint8_t *groups, int64_t ng, float *bu
 /* y[M, N] = x[M, K] @ W^T over IEEE fp16 panels [ceil(N / 16)][K][16] (half_gemm.c). */
 void radixlm_half_gemm(const float *x, const uint16_t *panels, float *y, int64_t M, int64_t K,
                        int64_t N, int num_threads);
+/* y = x @ W^T over bf16 pair panels, x bf16 pairs (half_gemm.c); -1 without AVX-512 BF16. */
+int radixlm_bf16_gemm(const uint32_t *x, const uint32_t *panels, float *y, int64_t M,
+                      int64_t K2, int64_t N, int num_threads);
+int radixlm_has_bf16(void);
 /* The LM head screen's candidates (half_gemm.c): returns their count, -1 when undecided. */
-int64_t radixlm_screen_select(const float *approx, const float *coef, const float *norm,
-                              int64_t M, int64_t V, int64_t *ids);
+int64_t radixlm_screen_select(const float *approx, const float *c1, const float *c2, const float *n1,
+                              const float *n2, float pad, int64_t M, int64_t V, int64_t *ids,
+                              int num_threads);
 /* KV pool buffers (k_buf, v_buf) hold float32, or IEEE float16 when kv_f16 is 1. */
 int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
                              int kv_f16, const int64_t *slots, int64_t ld_slots,

@@ -28,6 +28,17 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     return padded.view(nb, PANEL, k).transpose(1, 2).contiguous()
 
 
+def pack_pair_panels(weight: torch.Tensor) -> torch.Tensor:
+    """Pack W [N, K] (bfloat16) into pair panels [ceil(N / 16), ceil(K / 2), 16, 2]: panel
+    b, row j holds (W[n, 2j], W[n, 2j + 1]) for the columns n = 16b..16b+15, the operand
+    layout of AVX-512 BF16's `vdpbf16ps`. Zero-padded in N and K."""
+    n, k = weight.shape
+    nb, k2 = -(-n // PANEL), -(-k // 2)
+    padded = torch.zeros(nb * PANEL, 2 * k2, dtype=weight.dtype)
+    padded[:n, :k] = weight.detach()
+    return padded.view(nb, PANEL, k2, 2).transpose(1, 2).contiguous()
+
+
 #: Transparent huge page size on x86-64 (bytes).
 HUGE_PAGE = 2 << 20
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from radixlm.kernels.cpu import CpuKernels, pack_panels, quant
 from radixlm.runtime.gguf_blocks import RawBlocks
-from radixlm.runtime.models.head_screen import SCREEN_ROWS, ArgmaxScreen
+from radixlm.runtime.models.head_screen import ArgmaxScreen
 
 logger = logging.getLogger(__name__)
 
@@ -153,8 +153,8 @@ class PackedHead(nn.Module):
     `F.linear` above. forward(x [rows, hidden] fp32) -> logits [rows, vocab] fp32.
 
     `argmax_logits` serves greedy-only batches: with an `ArgmaxScreen` attached
-    (`attach_screen`), up to `SCREEN_ROWS` rows read the head's fp16 copy and compute exact
-    logits only where the argmax can be."""
+    (`attach_screen`), up to `screen.rows` rows read the head's half-size copy and compute
+    exact logits only where the argmax can be."""
 
     def __init__(self, head: nn.Linear, gemm: CpuKernels, blocks: RawBlocks | None = None):
         super().__init__()
@@ -171,15 +171,17 @@ class PackedHead(nn.Module):
 
     def attach_screen(self) -> bool:
         """Build the head's `ArgmaxScreen` where it applies: fp32 panels, no bias, a weight
-        finite in fp16. Returns whether it is attached."""
-        if self.fmt != quant.FP32 or self.bias is not None or not ArgmaxScreen.fits(self.weight):
+        finite in the copy's dtype. Returns whether it is attached."""
+        if self.fmt != quant.FP32 or self.bias is not None:
+            return False
+        if not ArgmaxScreen.fits(self.weight, self._gemm):
             return False
         self.screen = ArgmaxScreen(self.weight.detach().float(), self._gemm)
         return True
 
     @property
     def extra_bytes(self) -> int:
-        """Bytes of the panels (and of the screen's fp16 copy)."""
+        """Bytes of the panels (and of the screen's copy)."""
         screen = self.screen.extra_bytes if self.screen is not None else 0
         return self.panels.numel() * self.panels.element_size() + screen
 
@@ -196,7 +198,7 @@ class PackedHead(nn.Module):
         """Logits [rows, vocab] fp32 whose row-wise argmax (first index on ties) equals that
         of `forward(x)`; entries the screen ruled out are -inf. For rows only sampled
         greedily, with no logit processor, logprob or grammar reading them."""
-        if self.screen is None or x.shape[0] > SCREEN_ROWS:
+        if self.screen is None or x.shape[0] > self.screen.rows:
             return self.forward(x)
         out = self.screen.logits(x, self._columns)
         return self.forward(x) if out is None else out

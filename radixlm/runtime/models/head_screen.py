@@ -1,26 +1,39 @@
-"""Exact greedy decoding from a half-precision copy of the LM head.
+"""Exact greedy decoding from a half-size (fp16 or bfloat16) copy of the LM head.
 
-A greedy step needs only the argmax of each row's logits l = W x (W [V, K] fp32). At a
-few rows the head's GEMM is bound by the bytes of W it streams (SmolLM2-135M: 113 MB of
-a decode step's 538), so `ArgmaxScreen` first computes approximate logits a = W16 x from
-an IEEE fp16 copy of W (half the bytes), bounds each row's error, and computes exact
+A greedy step needs only the argmax of each row's logits l = W x (W [V, K] fp32). The
+head's GEMM is a large share of a decode step (SmolLM2-135M: 113 MB of the 538 MB a
+batch-1 step streams; at batch 16, 15% of the step's time), so `ArgmaxScreen` first
+computes approximate logits a from a half-size copy of W (half the bytes; on AVX-512 BF16
+also twice the products per instruction), bounds each one's error, and computes exact
 logits only for the candidates the bound cannot rule out. The argmax equals the one over
 the full fp32 head, ties included (first index): the candidates' logits are computed by
 the same fp32 kernel with the same rows, so they are the full head's values bit for bit.
 
-The bound, per vocabulary row i (Cauchy-Schwarz, and the standard error bound of a
-floating-point dot product, Higham, "Accuracy and Stability of Numerical Algorithms",
-2nd ed., 2002, section 3.1: |fl(w . x) - w . x| <= gamma_K sum_k |w_k x_k|, gamma_K = K u /
-(1 - K u), u = 2^-24, for any summation order, with or without FMA):
+Two forms of the copy (`Fp16Product`, `Bf16Product`): IEEE fp16 panels widened to fp32
+and multiplied by x in fp32 (any AVX2 CPU; up to 4 rows, above which the FMAs bound it),
+or bfloat16 pair panels against x rounded to bfloat16, multiplied and added by AVX-512
+BF16's `vdpbf16ps` (up to 16 rows). Either way x's entries below 2^-40 in magnitude are
+taken as zero, so no product or partial sum is subnormal (each is 0 or at least 2^-94 in
+magnitude) and `vdpbf16ps`'s flushing of subnormals never applies.
 
-    |a_i - l_i| <= ||x||_2 (||W_i - W16_i||_2 + gamma_K (||W_i||_2 + ||W16_i||_2))
+The bound, per vocabulary row i and row x (xs: x as the product reads it; Cauchy-Schwarz,
+and the error bound of a floating-point dot product, Higham, "Accuracy and Stability of
+Numerical Algorithms", 2nd ed., 2002, section 3.1: |fl(w . x) - w . x| <= gamma_K sum_k
+|w_k x_k|, gamma_K = K u / (1 - K u), u = 2^-24, in any summation order, with or without
+FMA), with W16 the stored copy and ||x|| <= ||xs|| + ||x - xs||:
 
-c_i adds 4u (||W_i||_2 + ||W16_i||_2) to that factor, more than the fp32 rounding of
-||x||, of ||x|| c_i and of a_i +- ||x|| c_i can take off (|a_i| <= ||W16_i|| ||x|| (1 +
-gamma_K)); it is computed once in float64 from the stored values and rounded up. Row i
-is a candidate when a_i + ||x|| c_i >= max_j (a_j - ||x|| c_j): any other row's exact
-logit lies below the best one's. With SmolLM2-135M on the comparison workloads, 1664
-greedy steps gave 1 candidate at the median and 4 at most.
+    |a_i - l_i| <= ||xs|| (||W_i - W16_i|| + gamma_K (||W16_i|| + ||W_i||))
+                   + ||x - xs|| ||W_i|| (1 + gamma_K)
+
+The screen's c1_i and c2_i are the two factors plus 4u (||W_i|| + ||W16_i||) and 4u ||W_i||,
+more than the fp32 rounding of the norms, of the radius and of a_i +- radius can take off
+(|a_i| <= ||W16_i|| ||xs|| (1 + gamma_K)); they are computed once in float64 from the
+stored values and rounded up, and every radius gets 2^-100 more for the fp32 head's own
+gradual underflow (at most 2^-150 per operation). Row i is a candidate when a_i + r_i >=
+max_j (a_j - r_j): any other row's exact logit, and its approximate one, lies below the
+best one's. So the logits returned keep the other rows' approximate values. With
+SmolLM2-135M on the comparison workloads (1664 greedy steps), the fp16 form kept 1
+candidate at the median and 4 at most.
 """
 
 from __future__ import annotations
@@ -31,78 +44,178 @@ from collections.abc import Callable
 import torch
 
 from radixlm.kernels.cpu import CpuKernels
-from radixlm.kernels.cpu.weights import pack_panels
+from radixlm.kernels.cpu.weights import pack_pair_panels, pack_panels
 
-#: Most rows the screen serves; more go to the full fp32 head. Measured on the 2-core
-#: AMD EPYC (Zen 4), SmolLM2-135M's head (49152 x 576), medians of 11 alternated calls:
-#: the fp16 GEMM against the fp32 one takes 0.47x / 0.45x / 0.57x of the time at 1 / 2 /
-#: 4 rows on 1 thread and 0.50x / 0.52x / 0.55x on 2; at 8 rows it is slower (1.25x /
-#: 1.10x): the rows' FMAs, not the weight bytes, bound it there.
-SCREEN_ROWS = 4
+#: x entries below this magnitude are read as zero by the approximate product.
+_TINY = 2.0**-40
+#: Absolute slack added to every radius (see the module docstring).
+_PAD = 2.0**-100
+_U = 2.0**-24
+
+
+class CopyProduct:
+    """How the screen stores its copy of W and multiplies x by it: `rows` (the most rows it
+    serves), `dtype` (the copy's), `pack(copy [V, K]) -> panels` and `approximate(x,
+    panels, vocab) -> (approx [M, V] float32, xs [M, K] float32, x as the product read
+    it)`."""
+
+    rows: int
+    dtype: torch.dtype
+
+    def __init__(self, kernels: CpuKernels):
+        self.kernels = kernels
+
+    def pack(self, copy: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def approximate(
+        self, x: torch.Tensor, panels: torch.Tensor, vocab: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+class Fp16Product(CopyProduct):
+    """The fp16 form: panels float16 [ceil(V / 16), K, 16] (`CpuKernels.hmm`).
+
+    Measured on the 2-core AMD EPYC (Zen 4), SmolLM2-135M's head (49152 x 576), medians
+    of 11 alternated calls: against the fp32 GEMM it takes 0.47x / 0.45x / 0.57x of the
+    time at 1 / 2 / 4 rows on 1 thread and 0.50x / 0.52x / 0.55x on 2; at 8 rows it is
+    slower (1.25x / 1.10x), so it serves at most `rows` = 4.
+    """
+
+    rows = 4
+    dtype = torch.float16
+
+    def pack(self, copy: torch.Tensor) -> torch.Tensor:
+        """Panels of the float16 copy [V, K]."""
+        return pack_panels(copy.float()).to(torch.float16)
+
+    def approximate(
+        self, x: torch.Tensor, panels: torch.Tensor, vocab: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(approx [M, V] float32, xs [M, K] float32): the product over xs, x with its
+        entries below 2^-40 in magnitude set to zero."""
+        xs = x.masked_fill(x.abs() < _TINY, 0.0)
+        return self.kernels.hmm(xs, panels, vocab), xs
+
+
+class Bf16Product(CopyProduct):
+    """The bfloat16 form: pair panels bfloat16 [ceil(V / 16), ceil(K / 2), 16, 2]
+    (`CpuKernels.bmm`, AVX-512 BF16), x rounded to bfloat16 (nearest even).
+
+    Measured as `Fp16Product`'s: against the fp32 GEMM 0.56x / 0.58x / 0.57x / 0.61x /
+    0.73x at 1 / 2 / 4 / 8 / 16 rows on 1 thread, 0.51x / 0.52x / 0.52x / 0.58x / 0.75x on
+    2; it serves up to `rows` = 16. The copy's entries below 2^-40 in magnitude are zero
+    (`flush`).
+    """
+
+    rows = 16
+    dtype = torch.bfloat16
+
+    @staticmethod
+    def flush(t: torch.Tensor) -> torch.Tensor:
+        """t with its entries below 2^-40 in magnitude set to zero."""
+        return t.masked_fill(t.abs() < _TINY, 0.0)
+
+    def pack(self, copy: torch.Tensor) -> torch.Tensor:
+        """Pair panels of the bfloat16 copy [V, K]."""
+        return pack_pair_panels(copy)
+
+    def approximate(self, x, panels, vocab):
+        """(approx, xs): the product over x rounded to bfloat16, then `flush`ed."""
+        xs = self.flush(x.to(torch.bfloat16))
+        if xs.shape[1] % 2:
+            xs = torch.nn.functional.pad(xs, (0, 1))
+        return self.kernels.bmm(xs, panels, vocab), xs[:, : x.shape[1]].float()
 
 
 class ArgmaxScreen:
-    """The fp16 copy of an LM head's weight and its per-row error bounds.
+    """A half-size copy of an LM head's weight and its per-row error bounds.
 
     Args:
-        weight: float32 [V, K] head weight (not kept). Every value must be finite in fp16
-            (|w| <= 65504); `ArgmaxScreen.fits(weight)` says whether it is.
-        kernels: the loaded `CpuKernels` (`hmm` computes the approximate logits).
+        weight: float32 [V, K] head weight (not kept). Every value must be finite in the
+            copy's dtype; `ArgmaxScreen.fits(weight, kernels)` says whether it is.
+        kernels: the loaded `CpuKernels`. The copy is bfloat16 where they have AVX-512 BF16
+            (`CpuKernels.has_bf16`), else float16.
 
     Attributes:
-        panels: float16 [ceil(V / 16), K, 16], W's fp32 panels rounded to fp16.
-        coef: float32 [V], c_i above (rounded up).
+        product: `Bf16Product` or `Fp16Product`; `product.rows` is the most rows served.
+        panels: the copy, packed for `product`.
+        c1, c2: float32 [V], the bound's factors (rounded up).
 
     Raises:
-        ValueError: weight not float32 [V, K], or not finite in fp16.
+        ValueError: weight not float32 [V, K], or not finite in the copy's dtype.
     """
 
     def __init__(self, weight: torch.Tensor, kernels: CpuKernels):
         if weight.dtype != torch.float32 or weight.dim() != 2:
             raise ValueError(f"ArgmaxScreen needs a float32 [V, K] weight, got {weight.dtype}")
-        if not self.fits(weight):
-            raise ValueError("the head weight is not finite in float16")
+        self.product = self.product_for(kernels)
+        if not self.fits(weight, kernels):
+            raise ValueError(f"the head weight is not finite in {self.product.dtype}")
         w = weight.detach()
         self.vocab, k = w.shape
         self.kernels = kernels
-        half = w.to(torch.float16)
-        self.panels = pack_panels(half.float()).to(torch.float16)
-        u = 2.0**-24
-        gamma = k * u / (1 - k * u)
-        w64, h64 = w.double(), half.double()
-        coef = (w64 - h64).norm(dim=1) + (gamma + 4 * u) * (w64.norm(dim=1) + h64.norm(dim=1))
-        coef32 = coef.float()
-        self.coef = torch.nextafter(coef32, torch.full_like(coef32, math.inf))
+        copy = w.to(self.product.dtype)
+        if isinstance(self.product, Bf16Product):
+            copy = Bf16Product.flush(copy)
+        self.panels = self.product.pack(copy)
+        gamma = k * _U / (1 - k * _U)
+        w64, c64 = w.double(), copy.double()
+        wn, cn = w64.norm(dim=1), c64.norm(dim=1)
+        c1 = (w64 - c64).norm(dim=1) + (gamma + 4 * _U) * (wn + cn)
+        c2 = wn * (1 + gamma + 4 * _U)
+        self.c1, self.c2 = (self._round_up(c) for c in (c1, c2))
 
     @staticmethod
-    def fits(weight: torch.Tensor) -> bool:
-        """Whether every value of `weight` is finite in float16 (and in float32)."""
-        return bool(torch.isfinite(weight.detach().to(torch.float16)).all())
+    def _round_up(c: torch.Tensor) -> torch.Tensor:
+        c32 = c.float()
+        return torch.nextafter(c32, torch.full_like(c32, math.inf))
+
+    @staticmethod
+    def product_for(kernels: CpuKernels) -> CopyProduct:
+        """The copy's form on this CPU."""
+        return Bf16Product(kernels) if kernels.has_bf16 else Fp16Product(kernels)
+
+    @classmethod
+    def fits(cls, weight: torch.Tensor, kernels: CpuKernels) -> bool:
+        """Whether every value of `weight` is finite in the copy's dtype on this CPU."""
+        dtype = cls.product_for(kernels).dtype
+        return bool(torch.isfinite(weight.detach().to(dtype)).all())
+
+    @property
+    def rows(self) -> int:
+        """Most rows of x `logits` takes."""
+        return self.product.rows
 
     @property
     def extra_bytes(self) -> int:
-        """Bytes of the fp16 panels and the bounds."""
-        return self.panels.numel() * 2 + self.coef.numel() * 4
+        """Bytes of the copy's panels and the bounds."""
+        return self.panels.numel() * 2 + (self.c1.numel() + self.c2.numel()) * 4
 
     def logits(
         self, x: torch.Tensor, exact: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     ) -> torch.Tensor | None:
         """Logits [M, V] float32 whose argmax (first index on ties) is each row's argmax of
-        the full head: the candidates hold their exact logits, every other entry -inf.
+        the full head: the candidates hold their exact logits, every other entry its
+        approximate one, which lies below the row's largest exact logit.
 
         Args:
-            x: float32 [M, K] final hidden states (M <= SCREEN_ROWS).
+            x: float32 [M, K] final hidden states (M <= `rows`).
             exact: (x [M, K], ids int64 [C]) -> float32 [M, C], the full head's logits of
                 vocabulary rows `ids` (bit for bit).
         Returns:
             The logits, or None where the bound cannot decide (a non-finite x or
             approximate logit): the caller computes the full head.
         """
-        approx = self.kernels.hmm(x, self.panels, self.vocab)  # [M, V]
-        norm = torch.linalg.vector_norm(x.double(), dim=1).float()  # [M]
-        ids = self.kernels.screen_select(approx, self.coef, norm)
+        approx, xs = self.product.approximate(x, self.panels, self.vocab)  # [M, V]
+        x64, xs64 = x.double(), xs.double()
+        n1 = torch.linalg.vector_norm(xs64, dim=1).float()  # [M]
+        n2 = torch.linalg.vector_norm(x64 - xs64, dim=1).float()
+        ids = self.kernels.screen_select(approx, self.c1, self.c2, n1, n2, _PAD)
         if ids is None:
             return None
-        out = torch.full_like(approx, -math.inf)
-        out[:, ids] = exact(x, ids)
-        return out
+        # Every other entry stays approximate: below its row's floor, so below the exact
+        # logit of the row's argmax (a candidate).
+        approx[:, ids] = exact(x, ids)
+        return approx
