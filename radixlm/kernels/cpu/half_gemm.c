@@ -160,6 +160,9 @@ void radixlm_half_gemm(const float *x, const uint16_t *panels, float *y, int64_t
  * (round to nearest even; bf16 and fp32 subnormals taken as zero, which the screen's
  * inputs avoid). Each weight pair is loaded once for up to BF_ROWS rows and two panels;
  * one or two rows keep two partial sums per column (j even / odd). */
+/* AVX-512 BF16 intrinsics need GCC 10 or clang 9; older compilers build without this
+ * form (radixlm_has_bf16 says 0). */
+#if (defined(__clang__) && __clang_major__ >= 9) || (!defined(__clang__) && __GNUC__ >= 10)
 #define AVX512BF16 __attribute__((target("avx512f,avx512bf16")))
 #define BF_ROWS 8
 
@@ -248,6 +251,15 @@ int radixlm_bf16_gemm(const uint32_t *x, const uint32_t *panels, float *y, int64
     }
     return 0;
 }
+#else
+int radixlm_has_bf16(void) { return 0; }
+
+int radixlm_bf16_gemm(const uint32_t *x, const uint32_t *panels, float *y, int64_t M,
+                      int64_t K2, int64_t N, int num_threads) {
+    (void)x, (void)panels, (void)y, (void)M, (void)K2, (void)N, (void)num_threads;
+    return -1;
+}
+#endif
 
 /* Most rows radixlm_screen_select takes. */
 #define SELECT_ROWS 16
