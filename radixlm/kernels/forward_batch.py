@@ -44,8 +44,9 @@ class ForwardBatch:
             the model returns (prompt logprobs); None = each request's last token.
         argmax_only: only the argmax of each returned row of logits is used (every
             request samples greedily with no logit processor, logprob or grammar): the
-            model may return logits that are exact only where a row's argmax can be
-            (`PackedHead.argmax_logits`) and -inf elsewhere.
+            model may return logits that are exact only where a row's argmax can be and
+            approximate, below the row's largest exact logit, elsewhere
+            (`PackedHead.argmax_logits`).
     """
 
     mode: ForwardMode

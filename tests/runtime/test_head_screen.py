@@ -276,6 +276,59 @@ def test_bound_covers_the_error(cpu_kernels, screen_form, scale):
     assert ((approx.double() - exact.double()).abs() <= bound).all()
 
 
+def _overflowing_heads():
+    """(form, W, x) whose exact head overflows in one partial sum (the full head's argmax
+    is that row's +inf) while the copy's product, summed in another order, stays finite.
+    62 more rows of small weights make the vocabulary large enough for the screen to keep
+    its candidates (at most an eighth of it)."""
+    a = 2.0**127
+    bf16 = torch.full((64, 4), 0.01)
+    bf16[:2] = torch.tensor([[0.0, a, a, -a], [a, 2.0**126, 0.0, 0.0]])
+    fp16 = torch.full((64, 8), 0.01)
+    fp16[:2] = 0.0
+    fp16[0, :4], fp16[0, 4:], fp16[1, 0] = 65504.0, -65504.0, 1.0
+    return [
+        (Bf16Product, bf16, torch.ones(1, 4)),
+        (Fp16Product, fp16, torch.full((1, 8), 3e33)),
+    ]
+
+
+@pytest.mark.parametrize("case", [0, 1])
+def test_overflowing_sums_take_the_full_head(cpu_kernels, monkeypatch, case):
+    form, w, x = _overflowing_heads()[case]
+    if form is Bf16Product:
+        _need_bf16(cpu_kernels)
+    monkeypatch.setattr(ArgmaxScreen, "product_for", staticmethod(lambda kernels: form(kernels)))
+    head = PackedHead(_head(w), cpu_kernels)
+    assert head.attach_screen()
+    full = head.forward(x)
+    assert full[0, 0] == math.inf
+    assert torch.equal(head.argmax_logits(x), full)
+
+
+def test_rows_with_a_norm_beyond_float32_get_no_screen(cpu_kernels, screen_form):
+    w = torch.zeros(2, 16)
+    w[1, :2] = 1.0
+    if screen_form is Bf16Product:
+        w[0, 2:9] = 2.0**127  # each finite in bfloat16, their norm is not in fp32
+    else:
+        pytest.skip("fp16 rows cannot reach float32's largest norm")
+    assert ArgmaxScreen.fits(w, cpu_kernels)
+    with pytest.raises(ValueError, match="row norm"):
+        ArgmaxScreen(w, cpu_kernels)
+    assert not PackedHead(_head(w), cpu_kernels).attach_screen()
+
+
+def test_too_many_candidates_take_the_full_head(cpu_kernels, screen_form, monkeypatch):
+    w = torch.randn(160, 32)
+    head = PackedHead(_head(w), cpu_kernels)
+    head.attach_screen()
+    picked = _Selected(cpu_kernels, monkeypatch)
+    x = torch.zeros(1, 32)  # every logit 0: every row a candidate
+    assert torch.equal(head.argmax_logits(x), head.forward(x))
+    assert picked.counts == [160]
+
+
 class _Counter:
     """Counts ArgmaxScreen.logits calls (monkeypatched in)."""
 

@@ -322,8 +322,8 @@ def _fuse_decode_stack(inner: nn.Module, kernels: CpuKernels) -> None:
 
 
 def _panels_into_huge_pages(model: nn.Module) -> None:
-    """Move every panel tensor of `model` (with the head screen's fp16 panels) into one
-    huge-page mapping (`into_huge_pages`), kept alive as `model.panel_arena`."""
+    """Move every panel tensor of `model` (with the head screen's copy) into one huge-page
+    mapping (`into_huge_pages`), kept alive as `model.panel_arena`."""
     owners = [m for m in model.modules() if isinstance(m, (PackedLinear, QuantLinear, PackedHead))]
     screens = [m.screen for m in owners if getattr(m, "screen", None) is not None]
     arena, copies = into_huge_pages([m.panels.data for m in owners] + [s.panels for s in screens])

@@ -171,12 +171,16 @@ class PackedHead(nn.Module):
 
     def attach_screen(self) -> bool:
         """Build the head's `ArgmaxScreen` where it applies: fp32 panels, no bias, a weight
-        finite in the copy's dtype. Returns whether it is attached."""
+        finite in the copy's dtype whose row norms are finite in fp32. Returns whether it
+        is attached."""
         if self.fmt != quant.FP32 or self.bias is not None:
             return False
         if not ArgmaxScreen.fits(self.weight, self._gemm):
             return False
-        self.screen = ArgmaxScreen(self.weight.detach().float(), self._gemm)
+        try:
+            self.screen = ArgmaxScreen(self.weight.detach().float(), self._gemm)
+        except ValueError:  # a row norm beyond float32
+            return False
         return True
 
     @property
@@ -195,9 +199,10 @@ class PackedHead(nn.Module):
         return y if self.bias is None else y.add_(self.bias)
 
     def argmax_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits [rows, vocab] fp32 whose row-wise argmax (first index on ties) equals that
-        of `forward(x)`; entries the screen ruled out are -inf. For rows only sampled
-        greedily, with no logit processor, logprob or grammar reading them."""
+        """Logits [rows, vocab] fp32 whose row-wise argmax (first index on ties) and maximum
+        equal those of `forward(x)`; entries the screen ruled out hold their approximate
+        values (`ArgmaxScreen.logits`). For rows only sampled greedily, with no logit
+        processor, logprob or grammar reading them."""
         if self.screen is None or x.shape[0] > self.screen.rows:
             return self.forward(x)
         out = self.screen.logits(x, self._columns)

@@ -25,15 +25,21 @@ FMA), with W16 the stored copy and ||x|| <= ||xs|| + ||x - xs||:
     |a_i - l_i| <= ||xs|| (||W_i - W16_i|| + gamma_K (||W16_i|| + ||W_i||))
                    + ||x - xs|| ||W_i|| (1 + gamma_K)
 
-The screen's c1_i and c2_i are the two factors plus 4u (||W_i|| + ||W16_i||) and 4u ||W_i||,
-more than the fp32 rounding of the norms, of the radius and of a_i +- radius can take off
-(|a_i| <= ||W16_i|| ||xs|| (1 + gamma_K)); they are computed once in float64 from the
-stored values and rounded up, and every radius gets 2^-100 more for the fp32 head's own
-gradual underflow (at most 2^-150 per operation). Row i is a candidate when a_i + r_i >=
-max_j (a_j - r_j): any other row's exact logit, and its approximate one, lies below the
-best one's. So the logits returned keep the other rows' approximate values. With
-SmolLM2-135M on the comparison workloads (1664 greedy steps), the fp16 form kept 1
-candidate at the median and 4 at most.
+The bound assumes no partial sum overflows: the screen declines (the caller computes the
+full head) when (||xs|| + ||x - xs||) max_i ||W_i|| could reach 2^127. The screen's c1_i
+and c2_i are the two factors plus 4u (||W_i|| + ||W16_i||) and 4u ||W_i||, more than the
+fp32 rounding of the norms and of the radius can take off; they are computed once in
+float64 from the stored values and rounded up, and each radius adds 2^-100 for the fp32
+head's own gradual underflow (at most 2^-150 per operation; where fp32 absorbs the 2^-100,
+the radius is at least 2^-76 and the 4u terms cover it). Rounding a_i +- radius is
+monotone, so it cannot reorder the comparisons below.
+
+Row i is a candidate when a_i + r_i >= max_j (a_j - r_j): any other row's exact logit,
+and its approximate one, lies below the best one's, so the logits returned keep the other
+rows' approximate values. With SmolLM2-135M on the comparison workloads (single, burst16,
+shared16, multiturn; 473 greedy steps), the bfloat16 form kept a median of 1 candidate
+(for all rows together) at 1 row (13 at most), 4 at 4 rows (24) and 13 at 16 rows (60);
+the fp16 form 1 at 1 row (2) and 4 at 4 rows (7).
 """
 
 from __future__ import annotations
@@ -51,6 +57,10 @@ _TINY = 2.0**-40
 #: Absolute slack added to every radius (see the module docstring).
 _PAD = 2.0**-100
 _U = 2.0**-24
+#: Vocabulary rows whose norms are taken at once when the screen is built.
+_NORM_ROWS = 4096
+#: Bound on any partial sum of either product (half of float32's largest finite value).
+_SUM_LIMIT = 2.0**127
 
 
 class CopyProduct:
@@ -144,7 +154,8 @@ class ArgmaxScreen:
         c1, c2: float32 [V], the bound's factors (rounded up).
 
     Raises:
-        ValueError: weight not float32 [V, K], or not finite in the copy's dtype.
+        ValueError: weight not float32 [V, K], not finite in the copy's dtype, or with a
+            row norm beyond float32's range.
     """
 
     def __init__(self, weight: torch.Tensor, kernels: CpuKernels):
@@ -161,11 +172,20 @@ class ArgmaxScreen:
             copy = Bf16Product.flush(copy)
         self.panels = self.product.pack(copy)
         gamma = k * _U / (1 - k * _U)
-        w64, c64 = w.double(), copy.double()
-        wn, cn = w64.norm(dim=1), c64.norm(dim=1)
-        c1 = (w64 - c64).norm(dim=1) + (gamma + 4 * _U) * (wn + cn)
+        # Row norms in float64, a block of rows at a time (not three float64 copies of W).
+        e, wn, cn = (torch.empty(self.vocab, dtype=torch.float64) for _ in range(3))
+        for r in range(0, self.vocab, _NORM_ROWS):
+            w64, c64 = w[r : r + _NORM_ROWS].double(), copy[r : r + _NORM_ROWS].double()
+            e[r : r + _NORM_ROWS] = (w64 - c64).norm(dim=1)
+            wn[r : r + _NORM_ROWS], cn[r : r + _NORM_ROWS] = w64.norm(dim=1), c64.norm(dim=1)
+        c1 = e + (gamma + 4 * _U) * (wn + cn)
         c2 = wn * (1 + gamma + 4 * _U)
         self.c1, self.c2 = (self._round_up(c) for c in (c1, c2))
+        if not (torch.isfinite(self.c1).all() and torch.isfinite(self.c2).all()):
+            raise ValueError("the head weight has a row norm beyond float32")
+        #: The largest row norm of W and of its copy (float64): with ||x|| below
+        #: `_SUM_LIMIT` / this, no partial sum of either product can overflow.
+        self.max_norm = float(torch.maximum(wn, cn).max()) if self.vocab else 0.0
 
     @staticmethod
     def _round_up(c: torch.Tensor) -> torch.Tensor:
@@ -205,16 +225,22 @@ class ArgmaxScreen:
             exact: (x [M, K], ids int64 [C]) -> float32 [M, C], the full head's logits of
                 vocabulary rows `ids` (bit for bit).
         Returns:
-            The logits, or None where the bound cannot decide (a non-finite x or
-            approximate logit): the caller computes the full head.
+            The logits, or None where the screen does not decide (a non-finite x or
+            approximate logit, an x large enough that a sum could overflow, or more than
+            an eighth of the vocabulary left as candidates): the caller computes the full
+            head.
         """
         approx, xs = self.product.approximate(x, self.panels, self.vocab)  # [M, V]
         x64, xs64 = x.double(), xs.double()
-        n1 = torch.linalg.vector_norm(xs64, dim=1).float()  # [M]
-        n2 = torch.linalg.vector_norm(x64 - xs64, dim=1).float()
-        ids = self.kernels.screen_select(approx, self.c1, self.c2, n1, n2, _PAD)
-        if ids is None:
+        n1 = torch.linalg.vector_norm(xs64, dim=1)  # [M]
+        n2 = torch.linalg.vector_norm(x64 - xs64, dim=1)
+        # Every partial sum of either product is at most ||W_i|| ||x|| <= ||W_i|| (n1 + n2)
+        # in magnitude: decline where one could overflow (the bound assumes none does).
+        if not float((n1 + n2).max()) * self.max_norm < _SUM_LIMIT:
             return None
+        ids = self.kernels.screen_select(approx, self.c1, self.c2, n1.float(), n2.float(), _PAD)
+        if ids is None or ids.numel() > self.vocab // 8:
+            return None  # undecided, or too many candidates to be worth their exact logits
         # Every other entry stays approximate: below its row's floor, so below the exact
         # logit of the row's argmax (a candidate).
         approx[:, ids] = exact(x, ids)
