@@ -119,6 +119,13 @@ static void tile_half_rows(int mr, const float *x, int64_t K, const uint16_t *w,
     }
 }
 
+/* Rows of the next tile when `rest` rows remain and a tile takes at most `most`: balanced,
+ * so 10 rows in tiles of 8 go as 5 + 5, not 8 + 2. */
+static inline int64_t balanced_rows(int64_t rest, int64_t most) {
+    const int64_t ntiles = (rest + most - 1) / most;
+    return (rest + ntiles - 1) / ntiles;
+}
+
 /* Rows of x one pass over a panel serves: two (with split sums) for one or two rows, else
  * up to ZROWS (AVX-512) or 4 (AVX2). */
 #define ZROWS 8
@@ -136,9 +143,7 @@ void radixlm_half_gemm(const float *x, const uint16_t *panels, float *y, int64_t
         const int64_t cols = N - b * 16 < 16 ? N - b * 16 : 16;
         float tail[ZROWS * 16];
         for (int64_t m = 0, mr; m < M; m += mr) {
-            /* Balanced tiles: 10 rows on AVX-512 go as 5 + 5, not 8 + 2. */
-            const int64_t ntiles = (M - m + most - 1) / most;
-            mr = (M - m + ntiles - 1) / ntiles;
+            mr = balanced_rows(M - m, most);
             /* A full panel writes y in place; the padded last one goes through `tail`. */
             float *dst = cols == 16 ? y + m * N + b * 16 : tail;
             const int64_t ldy = cols == 16 ? N : 16;
@@ -236,9 +241,7 @@ int radixlm_bf16_gemm(const uint32_t *x, const uint32_t *panels, float *y, int64
         const int64_t cols = N - b * 16 < 32 ? N - b * 16 : 32;
         float tail[BF_ROWS * 32];
         for (int64_t m = 0, mr; m < M; m += mr) {
-            /* Balanced tiles: 10 rows go as 5 + 5, not 8 + 2. */
-            const int64_t ntiles = (M - m + BF_ROWS - 1) / BF_ROWS;
-            mr = (M - m + ntiles - 1) / ntiles;
+            mr = balanced_rows(M - m, BF_ROWS);
             /* Full panels write y in place; a padded last one goes through `tail`. */
             float *dst = cols == 32 ? y + m * N + b * 16 : tail;
             const int64_t ldy = cols == 32 ? N : 32;
