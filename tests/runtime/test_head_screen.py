@@ -381,7 +381,7 @@ def test_engine_skips_the_screen_where_logits_are_read(
     assert count.calls == 0
 
 
-def test_disabled_screen_keeps_no_copy_and_gives_the_same_tokens(prompts, reference):
+def test_engine_without_the_screen_keeps_no_copy_and_gives_the_same_tokens(prompts, reference):
     with Engine(
         MODEL, max_total_tokens=4096, weight_format="fp32", disable_lm_head_screen=True
     ) as engine:
