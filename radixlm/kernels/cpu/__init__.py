@@ -23,7 +23,8 @@ The sources are built with the system C compiler (`$CC`, else `cc`) into one lib
 loaded with ctypes. It links the OpenMP runtime torch already loaded (libgomp.so.1), so
 it shares torch's threads. Where it cannot be built (no compiler, no AVX2/FMA, not x86),
 `CpuKernels.load()` returns None with the reason logged, and callers keep torch's ops.
-Building lives in `build.py`, the packed weight layouts in `weights.py` and `quant.py`.
+Building lives in `build.py`, the packed weight layouts in `weights.py` and `quant.py`,
+the head screen's entry points in `screen_ops.py`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from functools import cache
 import torch
 
 from radixlm.kernels.cpu import build, quant
+from radixlm.kernels.cpu.ffi import bind as _bind
+from radixlm.kernels.cpu.screen_ops import ScreenKernels
 from radixlm.kernels.cpu.weights import (
     HUGE_PAGE,
     PANEL,
@@ -73,9 +76,10 @@ class LayerSpec(ctypes.Structure):
     ]
 
 
-class CpuKernels:
+class CpuKernels(ScreenKernels):
     """The compiled kernels. Use `CpuKernels.load()` (built and loaded once per process);
-    the constructor takes the loaded ctypes library."""
+    the constructor takes the loaded ctypes library. The LM head screen's entry points
+    (`hmm`, `bmm`, `has_bf16`, `screen_select`) come from `ScreenKernels`."""
 
     def __init__(self, lib: ctypes.CDLL):
         p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -83,11 +87,7 @@ class CpuKernels:
         self._gemm_isa = _bind(lib.radixlm_gemm_isa, [i32], ctypes.c_int)
         self._qgemm = _bind(lib.radixlm_quant_gemm, [p, i64, p, i32, p, i64, i64, i64, i32])
         self._dequant = _bind(lib.radixlm_quant_dequant, [i32, p, i64, p])
-        self._hgemm = _bind(lib.radixlm_half_gemm, [p, p, p, i64, i64, i64, i32])
-        self._bgemm = _bind(lib.radixlm_bf16_gemm, [p, p, p, i64, i64, i64, i32], ctypes.c_int)
-        self._has_bf16 = _bind(lib.radixlm_has_bf16, [], ctypes.c_int)
-        screen_args = [p, p, p, p, p, f32, i64, i64, p, i32]
-        self._screen = _bind(lib.radixlm_screen_select, screen_args, i64)
+        self._bind_screen(lib)
         attn_args = [p, i64, p, p, i32, p, i64, p, p, i64, i64, i64, i64, f32, i32]
         self._attn = _bind(lib.radixlm_decode_attention, attn_args, ctypes.c_int)
         ext_args = [p, i64, p, p, i32, p, i64, p, p, p, i64, i64, i64, i64, f32, i32]
@@ -158,72 +158,6 @@ class CpuKernels:
             torch.get_num_threads(),
         )  # fmt: skip
         return y
-
-    def hmm(self, x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
-        """x [M, K] float32 times W [n, K] held as float16 panels [ceil(n / 16), K, 16]
-        (`pack_panels` of W rounded to float16): returns [M, n] float32, each weight widened
-        to fp32 exactly and the products summed in fp32 (in an order of the kernel's own,
-        not `mm`'s). Meant for a few rows: each panel is read once per two rows. Raises
-        ValueError on a dtype or shape mismatch."""
-        if x.dtype != torch.float32 or panels.dtype != torch.float16 or x.dim() != 2:
-            raise ValueError(f"hmm takes float32 x [M, K] and float16 panels, got {x.dtype}")
-        m, k = x.shape
-        if tuple(panels.shape) != (-(-n // PANEL), k, PANEL):
-            raise ValueError(f"panels {tuple(panels.shape)} do not pack {n} x {k}")
-        x, panels = x.contiguous(), panels.contiguous()
-        y = torch.empty(m, n, dtype=torch.float32)
-        self._hgemm(x.data_ptr(), panels.data_ptr(), y.data_ptr(), m, k, n, torch.get_num_threads())
-        return y
-
-    @property
-    def has_bf16(self) -> bool:
-        """Whether the CPU has AVX-512 BF16 (`bmm` runs)."""
-        return bool(self._has_bf16())
-
-    def bmm(self, x: torch.Tensor, panels: torch.Tensor, n: int) -> torch.Tensor:
-        """x bfloat16 [M, 2 K2] times W [n, 2 K2] held as bfloat16 pair panels
-        [ceil(n / 16), K2, 16, 2] (`pack_pair_panels`): returns [M, n] float32, each pair of
-        products exact and added in fp32 by AVX-512 BF16's `vdpbf16ps` (round to nearest
-        even; subnormal inputs and results taken as zero). Raises ValueError on a dtype or
-        shape mismatch, RuntimeError where the CPU lacks AVX-512 BF16 (`has_bf16`)."""
-        if x.dtype != torch.bfloat16 or panels.dtype != torch.bfloat16 or x.dim() != 2:
-            raise ValueError(f"bmm takes bfloat16 x [M, K] and bfloat16 panels, got {x.dtype}")
-        m, k = x.shape
-        if k % 2 or tuple(panels.shape) != (-(-n // PANEL), k // 2, PANEL, 2):
-            raise ValueError(f"panels {tuple(panels.shape)} do not pack {n} x {k} in pairs")
-        x, panels = x.contiguous(), panels.contiguous()
-        y = torch.empty(m, n, dtype=torch.float32)
-        args = (x.data_ptr(), panels.data_ptr(), y.data_ptr(), m, k // 2, n)
-        if self._bgemm(*args, torch.get_num_threads()) < 0:
-            raise RuntimeError("bmm needs AVX-512 BF16, which this CPU lacks")
-        return y
-
-    def screen_select(
-        self,
-        approx: torch.Tensor,
-        c1: torch.Tensor,
-        c2: torch.Tensor,
-        n1: torch.Tensor,
-        n2: torch.Tensor,
-        pad: float,
-    ) -> torch.Tensor | None:
-        """Candidates of the LM head's greedy screen (`head_screen.ArgmaxScreen`): approx
-        float32 [M, V] approximate logits (M <= 16, contiguous) whose errors are at most
-        n1[b] c1[i] + n2[b] c2[i] + pad (c1, c2 float32 [V], n1, n2 float32 [M]). Row i is
-        kept when approx[b, i] + that radius >= max_j (approx[b, j] - its radius) for some
-        b. Returns int64 [C] sorted ids, or None when a norm, an approximate logit or a
-        floor is not finite. Raises ValueError on a dtype or shape mismatch."""
-        m, v = approx.shape
-        parts = (approx, c1, c2, n1, n2)
-        shapes = ((m, v), (v,), (v,), (m,), (m,))
-        if m > 16 or any(t.dtype != torch.float32 or tuple(t.shape) != sh
-                         for t, sh in zip(parts, shapes)):  # fmt: skip
-            raise ValueError("screen_select takes float32 approx [M <= 16, V], c [V], n [M]")
-        parts = [t.contiguous() for t in parts]
-        ids = torch.empty(v, dtype=torch.int64)
-        threads = torch.get_num_threads()
-        count = self._screen(*(t.data_ptr() for t in parts), pad, m, v, ids.data_ptr(), threads)
-        return None if count < 0 else ids[:count]
 
     def dequantize(self, panels: torch.Tensor, fmt: int) -> torch.Tensor:
         """The C kernels' dequantization of one panel's groups: panels uint8 [G, group
@@ -489,13 +423,6 @@ class CpuKernels:
             width,
             torch.get_num_threads(),
         )
-
-
-def _bind(fn, argtypes: list, restype=None):
-    """Declare a C function's signature for ctypes; returns it."""
-    fn.restype = restype
-    fn.argtypes = argtypes
-    return fn
 
 
 def _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens):

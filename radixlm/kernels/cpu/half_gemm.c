@@ -126,6 +126,22 @@ static inline int64_t balanced_rows(int64_t rest, int64_t most) {
     return (rest + ntiles - 1) / ntiles;
 }
 
+/* Where a tile of rows m.. over the `width` columns from 16 b writes (`cols` of them real):
+ * y in place (row stride N) when all are, else `tail` (row stride width), which
+ * `tail_out` then copies into y's real columns. */
+static inline float *tile_dst(float *y, int64_t N, int64_t m, int64_t b, int64_t width,
+                              int64_t cols, float *tail, int64_t *ldy) {
+    *ldy = cols == width ? N : width;
+    return cols == width ? y + m * N + b * 16 : tail;
+}
+
+static inline void tail_out(float *y, int64_t N, int64_t m, int64_t b, int64_t width,
+                            int64_t cols, const float *tail, int64_t mr) {
+    if (cols < width)
+        for (int64_t r = 0; r < mr; ++r)
+            memcpy(y + (m + r) * N + b * 16, tail + r * width, cols * sizeof(float));
+}
+
 /* Rows of x one pass over a panel serves: two (with split sums) for one or two rows, else
  * up to ZROWS (AVX-512) or 4 (AVX2). */
 #define ZROWS 8
@@ -144,17 +160,14 @@ void radixlm_half_gemm(const float *x, const uint16_t *panels, float *y, int64_t
         float tail[ZROWS * 16];
         for (int64_t m = 0, mr; m < M; m += mr) {
             mr = balanced_rows(M - m, most);
-            /* A full panel writes y in place; the padded last one goes through `tail`. */
-            float *dst = cols == 16 ? y + m * N + b * 16 : tail;
-            const int64_t ldy = cols == 16 ? N : 16;
+            int64_t ldy;
+            float *dst = tile_dst(y, N, m, b, 16, cols, tail, &ldy);
             const float *xm = x + m * K;
             if (mr <= 2)
                 (z ? ztile_half : tile_half)((int)mr, xm, K, w, dst, ldy);
             else
                 (z ? ztile_half_rows : tile_half_rows)((int)mr, xm, K, w, dst, ldy);
-            if (cols < 16)
-                for (int64_t r = 0; r < mr; ++r)
-                    memcpy(y + (m + r) * N + b * 16, tail + r * 16, cols * sizeof(float));
+            tail_out(y, N, m, b, 16, cols, tail, mr);
         }
     }
 }
@@ -242,14 +255,11 @@ int radixlm_bf16_gemm(const uint32_t *x, const uint32_t *panels, float *y, int64
         float tail[BF_ROWS * 32];
         for (int64_t m = 0, mr; m < M; m += mr) {
             mr = balanced_rows(M - m, BF_ROWS);
-            /* Full panels write y in place; a padded last one goes through `tail`. */
-            float *dst = cols == 32 ? y + m * N + b * 16 : tail;
-            const int64_t ldy = cols == 32 ? N : 32;
+            int64_t ldy;
+            float *dst = tile_dst(y, N, m, b, 32, cols, tail, &ldy);
             const uint32_t *w1 = np > 1 ? panels + (b + 1) * K2 * 16 : panels;
             BF16_TILES[mr](np, x + m * K2, K2, panels + b * K2 * 16, w1, dst, ldy);
-            if (cols < 32)
-                for (int64_t r = 0; r < mr; ++r)
-                    memcpy(y + (m + r) * N + b * 16, tail + r * 32, cols * sizeof(float));
+            tail_out(y, N, m, b, 32, cols, tail, mr);
         }
     }
     return 0;
