@@ -388,3 +388,38 @@ def test_engine_without_the_screen_keeps_no_copy_and_gives_the_same_tokens(promp
         assert engine.runner.model.lm_head.screen is None
         out = engine.generate(input_ids=prompts[0], sampling_params=greedy())
         assert out["output_ids"] == reference[0]
+
+
+@pytest.mark.parametrize("topk", [1, 2])
+def test_engine_screens_greedy_verify_steps(fp32_engine, prompts, reference, monkeypatch, topk):
+    """n-gram verify steps (a chain, or a tree: 4 rows per request) take the screen and
+    accept exactly the reference tokens; two requests where the screen takes 8 rows or
+    more (bfloat16 form), one where it takes 4 (fp16 form)."""
+    import dataclasses
+
+    from radixlm.runtime.decode_strategy import NormalDecode
+    from radixlm.runtime.speculative import make_speculative_decode
+
+    sched = fp32_engine.scheduler
+    args = dataclasses.replace(
+        fp32_engine.args, speculative_algorithm="ngram", speculative_budget="fixed",
+        speculative_topk=topk, speculative_num_draft_tokens=3,
+    )  # fmt: skip
+    sched.decoder = make_speculative_decode(args, fp32_engine.runner)
+    n = 2 if fp32_engine.runner.model.lm_head.screen.rows >= 8 else 1
+    rows: list[int] = []
+    original = head_screen.ArgmaxScreen.logits
+
+    def counted(screen, x, exact):
+        rows.append(x.shape[0])
+        return original(screen, x, exact)
+
+    monkeypatch.setattr(head_screen.ArgmaxScreen, "logits", counted)
+    try:
+        outs = fp32_engine.generate(input_ids=prompts[:n], sampling_params=greedy())
+        verifies = sched.decoder.counters.verify_steps
+    finally:
+        sched.decoder = NormalDecode()
+    assert [o["output_ids"] for o in outs] == reference[:n]
+    assert verifies > 0
+    assert max(rows) > n  # verify steps: more rows than requests

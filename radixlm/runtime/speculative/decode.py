@@ -151,6 +151,9 @@ class SpeculativeDecode:
             trees = [_clip(t, n) for t, n in zip(trees, budgets)]
             t2 = time.perf_counter()
             fb = self._verify_batch(sched.table, reqs, trees)
+            # Greedy acceptance reads only each row's argmax (`accept_greedy`), so an
+            # all-greedy verify may take the head's argmax screen like a decode step.
+            fb.argmax_only = all(r.argmax_only for r in reqs)
             logits = self.runner.forward(fb)
             accepted = self._accept(reqs, trees, logits)
         except Exception:
