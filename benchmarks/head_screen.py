@@ -11,7 +11,8 @@ AVX-512 BF16, else fp16); `--form fp16` forces the fp16 one.
 Part 2 (end to end, `--workloads`): two in-process engines on the fp32 weights, one with
 `--disable-lm-head-screen`, run each workload alternately (the harness of
 `compare_engines.py`) and must produce the same tokens; the table gives the paired
-speedup.
+speedup. `--speculative` runs both with n-gram speculation, whose greedy verify steps
+take the screen too.
 
     python benchmarks/head_screen.py --threads 1 2 --workloads single,multiturn,shared16-warm
 """
@@ -43,8 +44,15 @@ from radixlm.runtime.models.cpu_linear import PackedHead  # noqa: E402
 MODEL = "smollm2-135m"
 
 
-class _NoScreen(harness.RadixlmAdapter):
-    options = {"disable_lm_head_screen": True}
+def _adapters(speculative: bool) -> dict[str, type]:
+    """The two engines of the end-to-end A/B: with the screen and without, both with
+    n-gram speculation (the goodput budget) when `speculative`."""
+    base = harness.RadixlmNgramAdapter if speculative else harness.RadixlmAdapter
+
+    class NoScreen(base):
+        options = {**base.options, "disable_lm_head_screen": True}
+
+    return {"screen": base, "off": NoScreen}
 
 
 def record_states(tok, threads: int) -> tuple[PackedHead, torch.Tensor]:
@@ -118,15 +126,15 @@ def _finished_outputs(adapter, sessions) -> tuple[float, list]:
         harness.Timer.result = original
 
 
-def end_to_end(tok, threads: int, workloads: list[str], reps: int) -> list[dict]:
-    """Paired speedups of the screen over `reps` alternated repetitions per workload; exits
+def end_to_end(
+    tok, threads: int, workloads: list[str], reps: int, speculative: bool = False
+) -> list[dict]:
+    """Paired speedups of the screen over `reps` alternated repetitions per workload (with
+    n-gram speculation when `speculative`: its verify steps take the screen too); exits
     if the two engines' output tokens differ."""
     d = str(local_hf_dir(MODEL))
     spec = {"max_total_tokens": RADIXLM_KV_TOKENS}
-    engines = {
-        "screen": harness.RadixlmAdapter(d, threads, spec),
-        "off": _NoScreen(d, threads, spec),
-    }
+    engines = {key: cls(d, threads, spec) for key, cls in _adapters(speculative).items()}
     rows = []
     try:
         for name in workloads:
@@ -142,7 +150,7 @@ def end_to_end(tok, threads: int, workloads: list[str], reps: int) -> list[dict]
                 if tokens["screen"] != tokens["off"]:
                     raise SystemExit(f"{name}: the screen changed the outputs")
             ratios = [b / a for a, b in zip(wall["screen"], wall["off"])]
-            rows.append({"threads": threads, "workload": name,
+            rows.append({"threads": threads, "workload": name, "speculative": speculative,
                          "screen_s": statistics.median(wall["screen"]),
                          "off_s": statistics.median(wall["off"]),
                          "speedup": statistics.median(ratios),
@@ -161,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--form", choices=["auto", "fp16"], default="auto")
     ap.add_argument("--workloads", default="", help="end-to-end A/B, e.g. single,multiturn")
     ap.add_argument("--e2e-reps", type=int, default=6, help="(default 6)")
+    ap.add_argument(
+        "--speculative", action="store_true",
+        help="end to end with n-gram speculation in both engines (verify steps screened)",
+    )  # fmt: skip
     ap.add_argument("--output", default="benchmarks/results/head_screen.json")
     args = ap.parse_args(argv)
     if CpuKernels.load() is None:
@@ -193,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", "| threads | workload | screen s | without s | paired speedup (min-max) |",
                   "|---|---|---|---|---|"]  # fmt: skip
         for t in args.threads:
-            for r in end_to_end(tok, t, workloads, args.e2e_reps):
+            for r in end_to_end(tok, t, workloads, args.e2e_reps, args.speculative):
                 e2e.append(r)
                 lines.append(
                     f"| {t} | {r['workload']} | {r['screen_s']:.3f} | {r['off_s']:.3f} | "
