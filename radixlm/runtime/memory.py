@@ -67,8 +67,16 @@ class KVPool:
     Bytes per token = num_layers * num_kv_heads * head_dim * 2 (K and V) * dtype size.
     On the CPU every buffer lies in one mapping advised for transparent huge pages
     (`empty_in_huge_pages`): against 4 KiB pages, one decode step's attention (the case
-    `PagedAllocator` cites) ran 1.07x as fast at 1 and 2 threads. Zeroing each buffer's
-    padding page maps one 2 MiB page per buffer at start (120 MB for SmolLM2-135M's 60).
+    `PagedAllocator` cites) ran 1.07x as fast at 1 and 2 threads.
+
+    On the CPU the whole pool is zeroed here, so its memory is taken (and its pages
+    mapped) at start, as a GPU pool's is, not by the decode step that first writes each
+    page. The buffers advance together, so a step whose slots cross into new pages maps
+    one 2 MiB page per buffer (60 for SmolLM2-135M): on a VM whose host backs guest memory
+    on first touch (Firecracker here) that took about 2.2 ms a page, a 130 ms stall in one
+    step, and 0.4 s spread over the first steps of an 8192-token pool. Zeroing that pool
+    here takes the same 0.4 s once (0.05 s where the memory was touched before). Elsewhere
+    only the padding slots are zeroed (attention reads them for masked positions).
     """
 
     def __init__(
@@ -82,19 +90,19 @@ class KVPool:
         padding_slots: int = 1,
     ):
         shape = (num_slots, num_kv_heads, head_dim)
-        # Uninitialised (fast to create, pages mapped on first write) except the padding
-        # page, which attention reads for masked positions and must hold finite values.
-        # On the CPU the buffers share one mapping in transparent huge pages (None where
-        # the kernel refuses): attention reads each request's rows through its slot list,
-        # and with 4 KiB pages nearly every row it reads costs a TLB miss.
+        # The padding page must hold finite values: attention reads it for masked
+        # positions. On the CPU the buffers share one mapping in transparent huge pages
+        # (None where the kernel refuses): attention reads each request's rows through
+        # its slot list, and with 4 KiB pages nearly every row it reads costs a TLB miss.
+        cpu = torch.device(device).type == "cpu"
         self._arena, bufs = None, []
-        if torch.device(device).type == "cpu":
+        if cpu:
             self._arena, bufs = empty_in_huge_pages([(shape, dtype)] * (2 * num_layers))
         if self._arena is None:
             bufs = [torch.empty(shape, dtype=dtype, device=device) for _ in range(2 * num_layers)]
         self.k_buffer, self.v_buffer = bufs[:num_layers], bufs[num_layers:]
         for buf in self.k_buffer + self.v_buffer:
-            buf[:padding_slots].zero_()
+            (buf if cpu else buf[:padding_slots]).zero_()
         self.dtype = dtype
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
 

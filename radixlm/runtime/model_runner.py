@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import torch
 
@@ -103,6 +104,7 @@ class ModelRunner:
                 self.context_len,
                 config.max_position_embeddings,
             )
+        kv_start = time.perf_counter()
         self.kv_pool = KVPool(
             self.max_total_tokens + args.page_size,
             num_layers,
@@ -112,6 +114,7 @@ class ModelRunner:
             self.device,
             padding_slots=args.page_size,
         )
+        kv_seconds = time.perf_counter() - kv_start
         self.allocator = PagedAllocator(self.max_total_tokens, args.page_size)
         # The scheduler reads and writes the table on the host; on CUDA each step copies its
         # requests' rows into a device mirror that the kernels (and CUDA graphs) read.
@@ -142,11 +145,14 @@ class ModelRunner:
                 min(args.cuda_graph_max_bs, args.max_running_requests),
             )
         logger.info(
-            "weights %.1f MB, KV %d bytes/token, capacity %d tokens (%.1f full-context users)",
+            "weights %.1f MB, KV %d bytes/token, capacity %d tokens (%.1f full-context users), "
+            "KV pool of %.1f MB allocated in %.2f s",
             self.weights_bytes / 1e6,
             self.kv_bytes_per_token,
             self.max_total_tokens,
             self.max_total_tokens / self.context_len,
+            self.max_total_tokens * self.kv_bytes_per_token / 1e6,
+            kv_seconds,
         )
 
     def _panel_source(self, kernels: CpuKernels | None, hf_dir) -> FloatPanels:

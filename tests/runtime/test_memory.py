@@ -65,6 +65,29 @@ def test_kv_pool_lies_in_one_huge_page_mapping_on_the_cpu():
     assert pool.k_buffer[1][[5, 9]].eq(1).all() and pool.v_buffer[1][[5, 9]].eq(2).all()
 
 
+def _resident_bytes() -> int:
+    import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_kv_pool_memory_is_mapped_at_start_on_the_cpu():
+    """Every page of the CPU pool is mapped when it is built (zeroed there), not by the
+    step that first writes it: 64 MiB in 4 buffers, against one 2 MiB padding page each
+    if only the padding were zeroed."""
+    import os
+
+    if not os.path.exists("/proc/self/statm"):
+        pytest.skip("no /proc here")
+    slots = (16 << 20) // (3 * 64 * 4)
+    before = _resident_bytes()
+    pool = KVPool(slots, 2, 3, 64, torch.float32)
+    grown = _resident_bytes() - before
+    assert grown >= 0.9 * (64 << 20)
+    assert all(not b.any() for b in pool.k_buffer + pool.v_buffer)
+
+
 def test_pages_needed():
     assert PagedAllocator.pages_needed(4, 0, 5) == 2
     assert PagedAllocator.pages_needed(4, 5, 3) == 0
