@@ -18,6 +18,7 @@ far (cumulative, as SGLang does), plus ``"index"`` for batches, then ``data: [DO
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -48,7 +49,32 @@ class NativeServing:
 
     async def generate(self, request: Request) -> Response:
         """POST /generate. Raises APIError / ValidationError / InvalidRequestError (400)."""
-        req = GenerateRequest.model_validate_json(await request.body())
+        body = await request.body()
+        # Parsing, tokenizing and grammar compiling take a worker thread (the tokenizer
+        # and xgrammar release the GIL), so a huge body never stalls the event loop.
+        req, single, prompts, params, rids, lp = await asyncio.to_thread(self._prepare, body)
+        runs = zip(prompts, params, rids)
+        merged = streaming.merge(
+            [self.tm.generate(ids, p, rid=rid, logprobs=lp) for ids, p, rid in runs]
+        )
+        fmt = _ResultFormat(lp.return_logprob, self.tm.tokenizer, req.return_text_in_logprobs)
+        try:
+            if req.stream:
+                first = await streaming.first_chunk(request, merged)
+                lens = [len(p) for p in prompts]
+                body = _stream_body(first, merged, rids, lens, single, fmt)
+                return streaming.SSEResponse(body)
+            done = streaming.collect(merged, len(prompts))
+            results = await streaming.until_disconnect(request, done)
+        except streaming.ClientGone:
+            return Response(status_code=streaming.CLIENT_CLOSED)
+        out = [fmt.result(r, rid, len(p)) for r, rid, p in zip(results, rids, prompts)]
+        return Response(_encoder.encode(out[0] if single else out), media_type="application/json")
+
+    def _prepare(self, body: bytes) -> tuple:
+        """(request, single, prompt ids, SamplingParams, rids, LogprobOptions) of a
+        /generate body, every prompt validated. Raises as `generate`."""
+        req = GenerateRequest.model_validate_json(body)
         check_supported(req)
         single, prompts = self._prompts(req)
         params = self._params(req.sampling_params, len(prompts))
@@ -69,23 +95,7 @@ class NativeServing:
                     if name in str(e):
                         param = name
                 raise invalid_request(str(e), param=param) from None
-        runs = zip(prompts, params, rids)
-        merged = streaming.merge(
-            [self.tm.generate(ids, p, rid=rid, logprobs=lp) for ids, p, rid in runs]
-        )
-        fmt = _ResultFormat(lp.return_logprob, self.tm.tokenizer, req.return_text_in_logprobs)
-        try:
-            if req.stream:
-                first = await streaming.first_chunk(request, merged)
-                lens = [len(p) for p in prompts]
-                body = _stream_body(first, merged, rids, lens, single, fmt)
-                return streaming.SSEResponse(body)
-            done = streaming.collect(merged, len(prompts))
-            results = await streaming.until_disconnect(request, done)
-        except streaming.ClientGone:
-            return Response(status_code=streaming.CLIENT_CLOSED)
-        out = [fmt.result(r, rid, len(p)) for r, rid, p in zip(results, rids, prompts)]
-        return Response(_encoder.encode(out[0] if single else out), media_type="application/json")
+        return req, single, prompts, params, rids, lp
 
     def _prompts(self, req: GenerateRequest) -> tuple[bool, list[list[int]]]:
         if (req.text is None) == (req.input_ids is None):

@@ -15,6 +15,7 @@ completions max_tokens 16, chat max_tokens up to the context (capped, see
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -90,7 +91,20 @@ class OpenAIServing:
 
     async def completions(self, request: Request) -> Response:
         """POST /v1/completions. Raises APIError / pydantic ValidationError (HTTP 400)."""
-        req = CompletionRequest.model_validate_json(await request.body())
+        body = await request.body()
+        # Parsing, tokenizing and grammar compiling take a worker thread (the tokenizer
+        # and xgrammar release the GIL), so a huge body never stalls the event loop.
+        return await self._serve(request, await asyncio.to_thread(self._completion_job, body))
+
+    async def chat(self, request: Request) -> Response:
+        """POST /v1/chat/completions. Raises APIError / pydantic ValidationError (HTTP 400)."""
+        body = await request.body()
+        return await self._serve(request, await asyncio.to_thread(self._chat_job, body))
+
+    # ---- request -> prompts and sampling ----------------------------------------------
+
+    def _completion_job(self, body: bytes) -> _Job:
+        req = CompletionRequest.model_validate_json(body)
         self._check_common(req)
         fanout = Fanout.of(req)
         if req.max_tokens == 0 and not req.echo:
@@ -123,12 +137,10 @@ class OpenAIServing:
         grammar = request_grammar(req, self.tm.grammars)
         if grammar:
             params = [msgspec.structs.replace(p, **grammar) for p in params]
-        job = self._job(fmt, prompts, params, req, "prompt", logprobs, fanout)
-        return await self._serve(request, job)
+        return self._job(fmt, prompts, params, req, "prompt", logprobs, fanout)
 
-    async def chat(self, request: Request) -> Response:
-        """POST /v1/chat/completions. Raises APIError / pydantic ValidationError (HTTP 400)."""
-        req = ChatCompletionRequest.model_validate_json(await request.body())
+    def _chat_job(self, body: bytes) -> _Job:
+        req = ChatCompletionRequest.model_validate_json(body)
         self._check_common(req)
         fanout = Fanout.of(req)  # chat has no best_of: copies == n
         if req.top_logprobs and not req.logprobs:
@@ -155,10 +167,7 @@ class OpenAIServing:
         )
         if grammar:
             params = msgspec.structs.replace(params, **grammar)
-        job = self._job(fmt, [ids], [params], req, "messages", logprobs, fanout)
-        return await self._serve(request, job)
-
-    # ---- request -> prompts and sampling ----------------------------------------------
+        return self._job(fmt, [ids], [params], req, "messages", logprobs, fanout)
 
     def _check_common(self, req: SamplingFields) -> None:
         if req.model is not None and req.model != self.tm.model_name:

@@ -127,10 +127,17 @@ class TokenizerManager:
 
         Raises RequestTooLargeError without tokenizing when `text` has more characters than
         `max_prompt_chars` = context length x the longest token's characters, a bound that
-        makes it certainly longer than the context: a huge body must not stall the loop.
+        makes it certainly longer than the context, and right after tokenizing when the
+        prompt has as many tokens as the context (so a list of long prompts stops at the
+        first one that cannot fit).
         """
         self.check_chars(len(text))
-        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        ids = self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        if len(ids) >= self.context_len:
+            raise RequestTooLargeError(
+                f"prompt has {len(ids)} tokens; the context length is {self.context_len}"
+            )
+        return ids
 
     def check_chars(self, n_chars: int) -> None:
         """Raise RequestTooLargeError when `n_chars` of text must exceed the context."""
