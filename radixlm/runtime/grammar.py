@@ -22,6 +22,7 @@ import logging
 import re
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -128,6 +129,15 @@ class GrammarCompiler:
             raise InvalidRequestError(str(hit))
         return hit
 
+    def cached(self, kind: str, spec: str):
+        """The compiled grammar of `spec` if it is in the cache (raises its cached
+        InvalidRequestError), else None; never compiles."""
+        with self._lock:
+            hit = self._cache.get((kind, spec))
+        if isinstance(hit, InvalidRequestError):
+            raise InvalidRequestError(str(hit))
+        return hit
+
     def validate(self, params: SamplingParams) -> None:
         """Compile the request's grammar, if any. Raises InvalidRequestError."""
         spec = grammar_spec(params)
@@ -179,6 +189,7 @@ class GrammarBackend:
     def __init__(self, compiler: GrammarCompiler):
         self.compiler = compiler
         self._bitmask: torch.Tensor | None = None  # int32 [rows, ceil(vocab / 32)]
+        self._pool: ThreadPoolExecutor | None = None  # compiles off the scheduler loop
 
     def prepare(self, req) -> None:
         """Give a constrained request its matcher (`req.grammar`); no-op without a grammar.
@@ -191,6 +202,29 @@ class GrammarBackend:
         import xgrammar as xgr
 
         req.grammar = xgr.GrammarMatcher(self.compiler.compile(*spec))
+
+    def start(self, req) -> Future | None:
+        """Prepare `req` now when its grammar is cached (or it has none) and return None;
+        else start compiling it on a worker thread and return the future, for `finish`
+        once done. A large schema can take seconds to compile, which must not stall
+        the running requests' steps.
+
+        Raises InvalidRequestError for a grammar whose failure is cached.
+        """
+        spec = grammar_spec(req.params)
+        if spec is None or self.compiler.cached(*spec) is not None:
+            self.prepare(req)
+            return None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
+        return self._pool.submit(self.compiler.compile, *spec)
+
+    def finish(self, req, done: Future) -> None:
+        """Give `req` the matcher of its compiled grammar (`done` from `start`, finished).
+        Raises InvalidRequestError when it did not compile."""
+        import xgrammar as xgr
+
+        req.grammar = xgr.GrammarMatcher(done.result())
 
     def apply(self, logits: torch.Tensor, reqs: list) -> None:
         """Set to -inf, in place, the logits of tokens each constrained request's grammar

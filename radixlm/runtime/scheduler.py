@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from concurrent.futures import Future
 
 import torch
 
@@ -84,6 +85,9 @@ class Scheduler:
         self.grammars = GrammarBackend(GrammarCompiler(tokenizer, vocab, eos_token_ids))
         self.decoder = make_decode_strategy(args, runner)  # plain or speculative decode
         self.waiting: list[Req] = []
+        #: Requests whose grammar compiles on a worker thread, with its future; they join
+        #: `waiting` at the first step after it is done (`_admit_compiled`).
+        self.compiling: list[tuple[Req, Future]] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the request mid-chunk (holds a row, not running)
         self._pending: list[ReqOutput] = []
@@ -107,17 +111,20 @@ class Scheduler:
         except RequestTooLargeError:
             self.counters.rejected += 1
             raise
-        if len(self.waiting) >= self._queue_capacity():
+        if len(self.waiting) + len(self.compiling) >= self._queue_capacity():
             self.counters.rejected += 1
             raise QueueFullError(
                 f"waiting queue is full ({self.args.max_queued_requests} requests); retry later"
             )
-        self.grammars.prepare(req)  # compiles (cached); InvalidRequestError if it cannot
+        job = self.grammars.start(req)  # None: ready; InvalidRequestError: failed before
         seed = req.params.seed
         if seed is None:  # reproducible per engine: drawn in arrival order
             seed = self._seed_rng.getrandbits(63)
         req.seed = seed
-        self.waiting.append(req)
+        if job is None:
+            self.waiting.append(req)
+        else:
+            self.compiling.append((req, job))
 
     def _queue_capacity(self) -> int:
         """Waiting requests accepted: max_queued_requests plus the free running rows, so a
@@ -139,6 +146,11 @@ class Scheduler:
                 self.waiting.remove(req)
                 self._finish(req, "abort", release=False)
                 return True
+        for item in self.compiling:
+            if item[0].rid == rid:
+                self.compiling.remove(item)
+                self._finish(item[0], "abort", release=False)
+                return True
         if self.chunked is not None and self.chunked.rid == rid:
             req, self.chunked = self.chunked, None
             self._finish(req, "abort")
@@ -154,14 +166,36 @@ class Scheduler:
 
     def has_work(self) -> bool:
         """Whether `step()` would run a forward or return outputs (requests running,
-        waiting or mid-chunk, or abort events not yet returned)."""
+        waiting or mid-chunk, or abort events not yet returned). Requests whose grammar
+        is still compiling (`compiling`) are not work yet: a loop that has no other work
+        calls `step()` now and then to let them in."""
         return bool(self.running or self.waiting or self.chunked is not None or self._pending)
+
+    def _admit_compiled(self) -> None:
+        """Move the requests whose grammar has compiled into `waiting`, in arrival order.
+        One whose compile failed is aborted (the HTTP process and `Engine` compile every
+        grammar before queueing it, so only a failure of the worker gets here)."""
+        still: list[tuple[Req, Future]] = []
+        for req, job in self.compiling:
+            if not job.done():
+                still.append((req, job))
+                continue
+            try:
+                self.grammars.finish(req, job)
+            except Exception:
+                logger.exception("request %s: its grammar did not compile; aborting", req.rid)
+                self._finish(req, "abort", release=False)
+                continue
+            self.waiting.append(req)
+        self.compiling = still
 
     def step(self) -> list[ReqOutput]:
         """Run one extend or decode step; return the outputs of every request it touched
         (plus abort events since the last step). Returns [] at once when idle."""
         mixed = self.args.enable_mixed_chunk
         prefer_decode = self._last_extend and self.running and not mixed
+        if self.compiling:
+            self._admit_compiled()
         plan = [] if prefer_decode else self._plan_extend()
         if plan:
             outputs = self._run(plan, list(self.running) if mixed else [])

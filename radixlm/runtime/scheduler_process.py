@@ -38,6 +38,7 @@ from radixlm.runtime.request import Req, ReqOutput
 logger = logging.getLogger(__name__)
 
 _IDLE_POLL_MS = 1000
+_GRAMMAR_POLL_MS = 5
 
 
 class SchedulerLoop:
@@ -62,7 +63,9 @@ class SchedulerLoop:
         """Handle waiting messages, then run one step (or wait for work while idle)."""
         sched = self.scheduler
         idle = not (sched.has_work() or self._after_failure)
-        if idle and not self.recv.poll(_IDLE_POLL_MS):
+        # While grammars compile, step now and then to admit the compiled requests.
+        wait_ms = _GRAMMAR_POLL_MS if sched.compiling else _IDLE_POLL_MS
+        if idle and not self.recv.poll(wait_ms) and not sched.compiling:
             return
         self._after_failure = False
         while True:

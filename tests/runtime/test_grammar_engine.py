@@ -110,3 +110,47 @@ def test_bad_grammar_queues_nothing(engine, bad, message):
     with pytest.raises(InvalidRequestError, match=message):
         engine.generate(["fine", "bad"], [greedy(4), {**greedy(4), **bad}])
     assert not engine.scheduler.waiting and not engine.scheduler.running
+
+
+def test_compiling_grammar_does_not_hold_up_the_running_requests(engine, prompts, reference):
+    """A grammar not in the cache compiles on a worker thread: the scheduler keeps
+    stepping the other requests meanwhile, then admits the constrained one, whose output
+    is valid; a request aborted while compiling ends at once with its KV untouched."""
+    import threading
+
+    from tests.runtime.sched_helpers import make_req, run_all, step, tokens
+
+    sched = engine.scheduler
+    gate = threading.Event()
+    compile_ = sched.grammars.compiler.compile
+
+    def gated(kind, spec):
+        assert gate.wait(60)
+        return compile_(kind, spec)
+
+    schema = {**SMALL_SCHEMA, "title": "gated"}  # not in the compiler's cache
+    engine.scheduler.grammars.compiler.compile = gated
+    try:
+        plain = make_req(prompts[0], MAX_NEW)
+        constrained = make_req(prompts[6], 48, json_schema=json.dumps(schema))
+        dropped = make_req(prompts[6], 48, json_schema=json.dumps({**schema, "title": "x"}))
+        for req in (plain, constrained, dropped):
+            sched.add_request(req)
+        assert [r for r, _ in sched.compiling] == [constrained, dropped]
+        outs: dict = {}
+        while not any(o.finish_reason for o in outs.get(plain.rid, [])):
+            step(sched, outs)  # the plain request runs to the end while the gate is shut
+        assert tokens(outs[plain.rid]) == reference[0][:MAX_NEW]
+        assert sched.abort(dropped.rid)
+        assert constrained.rid not in outs and len(sched.compiling) == 1
+        gate.set()
+        while sched.compiling:
+            step(sched, outs)
+        run_all(sched, outs)
+    finally:
+        engine.scheduler.grammars.compiler.compile = compile_
+        gate.set()
+    assert [o.finish_reason for o in outs[dropped.rid]] == ["abort"]
+    text = engine.tokenizer.decode(tokens(outs[constrained.rid]), skip_special_tokens=True)
+    jsonschema.validate(json.loads(text), schema)
+    check_pool(sched, idle=True)
