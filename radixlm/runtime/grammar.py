@@ -8,7 +8,8 @@ scheduler's strategy object: it gives each constrained request its own
 sampling (the vocabulary bitmask of Dong et al. 2024, "XGrammar: Flexible and
 Efficient Structured Generation Engine for Large Language Models"), and advances the
 matcher with each sampled token. Requests without a grammar cost one attribute check
-per step.
+per step. A grammar not yet in the cache compiles on a worker thread
+(`GrammarBackend.start`), so the scheduler keeps stepping the running requests meanwhile.
 
 Invariant: a request's matcher has accepted exactly its ``output_ids``. A retracted
 request keeps its matcher and re-prefills prompt + output without sampling, so the
