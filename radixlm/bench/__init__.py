@@ -4,7 +4,9 @@ Public API: workloads (`random_workload`, `shared_prefix_workload`,
 `multi_turn_workload`, `sharegpt_workload`), backends (`make_backend`: 'radixlm' native
 /generate, 'openai' /v1/completions), `run_workload` / `run` (Poisson rate or
 concurrency cap), `summarize` (throughput, TTFT/TPOT/ITL/e2e percentiles, cache hit
-rate, goodput) and the sweep analysis (`radixlm.bench.sweep`).
+rate, goodput) and the sweep analysis (`radixlm.bench.sweep`). The command line checks
+its flags (`radixlm.bench.flags`), the server and a local tokenizer
+(`radixlm.bench.preflight`) before it sends a request.
 """
 
 from radixlm.bench.backends import Backend, make_backend

@@ -28,6 +28,26 @@ import httpx
 from radixlm.bench.stats import RequestResult
 
 
+def error_detail(resp: httpx.Response, limit: int = 300) -> str:
+    """The message of a read response's OpenAI-style error body ({"error": {"message":
+    ...}}), else its text; whitespace collapsed to one line, at most `limit` chars."""
+    try:
+        err = resp.json()["error"]
+        text = err.get("message", err) if isinstance(err, dict) else err
+    except (ValueError, KeyError, TypeError):
+        text = resp.text
+    return " ".join(str(text).split())[:limit]
+
+
+def error_message(e: Exception, limit: int = 300) -> str:
+    """One line for a failed request: a server-reported error (RuntimeError) as is,
+    else "ExceptionType: message" (the type alone when the message is empty)."""
+    text = " ".join(str(e).split())
+    if not isinstance(e, RuntimeError):
+        text = f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return text[:limit]
+
+
 class Backend(ABC):
     """Sends one streamed request and times it.
 
@@ -76,8 +96,8 @@ class Backend(ABC):
                 "POST", self.base_url + path, json=body, headers=self.headers
             ) as resp:
                 if resp.status_code != 200:
-                    detail = (await resp.aread()).decode(errors="replace")[:300]
-                    raise RuntimeError(f"HTTP {resp.status_code}: {detail}")
+                    await resp.aread()
+                    raise RuntimeError(f"HTTP {resp.status_code}: {error_detail(resp)}")
                 async for line in resp.aiter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -97,7 +117,7 @@ class Backend(ABC):
                     texts.append(text)
             res.e2e = time.perf_counter() - res.start
         except (httpx.HTTPError, RuntimeError, ValueError) as e:
-            res.error = f"{type(e).__name__}: {e}"[:300]
+            res.error = error_message(e)
             return res
         res.text = "".join(texts)
         res.output_tokens = state.get("output_tokens", chunks)
@@ -121,7 +141,8 @@ class NativeBackend(Backend):
 
     def parse(self, event: dict[str, Any], state: dict[str, Any]) -> tuple[str, int]:
         if "error" in event:
-            raise RuntimeError(str(event["error"].get("message", event["error"])))
+            err = event["error"]
+            raise RuntimeError(str(err.get("message", err) if isinstance(err, dict) else err))
         seen_text, seen_ids = state.get("_text", 0), state.get("_ids", 0)
         text, ids = event.get("text", ""), event.get("output_ids", [])
         state["_text"], state["_ids"] = len(text), len(ids)

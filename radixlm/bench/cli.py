@@ -19,9 +19,11 @@ from typing import Any
 
 import httpx
 
+from radixlm.bench import flags, preflight
 from radixlm.bench import sweep as sweep_mod
 from radixlm.bench import workloads as wl
 from radixlm.bench.backends import BACKENDS, make_backend
+from radixlm.bench.preflight import load_local_tokenizer
 from radixlm.bench.runner import run
 from radixlm.bench.stats import format_summary, summarize
 
@@ -30,20 +32,20 @@ DATASETS = ("random", "generated-shared-prefix", "multi-turn", "sharegpt")
 
 def load_tokenizer(name: str):
     """A Hugging Face tokenizer for a radixlm model alias, .gguf, local directory or hub
-    name (hub names need the files in the local Hugging Face cache)."""
-    from transformers import AutoTokenizer
-
-    from radixlm.errors import ModelNotFoundError
-    from radixlm.runtime.model_registry import local_hf_dir
-
-    try:
-        return AutoTokenizer.from_pretrained(local_hf_dir(name))
-    except ModelNotFoundError:
-        return AutoTokenizer.from_pretrained(name)
+    name already in the local Hugging Face cache (never downloaded). Raises ValueError
+    (one line) when there is no such local tokenizer."""
+    return load_local_tokenizer(name)
 
 
-def build_workload(args: argparse.Namespace, tokenizer, seed: int) -> list[wl.Session]:
-    """The sessions of `--dataset-name` with its flags. Raises ValueError for bad flags."""
+def build_workload(
+    args: argparse.Namespace,
+    tokenizer,
+    seed: int,
+    sharegpt_pairs: list[tuple[str, str]] | None = None,
+) -> list[wl.Session]:
+    """The sessions of `--dataset-name` with its flags; a sharegpt workload is built from
+    `sharegpt_pairs` (`wl.read_sharegpt`) when given, else from --dataset-path. Raises
+    ValueError for bad flags or a bad dataset file."""
     name = args.dataset_name
     if name == "random":
         return wl.random_workload(
@@ -77,30 +79,36 @@ def build_workload(args: argparse.Namespace, tokenizer, seed: int) -> list[wl.Se
     if not args.dataset_path:
         raise ValueError("--dataset-name sharegpt needs --dataset-path FILE.json")
     return wl.sharegpt_workload(
-        tokenizer, args.dataset_path, args.num_prompts, args.sharegpt_output_len, seed
+        tokenizer,
+        args.dataset_path if sharegpt_pairs is None else sharegpt_pairs,
+        args.num_prompts,
+        args.sharegpt_output_len,
+        seed,
     )
-
-
-def _model_name(base_url: str, api_key: str | None) -> str:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    resp = httpx.get(f"{base_url.rstrip('/')}/v1/models", headers=headers, trust_env=False)
-    resp.raise_for_status()
-    return resp.json()["data"][0]["id"]
 
 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark described by parsed `radixlm bench` flags; return the report
-    (also printed, and written to --output-json when given)."""
+    (also printed, and written to --output-json when given).
+
+    Before any request: the flags and the dataset file are checked, the server is
+    probed (GET /v1/models) and the tokenizer is loaded from local files. Raises
+    ValueError (one line) when one of these fails; failed requests do not raise, they
+    are counted in the report with their errors."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError("--max-concurrency must be >= 1")
     rates = sweep_mod.parse_rates(args.sweep_rate) if args.sweep_rate else [args.request_rate]
     if not rates[0] > 0:
         raise ValueError("--request-rate must be > 0 (inf sends everything at once)")
+    flags.check_combinations(args)
+    pairs = wl.read_sharegpt(args.dataset_path) if args.dataset_name == "sharegpt" else None
+    cards = preflight.probe_models(args.base_url, args.api_key)
     model = args.model
     if args.backend == "openai" and model is None:
-        model = _model_name(args.base_url, args.api_key)
-    tokenizer = load_tokenizer(args.tokenizer or model or "smollm2-135m")
+        model = preflight.served_model(cards, args.base_url)
+    names = preflight.tokenizer_candidates(args.tokenizer, model, cards)
+    tokenizer = preflight.find_tokenizer(names, explicit=bool(args.tokenizer))
     backend = make_backend(
         args.backend,
         args.base_url,
@@ -111,7 +119,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     points = []
     for i, rate in enumerate(rates):
         # A fresh workload per rate (seed + i): earlier rates must not warm the cache.
-        sessions = build_workload(args, tokenizer, args.seed + i)
+        sessions = build_workload(args, tokenizer, args.seed + i, pairs)
         results, duration = run(
             backend,
             sessions,
@@ -158,8 +166,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The `radixlm bench` flags."""
+    """The `radixlm bench` flags; numeric values are checked as they are parsed
+    (radixlm.bench.flags), so a bad one is an argparse error (exit status 2)."""
     a = p.add_argument
+    count, length, tokens = flags.positive_int, flags.non_negative_int, flags.positive_int
     a(
         "--backend",
         choices=sorted(BACKENDS),
@@ -176,57 +186,78 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a(
         "--tokenizer",
         default=None,
-        help="tokenizer for prompt generation: radixlm alias, "
-        "local dir or .gguf (default: --model, else smollm2-135m)",
+        help="tokenizer for building prompts: a radixlm model alias (smollm2-135m), a local "
+        "Hugging Face directory, a .gguf file, or a hub name already in the local Hugging "
+        "Face cache; never downloaded. Default: the model name (--model, else with --backend "
+        "openai the first name the server lists in /v1/models), then the local path the "
+        "server reports as that model's root; with --backend radixlm and no --model, "
+        "smollm2-135m. Pass it when the served name is not a local model (a server started "
+        "with --served-model-name on another machine)",
     )
     a("--api-key", default=None, help="bearer token for the server")
     a("--dataset-name", choices=DATASETS, default="random", help="workload (default: random)")
     a("--dataset-path", default=None, help="ShareGPT-style JSON file (sharegpt)")
     a(
         "--num-prompts",
-        type=int,
+        type=count,
         default=64,
-        help="requests (random, sharegpt) or sessions (multi-turn) (default: 64)",
+        help="requests (random, sharegpt) or sessions (multi-turn), >= 1 (default: 64)",
     )
-    a("--random-input-len", type=int, default=256, help="tokens (default: 256)")
-    a("--random-output-len", type=int, default=64, help="tokens (default: 64)")
+    a("--random-input-len", type=tokens, default=256, help="tokens, >= 1 (default: 256)")
+    a("--random-output-len", type=tokens, default=64, help="tokens, >= 1 (default: 64)")
     a(
         "--random-range-ratio",
-        type=float,
+        type=flags.ratio,
         default=1.0,
-        help="lengths uniform in [len * ratio, len] (default: 1.0 = fixed)",
+        help="lengths uniform in [len * ratio, len], ratio in [0, 1] (default: 1.0 = fixed)",
     )
-    a("--gsp-num-groups", type=int, default=4, help="shared-prefix groups G (default: 4)")
-    a("--gsp-prompts-per-group", type=int, default=8, help="prompts per group P (default: 8)")
-    a("--gsp-system-prompt-len", type=int, default=512, help="system tokens S (default: 512)")
-    a("--gsp-question-len", type=int, default=64, help="question tokens Q (default: 64)")
-    a("--gsp-output-len", type=int, default=64, help="output tokens (default: 64)")
-    a("--multi-turn-num-turns", type=int, default=4, help="turns per session (default: 4)")
-    a("--multi-turn-system-len", type=int, default=256, help="first-turn context (default: 256)")
-    a("--multi-turn-turn-len", type=int, default=64, help="user tokens per turn (default: 64)")
-    a("--multi-turn-output-len", type=int, default=32, help="output per turn (default: 32)")
+    a("--gsp-num-groups", type=count, default=4, help="shared-prefix groups G (default: 4)")
+    a("--gsp-prompts-per-group", type=count, default=8, help="prompts per group P (default: 8)")
+    a("--gsp-system-prompt-len", type=length, default=512, help="system tokens S (default: 512)")
+    a("--gsp-question-len", type=length, default=64, help="question tokens Q (default: 64)")
+    a("--gsp-output-len", type=tokens, default=64, help="output tokens (default: 64)")
+    a("--multi-turn-num-turns", type=count, default=4, help="turns per session (default: 4)")
+    a(
+        "--multi-turn-system-len",
+        type=length,
+        default=256,
+        help="first-turn context tokens (default: 256)",
+    )
+    a("--multi-turn-turn-len", type=length, default=64, help="user tokens per turn (default: 64)")
+    a("--multi-turn-output-len", type=tokens, default=32, help="output per turn (default: 32)")
     a(
         "--sharegpt-output-len",
-        type=int,
+        type=tokens,
         default=None,
-        help="override the reference answers' lengths",
+        help="override the reference answers' lengths (tokens, >= 1)",
     )
     a(
         "--request-rate",
-        type=float,
+        type=flags.request_rate,
         default=math.inf,
-        help="Poisson arrival rate of sessions per s (default: inf = all at once)",
+        help="Poisson arrival rate of sessions per s, > 0 (default: inf = all at once)",
     )
-    a("--max-concurrency", type=int, default=None, help="cap on requests in flight")
+    a("--max-concurrency", type=count, default=None, help="cap on requests in flight (>= 1)")
     a(
         "--sweep-rate",
+        type=flags.rate_list,
         default=None,
         help="comma-separated rates, e.g. 1,2,4,inf: run each, "
         "plot the throughput-latency curve to --plot",
     )
     a("--plot", default="bench_sweep.png", help="PNG path of a sweep (default: %(default)s)")
-    a("--slo-ttft-ms", type=float, default=None, help="TTFT SLO for goodput (ms)")
-    a("--slo-tpot-ms", type=float, default=None, help="TPOT SLO for goodput (ms)")
+    a(
+        "--slo-ttft-ms",
+        type=flags.positive_float,
+        default=None,
+        help="TTFT SLO for goodput (ms, > 0)",
+    )
+    a(
+        "--slo-tpot-ms",
+        type=flags.positive_float,
+        default=None,
+        help="TPOT SLO for goodput (ms, > 0)",
+    )
     a("--seed", type=int, default=0, help="workload and arrival seed (default: 0)")
     a("--disable-ignore-eos", action="store_true", help="let requests stop at EOS")
     a("--disable-tqdm", action="store_true", help="no progress bar")
@@ -246,14 +277,26 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 
 def _command(args: argparse.Namespace) -> int:
-    """Exit status: 0, or 1 when a run completed no request. Unreachable servers and bad
-    flags raise ValueError (printed as one line by `radixlm`)."""
+    """Exit status: 0, or 1 when a run completed no request (its most frequent error is
+    printed to stderr). Unreachable servers, bad flags, dataset files and tokenizers
+    raise ValueError (printed as one line by `radixlm`, exit status 2)."""
     try:
         report = run_bench(args)
     except httpx.HTTPError as e:
         raise ValueError(f"cannot reach {args.base_url}: {e}") from None
     summaries = report.get("points") or [report["summary"]]
-    return 0 if all(s["completed"] for s in summaries) else 1
+    status = 0
+    for s in summaries:
+        if s["completed"] == 0:
+            status = 1
+            errors = list(s.get("error_counts") or {}) or ["no request was sent"]
+            at = f" at rate {s['request_rate']:g}" if len(summaries) > 1 else ""
+            which = "most frequent error" if len(errors) > 1 else "error"
+            print(
+                f"radixlm bench: all {s['failed']} requests failed{at}; {which}: {errors[0]}",
+                file=sys.stderr,
+            )
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:

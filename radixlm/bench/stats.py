@@ -139,7 +139,19 @@ def summarize(
         "cache_hit_rate": cache_hit_rate(ok),
         "goodput": goodput(ok, duration_s, slo_ttft_ms, slo_tpot_ms),
         "errors": sorted({r.error for r in results if not r.success})[:5],
+        "error_counts": error_counts(results),
     }
+
+
+def error_counts(results: list[RequestResult]) -> dict[str, int]:
+    """Failed requests per distinct error message, most frequent first (ties in
+    message order); a failure without a message counts as "unknown error"."""
+    counts: dict[str, int] = {}
+    for r in results:
+        if not r.success:
+            key = r.error or "unknown error"
+            counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def format_summary(s: dict[str, Any], title: str = "radixlm bench") -> str:
@@ -181,4 +193,17 @@ def format_summary(s: dict[str, Any], title: str = "radixlm bench") -> str:
     width = max(len(k) for k, _ in rows) + 2
     line = "=" * (width + 16)
     body = "\n".join(f"{k:<{width}}{v:>16}" for k, v in rows)
-    return f"{line}\n{title:^{width + 16}}\n{line}\n{body}\n{line}"
+    errors = "".join(f"\n{n:>6} x {msg}" for n, msg in _top_errors(s))
+    if errors:
+        errors = "\nFailed requests by error:" + errors
+    return f"{line}\n{title:^{width + 16}}\n{line}\n{body}{errors}\n{line}"
+
+
+def _top_errors(s: dict[str, Any], limit: int = 5) -> list[tuple[int, str]]:
+    """(count, message) of a summary's most frequent errors; past `limit` lines, the
+    last line counts the rest."""
+    items = [(n, msg) for msg, n in s.get("error_counts", {}).items()]
+    if len(items) > limit:
+        rest = sum(n for n, _ in items[limit - 1 :])
+        items = items[: limit - 1] + [(rest, f"{len(items) - limit + 1} other errors")]
+    return items

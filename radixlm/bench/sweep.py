@@ -19,10 +19,13 @@ KNEE_FACTOR = 2.0
 
 
 def parse_rates(text: str) -> list[float]:
-    """'1,2,4,inf' -> [1.0, 2.0, 4.0, inf]. Raises ValueError for an empty list or a
-    rate <= 0."""
-    rates = [float(x) for x in text.split(",") if x.strip()]
-    if not rates or any(r <= 0 for r in rates):
+    """'1,2,4,inf' -> [1.0, 2.0, 4.0, inf]. Raises ValueError for an empty list, a
+    value that is not a number, or a rate that is not > 0 (nan included)."""
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        rates = []
+    if not rates or not all(r > 0 for r in rates):
         raise ValueError(f"--sweep-rate needs positive rates separated by commas, got {text!r}")
     return sorted(rates)
 

@@ -134,25 +134,73 @@ def multi_turn_workload(
     return sessions
 
 
+SHAREGPT_FORMAT = 'a JSON list of {"conversations": [{"from": ..., "value": TEXT}, ...]}'
+
+
+def read_sharegpt(path: str | Path) -> list[tuple[str, str]]:
+    """(prompt, reference answer) pairs, in file order, of a ShareGPT-style JSON file:
+    the first two turns' "value" texts of each {"conversations" (or "conversation"):
+    [...]} entry; entries with fewer than two text turns are skipped.
+
+    Raises:
+        ValueError: one line naming `path` when the file is missing or unreadable, is
+            not JSON (UTF-8), or holds no conversation in that format.
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"dataset file {str(path)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"dataset file {str(path)!r} is a directory") from None
+    except OSError as e:
+        raise ValueError(f"cannot read dataset file {str(path)!r}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"dataset file {str(path)!r} is not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"dataset file {str(path)!r} is not valid JSON ({e.msg} at line {e.lineno} "
+            f"column {e.colno}); expected {SHAREGPT_FORMAT}"
+        ) from None
+    if not isinstance(data, list):
+        raise ValueError(
+            f"dataset file {str(path)!r} is not a JSON list; expected {SHAREGPT_FORMAT}"
+        )
+    pairs = []
+    for entry in data:
+        conv = (
+            entry.get("conversations") or entry.get("conversation")
+            if isinstance(entry, dict)
+            else None
+        )
+        if not isinstance(conv, list) or len(conv) < 2:
+            continue
+        texts = [t.get("value") if isinstance(t, dict) else None for t in conv[:2]]
+        if all(isinstance(t, str) for t in texts):
+            pairs.append((texts[0], texts[1]))
+    if not pairs:
+        raise ValueError(
+            f"dataset file {str(path)!r} has no conversation with two text turns "
+            f"among its {len(data)} entries; expected {SHAREGPT_FORMAT}"
+        )
+    return pairs
+
+
 def sharegpt_workload(
     tokenizer,
-    path: str | Path,
+    path: str | Path | list[tuple[str, str]],
     num_prompts: int,
     output_len: int | None = None,
     seed: int = 0,
     max_prompt_len: int = 1024,
     max_total_len: int = 2048,
 ) -> list[Session]:
-    """Requests from a ShareGPT-style JSON file: a list of {"conversations": [{"from":
-    "human"|..., "value": str}, ...]}. The first two turns give prompt and reference
-    answer; conversations with prompts under 4 tokens, answers under 4 tokens (unless
+    """Requests from a ShareGPT-style JSON file (see `read_sharegpt`), or from its
+    already read (prompt, answer) pairs: the pairs are shuffled (seeded) and taken in
+    turn; conversations with prompts under 4 tokens, answers under 4 tokens (unless
     `output_len` is given), prompts over `max_prompt_len` or totals over `max_total_len`
-    are skipped (as SGLang's client does). Raises ValueError for a malformed file."""
-    data = json.loads(Path(path).read_text())
-    if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a JSON list of conversations")
-    convs = [d.get("conversations") or d.get("conversation") for d in data if isinstance(d, dict)]
-    pairs = [(c[0]["value"], c[1]["value"]) for c in convs if isinstance(c, list) and len(c) >= 2]
+    are skipped (as SGLang's client does). Raises ValueError for a malformed file or
+    when no conversation is within those limits."""
+    pairs = list(path) if isinstance(path, list) else read_sharegpt(path)
     random.Random(seed).shuffle(pairs)
     sessions = []
     for prompt, answer in pairs:
@@ -164,5 +212,9 @@ def sharegpt_workload(
             continue
         sessions.append(Session((Turn(prompt, n_out),)))
     if not sessions:
-        raise ValueError(f"{path}: no usable conversations")
+        raise ValueError(
+            f"none of the dataset's {len(pairs)} conversations fits: prompts need 4 to "
+            f"{max_prompt_len} tokens, answers at least 4 (or --sharegpt-output-len), "
+            f"prompt + answer at most {max_total_len}"
+        )
     return sessions

@@ -133,6 +133,40 @@ def test_operating_point_is_best_throughput_meeting_slos():
 
 def test_parse_rates():
     assert parse_rates("4, 1,inf") == [1.0, 4.0, math.inf]
-    for bad in ("", "0,1", "-2"):
-        with pytest.raises(ValueError):
+    for bad in ("", "0,1", "-2", "nan", "1,nan", "1,x"):
+        with pytest.raises(ValueError, match="--sweep-rate needs positive rates"):
             parse_rates(bad)
+
+
+def test_failed_requests_are_counted_by_error():
+    results = [req(0.1, 1.1, 11)]
+    results += [RequestResult(error="HTTP 401: bad key")] * 2
+    results += [RequestResult(error="ConnectError: refused")] * 3 + [RequestResult()]
+    s = summarize(results, duration_s=1.0)
+    assert s["failed"] == 6
+    assert s["error_counts"] == {
+        "ConnectError: refused": 3,
+        "HTTP 401: bad key": 2,
+        "unknown error": 1,
+    }
+    assert list(s["error_counts"]) == ["ConnectError: refused", "HTTP 401: bad key",
+                                       "unknown error"]  # fmt: skip
+    text = format_summary(s)
+    assert text.endswith(
+        "Failed requests by error:\n     3 x ConnectError: refused\n     2 x HTTP 401: bad key"
+        "\n     1 x unknown error\n" + "=" * 44
+    )
+    assert "by error" not in format_summary(summarize(results[:1], 1.0))
+
+
+def test_many_distinct_errors_are_summed_past_five_lines():
+    results = [RequestResult(error=f"error {i}") for i in range(7)] * 2
+    lines = format_summary(summarize(results, 1.0)).splitlines()
+    start = lines.index("Failed requests by error:")
+    assert lines[start + 1 : -1] == [
+        "     2 x error 0",
+        "     2 x error 1",
+        "     2 x error 2",
+        "     2 x error 3",
+        "     6 x 3 other errors",
+    ]

@@ -70,6 +70,53 @@ def test_sharegpt_file(tok, tmp_path):
         wl.sharegpt_workload(tok, path, 10)
 
 
+def test_sharegpt_pairs_skip_malformed_entries_and_are_not_shuffled_in_place(tok, tmp_path):
+    answer = "A reply that is long enough to be counted as one."
+    data = [
+        "not a conversation",
+        {"conversations": [{"from": "human", "value": "What is two plus two?"},
+                           {"from": "gpt", "value": answer}]},
+        {"conversations": [{"from": "human", "value": 3}, {"from": "gpt", "value": "x"}]},
+        {"conversations": [["human", "hi"], ["gpt", "hello"]]},
+        {"conversation": [{"value": "Name three primary colours."}, {"value": answer}]},
+    ]  # fmt: skip
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(data))
+    pairs = wl.read_sharegpt(path)
+    assert pairs == [("What is two plus two?", answer), ("Name three primary colours.", answer)]
+    sessions = wl.sharegpt_workload(tok, pairs, num_prompts=2, seed=1)
+    assert pairs == wl.read_sharegpt(path)  # the caller's list keeps its order
+    assert sessions == wl.sharegpt_workload(tok, path, num_prompts=2, seed=1)
+    assert sorted(s.turns[0].text for s in sessions) == [p for p, _ in sorted(pairs)]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("[1, 2", "is not valid JSON (Expecting ',' delimiter at line 1 column 6)"),
+        ('{"conversations": []}', "is not a JSON list; expected a JSON list of"),
+        ("[]", "has no conversation with two text turns among its 0 entries"),
+        ('[{"conversations": [{"value": "only one"}]}]', "has no conversation with two"),
+    ],
+)
+def test_malformed_sharegpt_files_are_named_in_one_line(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ValueError) as exc:
+        wl.read_sharegpt(path)
+    assert str(exc.value).startswith(f"dataset file {str(path)!r} ")
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+    with pytest.raises(ValueError, match="does not exist"):
+        wl.read_sharegpt(tmp_path / "missing.json")
+
+
+def test_sharegpt_without_a_fitting_conversation(tok, tmp_path):
+    path = tmp_path / "short.json"
+    path.write_text(json.dumps([{"conversations": [{"value": "Hi"}, {"value": "Hello"}]}]))
+    with pytest.raises(ValueError, match="none of the dataset's 1 conversations fits"):
+        wl.sharegpt_workload(tok, path, 10)
+
+
 def test_sweep_plot_writes_a_png(tmp_path):
     def point(rate, tput, ttft, tpot):
         return {"request_rate": rate, "output_throughput": tput,
