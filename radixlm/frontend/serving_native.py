@@ -28,7 +28,7 @@ import msgspec
 from fastapi import Request
 from fastapi.responses import Response
 
-from radixlm.errors import InvalidRequestError
+from radixlm.errors import InvalidRequestError, RequestTooLargeError
 from radixlm.frontend import streaming
 from radixlm.frontend.errors import from_exception, invalid_request, log_failure
 from radixlm.frontend.protocol import GenerateRequest, check_supported
@@ -114,7 +114,10 @@ class NativeServing:
         return False, [list(p) for p in ids]
 
     def _encode(self, text: str) -> list[int]:
-        return self.tm.encode(text)
+        try:
+            return self.tm.encode(text)
+        except RequestTooLargeError as e:
+            raise invalid_request(str(e), param="text") from None
 
     def _params(self, value: dict | list | None, n: int) -> list[SamplingParams]:
         try:

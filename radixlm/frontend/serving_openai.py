@@ -27,7 +27,7 @@ import msgspec
 from fastapi import Request
 from fastapi.responses import Response
 
-from radixlm.errors import InvalidRequestError
+from radixlm.errors import InvalidRequestError, RequestTooLargeError
 from radixlm.frontend.chat_template import chat_prompt_ids, normalise_messages, rendered_chars
 from radixlm.frontend.errors import APIError, from_exception, invalid_request, log_failure
 from radixlm.frontend.fanout import Fanout
@@ -203,8 +203,12 @@ class OpenAIServing:
         return [list(p) for p in prompt]
 
     def _encode(self, text: str) -> list[int]:
-        """Plain prompts get no special tokens (as `radixlm.Engine` does)."""
-        return self.tm.encode(text)
+        """Plain prompts get no special tokens (as `radixlm.Engine` does). A prompt that
+        cannot fit the context is a 400 on `prompt` (context_length_exceeded)."""
+        try:
+            return self.tm.encode(text)
+        except RequestTooLargeError as e:
+            raise invalid_request(str(e), param="prompt", code="context_length_exceeded") from None
 
     def _chat_prompt(self, messages: list[ChatMessage], tools: ToolSetup) -> list[int]:
         """Token ids of the chat template (tools rendered) with the assistant turn opened."""
@@ -264,6 +268,8 @@ class OpenAIServing:
             pool = self.tm.max_total_tokens // ps * ps
             per_copy = (pool - prompt_len) // copies
             requested = max(1, min(default, ctx - prompt_len, per_copy))
+            if req.min_tokens is not None:  # an unset max_tokens leaves room for min_tokens
+                requested = max(requested, min(req.min_tokens, ctx - prompt_len))
         values: dict[str, Any] = {"max_new_tokens": requested}
         names = (
             "temperature",
@@ -405,4 +411,6 @@ def _param_named_in(message: str) -> str | None:
     name = message.split(" ", 1)[0]
     if name == "max_new_tokens":
         return "max_tokens"
+    if name == "min_new_tokens":
+        return "min_tokens"
     return name if name in SamplingParams.__struct_fields__ else None

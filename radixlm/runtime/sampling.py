@@ -75,7 +75,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
 
     @classmethod
     def from_any(cls, value: SamplingParams | dict[str, Any] | None) -> SamplingParams:
-        """Accept a SamplingParams, a dict with these names, or None (defaults).
+        """Accept a SamplingParams, a dict with these names, or None (defaults); `stop`
+        may be one string.
 
         Raises InvalidRequestError for unknown keys, wrong types or out-of-range values.
         """
@@ -91,6 +92,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             raise InvalidRequestError(f"unknown sampling parameters: {sorted(unknown)}")
         if isinstance(value.get("logit_bias"), dict):
             value = {**value, "logit_bias": _int_keys(value["logit_bias"])}
+        if isinstance(value.get("stop"), str):  # one stop string, as the HTTP routes take
+            value = {**value, "stop": [value["stop"]]}
         try:
             params = msgspec.convert(value, cls)
         except msgspec.ValidationError as e:
@@ -129,6 +132,11 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             )
         if self.min_new_tokens < 0:
             raise InvalidRequestError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise InvalidRequestError(
+                f"min_new_tokens must be <= max_new_tokens ({self.max_new_tokens}), "
+                f"got {self.min_new_tokens}"
+            )
         for tok, bias in (self.logit_bias or {}).items():
             if not 0 <= tok < 2**31:
                 raise InvalidRequestError(f"logit_bias keys must be token ids >= 0, got {tok}")

@@ -1,12 +1,12 @@
 """Request preparation in the HTTP process, without a server: a list of prompts stops
-tokenizing at the first one that cannot fit the context."""
+tokenizing at the first one that cannot fit the context (a 400 on `prompt`)."""
 
 from __future__ import annotations
 
 import pytest
 
 from radixlm.config import ServerArgs
-from radixlm.errors import RequestTooLargeError
+from radixlm.frontend.errors import APIError
 from radixlm.frontend.serving_openai import OpenAIServing
 from radixlm.runtime.ipc import IpcPaths
 from radixlm.runtime.tokenizer_manager import TokenizerManager
@@ -35,6 +35,8 @@ def test_a_prompt_list_stops_at_the_first_prompt_over_the_context(serving, monke
     too_long = "word " * 100  # about 100 tokens; the context is 64
     assert len(serving._completion_prompts([fits, fits])) == 2
     calls.clear()
-    with pytest.raises(RequestTooLargeError, match="the context length is 64"):
+    with pytest.raises(APIError, match="the context length is 64") as info:
         serving._completion_prompts([fits, too_long, too_long, too_long])
+    assert info.value.status == 400 and info.value.param == "prompt"
+    assert info.value.code == "context_length_exceeded"
     assert calls == [len(fits), len(too_long)]

@@ -200,6 +200,16 @@ def test_penalty_validation():
         with pytest.raises(InvalidRequestError):
             SamplingParams.from_any(bad)
     assert SamplingParams.from_any({"logit_bias": {"5": -2.5}}).logit_bias == {5: -2.5}
+    with pytest.raises(InvalidRequestError, match="min_new_tokens must be <= max_new_tokens"):
+        SamplingParams.from_any({"min_new_tokens": 5, "max_new_tokens": 2})
+    assert SamplingParams.from_any({"min_new_tokens": 2, "max_new_tokens": 2}).min_new_tokens == 2
+
+
+def test_stop_may_be_one_string():
+    assert SamplingParams.from_any({"stop": "\n"}).stop == ["\n"]
+    assert SamplingParams.from_any({"stop": ["a", "b"]}).stop == ["a", "b"]
+    with pytest.raises(InvalidRequestError):
+        SamplingParams.from_any({"stop": ""})
 
 
 def test_from_any_validation():
