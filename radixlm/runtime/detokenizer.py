@@ -53,8 +53,10 @@ class RequestDetokenizer:
 
     While the request runs, text that could be the start of a stop string is held back
     until it is decided; when the scheduler ends the request on a stop string, the text
-    is cut before its first occurrence (after it with `no_stop_trim`). The concatenated
-    deltas equal the final text.
+    is cut before its first occurrence (after it with `no_stop_trim`), and on a stop
+    token id (`stop_token_ids`, EOS) that token's text is left out (kept with
+    `no_stop_trim`), as SGLang trims a matched stop; `output_ids` keep the token either
+    way. The concatenated deltas equal the final text.
     """
 
     def __init__(
@@ -72,7 +74,14 @@ class RequestDetokenizer:
         finished: the request ended with this step. matched_stop: the stop string (or
         token id) that ended it, if any.
         """
-        self.text += self._incremental.add(new_ids)
+        trim_token = (
+            finished
+            and not self.no_stop_trim
+            and isinstance(matched_stop, int)
+            and bool(new_ids)
+            and new_ids[-1] == matched_stop
+        )
+        self.text += self._incremental.add(new_ids[:-1] if trim_token else new_ids)
         if finished:
             self.text += self._incremental.flush()
             if isinstance(matched_stop, str):

@@ -81,3 +81,17 @@ def test_possible_stop_prefix_is_held_until_decided(tokenizer):
 def test_length_finish_flushes_held_text(tokenizer):
     deltas, text = _stream(tokenizer, "counting to fi", ["five"], None)
     assert "".join(deltas) == text == "counting to fi"
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_matched_stop_token_text_is_left_out_unless_kept(tokenizer, keep):
+    ids = tokenizer.encode("oranges: 2\n", add_special_tokens=False)
+    newline = ids[-1]
+    assert tokenizer.decode([newline]) == "\n"
+    detok = RequestDetokenizer(tokenizer, no_stop_trim=keep)
+    sent = "".join(detok.add([i], False, None) for i in ids[:-1])
+    sent += detok.add([newline], True, newline)
+    assert sent == detok.text == ("oranges: 2\n" if keep else "oranges: 2")
+    # a stop token that is not the step's last token (none was matched) stays
+    other = RequestDetokenizer(tokenizer)
+    assert other.add(ids, True, None) == "oranges: 2\n"

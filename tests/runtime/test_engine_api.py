@@ -69,6 +69,8 @@ def test_stop_token_ids_and_max_new_tokens(engine):
     out = engine.generate(PROMPT, {**greedy(12), "stop_token_ids": [stop]})
     assert out["output_ids"] == ref[: first + 1]
     assert out["finish_reason"] == "stop" and out["matched_stop"] == stop
+    # the matched stop token's text is left out, as SGLang trims it
+    assert out["text"] == engine.tokenizer.decode(ref[:first], skip_special_tokens=True)
     short = engine.generate(PROMPT, greedy(3))
     assert short["output_ids"] == ref[:3] and short["finish_reason"] == "length"
 
