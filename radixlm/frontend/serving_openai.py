@@ -171,7 +171,8 @@ class OpenAIServing:
 
     def _check_common(self, req: SamplingFields) -> None:
         if req.model is not None and req.model != self.tm.model_name:
-            raise invalid_request(
+            raise APIError(  # 404, as OpenAI and vLLM answer an unknown model
+                404,
                 f"The model '{req.model}' does not exist; this server serves "
                 f"'{self.tm.model_name}'.",
                 param="model",

@@ -53,7 +53,6 @@ BAD = [
         "tools.0.function.parameters",
         None,
     ),
-    (CMPL, {"prompt": "x", "model": "gpt-4o"}, "model", "model_not_found"),
     (CMPL, {"prompt": "x", "bogus": 1}, "bogus", "unknown_parameter"),
     (CMPL, {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", None),
     (CMPL, {"prompt": "x", "frequency_penalty": 3}, "frequency_penalty", None),
@@ -75,7 +74,6 @@ BAD = [
     (CHAT, {"messages": USER, "max_completion_tokens": -5}, "max_completion_tokens", None),
     (CHAT, {"messages": [{"role": "user", "content": TOO_LONG}]}, "messages", None),
     (CHAT, {"messages": [{"role": "user", "content": HUGE}]}, None, None),
-    (CHAT, {"messages": USER, "model": "nope"}, "model", "model_not_found"),
     (CHAT, {"messages": USER, "max_completion_tokens": 9000}, "max_completion_tokens", None),
     (CHAT, {"messages": USER, "response_format": {"type": "xml"}}, "response_format.type", None),
     (
@@ -145,10 +143,20 @@ def test_server_keeps_serving_after_errors(http, client):
     assert resp.usage.completion_tokens == 2
 
 
+@pytest.mark.parametrize(
+    "route,body",
+    [(CMPL, {"prompt": "x", "model": "gpt-4o"}), (CHAT, {"messages": USER, "model": "nope"})],
+)
+def test_unknown_model_is_404(http, route, body):
+    err = _assert_error(http.post(route, json=body), 404)
+    assert err["param"] == "model" and err["code"] == "model_not_found"
+    assert err["type"] == "invalid_request_error"
+
+
 def test_openai_client_raises_bad_request(client):
     import openai
 
-    with pytest.raises(openai.BadRequestError) as e:
+    with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-4o", messages=USER, max_tokens=2)
     assert e.value.code == "model_not_found" and e.value.param == "model"
     with pytest.raises(openai.BadRequestError):
