@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import sys
 
-from radixlm.config import ServerArgs
+from radixlm.config import HTTP_ONLY_FIELDS, ServerArgs
 from radixlm.errors import RadixLMError
 
 
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra token ids that end generation",
     )
     gen.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
-    ServerArgs.add_cli_args(gen)
+    ServerArgs.add_cli_args(gen, exclude=HTTP_ONLY_FIELDS)
     gen.set_defaults(func=_generate)
 
     from radixlm.bench.cli import register as register_bench

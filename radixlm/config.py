@@ -34,6 +34,10 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+#: ServerArgs fields that only the HTTP server reads (`radixlm generate` has no flags for them).
+HTTP_ONLY_FIELDS = ("host", "port", "api_key", "served_model_name")
+
+
 @dataclass(frozen=True)
 class ServerArgs:
     """Every setting of the engine. Units: tokens unless stated."""
@@ -229,9 +233,12 @@ class ServerArgs:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
 
     @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        """Add one ``--flag`` per field to `parser`."""
+    def add_cli_args(cls, parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+        """Add one ``--flag`` per field to `parser`, but for the fields named in `exclude`
+        (`from_cli_args` gives those their defaults)."""
         for f in dataclasses.fields(cls):
+            if f.name in exclude:
+                continue
             flag = "--" + f.name.replace("_", "-")
             meta = dict(f.metadata)
             default = "none" if f.default is None else f.default
@@ -245,4 +252,5 @@ class ServerArgs:
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
         """Build from a namespace produced by a parser set up with `add_cli_args`."""
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+        fields = dataclasses.fields(cls)
+        return cls(**{f.name: getattr(args, f.name) for f in fields if hasattr(args, f.name)})

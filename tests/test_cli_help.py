@@ -28,3 +28,19 @@ def test_subcommand_help_renders(name):
     assert text.startswith("usage: ") and len(text) > 200
     if name in ("serve", "generate"):
         assert "--attention-backend" in text and "--cpu-gemm" in text
+    http_only = ("--host", "--port", "--api-key", "--served-model-name")
+    if name == "serve":
+        assert all(flag in text for flag in http_only)
+    if name == "generate":  # the server's own flags would do nothing there
+        assert not any(flag in text for flag in http_only)
+
+
+def test_plan_kv_help_names_no_gpu_flag_it_lacks():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "radixlm", "plan", "kv", "--help"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "--dtype" in out and "--gpu" not in out

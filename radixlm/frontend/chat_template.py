@@ -77,11 +77,16 @@ def _text(index: int, m: ChatMessage) -> str:
         return m.content or ""
     texts = []
     for j, part in enumerate(m.content):
-        if part.type != "text" or part.text is None:
+        if part.type != "text":
             raise invalid_request(
                 f"content parts of type {part.type!r} are not supported (text only)",
                 param=f"messages.{index}.content.{j}",
                 code="unsupported_parameter",
+            )
+        if part.text is None:
+            raise invalid_request(
+                "a content part of type 'text' needs a 'text' string",
+                param=f"messages.{index}.content.{j}.text",
             )
         texts.append(part.text)
     return "\n".join(texts)

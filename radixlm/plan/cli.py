@@ -74,17 +74,18 @@ def _common(p: argparse.ArgumentParser, gpu: bool = True, tp_list: bool = False)
             default=0.9,
             help="share of device memory for weights + KV, in (0, 1]",
         )
+    on_cpu = "; fp32 with --gpu cpu" if gpu else ""
     p.add_argument(
         "--dtype",
         default=None,
         choices=WEIGHT_DTYPES,
-        help="weight format (default: bf16; fp32 with --gpu cpu)",
+        help=f"weight format (default: bf16{on_cpu})",
     )
     p.add_argument(
         "--kv-dtype",
         default=None,
         choices=KV_DTYPES,
-        help="KV-cache format (default: bf16; fp32 with --gpu cpu)",
+        help=f"KV-cache format (default: bf16{on_cpu})",
     )
     if tp_list:
         p.add_argument(

@@ -56,6 +56,12 @@ BAD = [
     (CMPL, {"prompt": "x", "bogus": 1}, "bogus", "unknown_parameter"),
     (CMPL, {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", None),
     (CMPL, {"prompt": "x", "frequency_penalty": 3}, "frequency_penalty", None),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+        "messages.0.content.0.text",
+        None,
+    ),
     (CMPL, {"prompt": "x", "min_tokens": 10, "max_tokens": 2}, "min_tokens", "invalid_value"),
     (CMPL, {"prompt": "x", "n": 2, "best_of": 1}, "best_of", None),
     (CHAT, {"messages": []}, "messages", None),
