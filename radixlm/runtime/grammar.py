@@ -106,7 +106,8 @@ class GrammarCompiler:
         self._info = tokenizer_info
         self._compiler = None
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
-        self._lock = threading.Lock()
+        self._inflight: dict[tuple[str, str], Future] = {}  # compiles under way
+        self._lock = threading.Lock()  # guards the two dictionaries and _get_compiler
 
     def compile(self, kind: str, spec: str):
         """The `xgrammar.CompiledGrammar` of `spec`.
@@ -117,15 +118,35 @@ class GrammarCompiler:
         supported by xgrammar (the error is cached too).
         """
         key = (kind, spec)
+        # The lock guards only the dictionaries: compiles of different specs run at once
+        # (xgrammar's compiler is thread-safe), a cache lookup never waits for one, and
+        # threads asking for a spec that is compiling share that compile's result.
         with self._lock:
             hit = self._cache.get(key)
+            owner = False
             if hit is not None:
                 self._cache.move_to_end(key)
             else:
+                pending = self._inflight.get(key)
+                if pending is None:
+                    pending = self._inflight[key] = Future()
+                    owner = True
+        if hit is None and owner:
+            try:
                 hit = self._compile(kind, spec)
+            except BaseException as e:
+                with self._lock:
+                    del self._inflight[key]
+                pending.set_exception(e)
+                raise
+            with self._lock:
                 self._cache[key] = hit
                 if len(self._cache) > self.max_entries:
                     self._cache.popitem(last=False)
+                del self._inflight[key]
+            pending.set_result(hit)
+        elif hit is None:
+            hit = pending.result()
         if isinstance(hit, InvalidRequestError):
             raise InvalidRequestError(str(hit))
         return hit
@@ -169,6 +190,10 @@ class GrammarCompiler:
             return InvalidRequestError(f"invalid {kind}: {message or type(e).__name__}")
 
     def _get_compiler(self):
+        with self._lock:  # built once (about 0.25 s), by the first compile
+            return self._build_compiler()
+
+    def _build_compiler(self):
         if self._compiler is None:
             import xgrammar as xgr
 

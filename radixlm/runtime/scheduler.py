@@ -420,7 +420,7 @@ class Scheduler:
         mem = self.memory_accounting()
         return {
             "num_running": len(self.running),
-            "num_waiting": len(self.waiting),
+            "num_waiting": len(self.waiting) + len(self.compiling),
             "num_chunked": int(self.chunked is not None),
             "schedule_policy": self.policy.name,
             "new_token_ratio": round(self.ratio.value, 4),

@@ -159,3 +159,37 @@ def test_at_most_one_grammar_field():
         SamplingParams.from_any({"regex": 3})
     assert grammar_spec(SamplingParams(ebnf="root ::= x")) == ("ebnf", "root ::= x")
     assert grammar_spec(SamplingParams()) is None
+
+
+def test_a_compile_blocks_no_other_spec_and_is_shared(compiler, monkeypatch):
+    """While one spec compiles, another compiles and a cache lookup answers at once; a
+    second caller of the compiling spec waits for that compile instead of repeating it."""
+    import threading
+
+    gate, started, calls = threading.Event(), threading.Event(), []
+    real = compiler._compile
+
+    def slow(kind, spec):
+        calls.append(spec)
+        if spec == "a+":
+            started.set()
+            assert gate.wait(30)
+        return real(kind, spec)
+
+    monkeypatch.setattr(compiler, "_compile", slow)
+    results = []
+    threads = [
+        threading.Thread(target=lambda: results.append(compiler.compile("regex", "a+")))
+        for _ in range(2)
+    ]
+    threads[0].start()
+    assert started.wait(30)
+    threads[1].start()
+    assert compiler.cached("regex", "a+") is None  # no wait on the compile under way
+    assert compiler.compile("regex", "b+") is not None  # another spec compiles meanwhile
+    assert compiler.cached("regex", "b+") is not None
+    gate.set()
+    for t in threads:
+        t.join(30)
+    assert len(results) == 2 and results[0] is results[1]
+    assert calls.count("a+") == 1
