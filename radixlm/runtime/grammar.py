@@ -191,18 +191,17 @@ class GrammarCompiler:
 
     def _get_compiler(self):
         with self._lock:  # built once (about 0.25 s), by the first compile
-            return self._build_compiler()
+            if self._compiler is None:
+                import xgrammar as xgr
 
-    def _build_compiler(self):
-        if self._compiler is None:
-            import xgrammar as xgr
-
-            if self._info is None:
-                self._info = xgr.TokenizerInfo.from_huggingface(
-                    self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
-                )
-            self._compiler = xgr.GrammarCompiler(self._info, max_threads=self.max_threads)
-        return self._compiler
+                if self._info is None:
+                    self._info = xgr.TokenizerInfo.from_huggingface(
+                        self.tokenizer,
+                        vocab_size=self.vocab_size,
+                        stop_token_ids=self.stop_token_ids,
+                    )
+                self._compiler = xgr.GrammarCompiler(self._info, max_threads=self.max_threads)
+            return self._compiler
 
 
 class GrammarBackend:
@@ -223,11 +222,8 @@ class GrammarBackend:
         Raises InvalidRequestError when the grammar does not compile.
         """
         spec = grammar_spec(req.params)
-        if spec is None:
-            return
-        import xgrammar as xgr
-
-        req.grammar = xgr.GrammarMatcher(self.compiler.compile(*spec))
+        if spec is not None:
+            req.grammar = _matcher(self.compiler.compile(*spec))
 
     def start(self, req) -> Future | None:
         """Prepare `req` now when its grammar is cached (or it has none) and return None;
@@ -238,8 +234,11 @@ class GrammarBackend:
         Raises InvalidRequestError for a grammar whose failure is cached.
         """
         spec = grammar_spec(req.params)
-        if spec is None or self.compiler.cached(*spec) is not None:
-            self.prepare(req)
+        if spec is None:
+            return None
+        compiled = self.compiler.cached(*spec)
+        if compiled is not None:
+            req.grammar = _matcher(compiled)
             return None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
@@ -248,9 +247,7 @@ class GrammarBackend:
     def finish(self, req, done: Future) -> None:
         """Give `req` the matcher of its compiled grammar (`done` from `start`, finished).
         Raises InvalidRequestError when it did not compile."""
-        import xgrammar as xgr
-
-        req.grammar = xgr.GrammarMatcher(done.result())
+        req.grammar = _matcher(done.result())
 
     def apply(self, logits: torch.Tensor, reqs: list) -> None:
         """Set to -inf, in place, the logits of tokens each constrained request's grammar
@@ -302,3 +299,10 @@ class GrammarBackend:
         if self._bitmask is None or self._bitmask.shape[0] < n:
             self._bitmask = xgr.allocate_token_bitmask(max(n, 8), self.compiler.vocab_size)
         return self._bitmask[:n]
+
+
+def _matcher(compiled):
+    """A fresh `xgrammar.GrammarMatcher` of one compiled grammar (one per request)."""
+    import xgrammar as xgr
+
+    return xgr.GrammarMatcher(compiled)
