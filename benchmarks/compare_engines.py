@@ -3,7 +3,7 @@
 Method
 ------
 * Weights: SmolLM2-135M-Instruct, fp32, from the bundled GGUF dequantized once into a
-  safetensors directory (`radixlm.runtime.model_registry.local_hf_dir`, cached under
+  safetensors directory (`radixlm.runtime.executor.model_registry.local_hf_dir`, cached under
   ~/.cache/radixlm/converted); every engine loads that directory (llama-server: an f32
   GGUF converted from it, see benchmarks/README.md).
 * Engines (`ENGINES`): in-process -- radixlm.Engine and transformers `generate`, each in
@@ -81,7 +81,7 @@ from peer_servers import ENGINES, EngineSpec, engine_environ, http_run
 from report import save_report
 
 from radixlm.bench.stats import RequestResult, summarize
-from radixlm.runtime.model_registry import local_hf_dir
+from radixlm.runtime.executor.model_registry import local_hf_dir
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUTPUT = HERE / "results" / "compare_engines.json"

@@ -140,7 +140,7 @@ class HFRunner:
     def __init__(self, args: argparse.Namespace):
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-        from radixlm.runtime.model_registry import local_hf_dir
+        from radixlm.runtime.executor.model_registry import local_hf_dir
 
         hf_dir = local_hf_dir(args.model)
         self.tokenizer = AutoTokenizer.from_pretrained(hf_dir)

@@ -24,7 +24,7 @@ prepare)
     --implementation cp --abi cp312 --abi abi3 --abi none --platform manylinux2014_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any \
     -d .devcache/wheels -r .devcache/requirements.txt
-  tok=$(python -c "from radixlm.runtime.model_registry import local_hf_dir as d; print(d('smollm2-135m'))")
+  tok=$(python -c "from radixlm.runtime.executor.model_registry import local_hf_dir as d; print(d('smollm2-135m'))")
   cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" .devcache/tok/
   du -sh .devcache
   ;;

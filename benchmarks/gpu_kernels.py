@@ -65,7 +65,7 @@ from radixlm.kernels import (  # noqa: E402
     create_attention_backend,
     flashinfer_available,
 )
-from radixlm.runtime.memory import KVPool  # noqa: E402
+from radixlm.runtime.executor.memory import KVPool  # noqa: E402
 
 DEFAULT_OUTPUT = ROOT / "benchmarks" / "results" / "gpu_kernels.json"
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
@@ -219,7 +219,7 @@ def elementwise_rows(device: str, timer: Timer, copy_gbs: float) -> list[dict[st
     import torch.nn.functional as F
 
     from radixlm.kernels.triton import rms_norm, silu_and_mul
-    from radixlm.runtime.models.llama import RMSNorm
+    from radixlm.runtime.executor.models.llama import RMSNorm
 
     dtype = torch.bfloat16
     hidden, ffn = SMOLLM2_SHAPE["hidden_size"], SMOLLM2_SHAPE["intermediate_size"]
@@ -250,7 +250,7 @@ def model_dir(args, tmp: Path) -> tuple[Path, str]:
 
     if not args.smoke_cpu:
         try:
-            from radixlm.runtime.model_registry import local_hf_dir
+            from radixlm.runtime.executor.model_registry import local_hf_dir
 
             return local_hf_dir("smollm2-135m"), "SmolLM2-135M-Instruct"
         except Exception as e:  # noqa: BLE001  (any failure: fall back to random weights)
@@ -270,7 +270,7 @@ def decode_step_rows(args, device, timer, copy_gbs, variants, hf_dir, rows, save
     from transformers import AutoConfig
 
     from radixlm.config import ServerArgs
-    from radixlm.runtime.model_runner import ModelRunner
+    from radixlm.runtime.executor.model_runner import ModelRunner
 
     config = AutoConfig.from_pretrained(hf_dir)
     max_bs, max_ctx = max(args.batches), max(args.contexts)

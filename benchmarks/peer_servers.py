@@ -32,7 +32,7 @@ from radixlm import omp_policy
 from radixlm.bench.backends import make_backend
 from radixlm.bench.runner import run
 from radixlm.bench.workloads import Session, Turn
-from radixlm.runtime.model_registry import resolve_model_path
+from radixlm.runtime.executor.model_registry import resolve_model_path
 
 PEERS = Path(os.environ.get("RADIXLM_PEERS_DIR", "/work/peers"))
 SERVED_NAME = "smollm2-135m"

@@ -86,8 +86,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def run_config(name: str, settings: dict, prompts, warmup, args, max_total: int) -> dict:
     from radixlm import Engine
-    from radixlm.runtime.request import Req
-    from radixlm.runtime.sampling import SamplingParams
+    from radixlm.runtime.sampling.sampler import SamplingParams
+    from radixlm.runtime.sched.request import Req
 
     kwargs = {k: v for k, v in settings.items() if k != "tight"}
     if settings.get("tight"):
@@ -150,7 +150,7 @@ def run_config(name: str, settings: dict, prompts, warmup, args, max_total: int)
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    from radixlm.runtime.model_registry import local_hf_dir
+    from radixlm.runtime.executor.model_registry import local_hf_dir
 
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(local_hf_dir(args.model))

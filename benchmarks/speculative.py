@@ -4,7 +4,7 @@ batch size on the bundled model, next to the planner's prediction (`radixlm.plan
 Method
 ------
 * Prompts (``--workload``): ``chat`` = the held-out chat prompts of
-  `radixlm.runtime.speculative.prompts` (topics absent from EAGLE training); ``copy`` =
+  `radixlm.train.prompts` (topics absent from EAGLE training); ``copy`` =
   code-editing requests that repeat a snippet (where n-gram lookup pays). Chat-templated,
   cycled to fill a batch of B.
 * Greedy, EOS ignored (every request emits exactly N tokens). For each engine and B:
@@ -42,7 +42,7 @@ import torch
 from report import save_report
 
 from radixlm import Engine
-from radixlm.runtime.speculative.prompts import heldout_prompts
+from radixlm.train.prompts import heldout_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 

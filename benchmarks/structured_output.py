@@ -148,7 +148,7 @@ def summarize(values: list[float]) -> dict[str, float]:
 
 def compile_times(engine) -> dict[str, float]:
     """Seconds to compile SCHEMA cold (a fresh compiler, tokenizer info included) and cached."""
-    from radixlm.runtime.grammar import GrammarCompiler
+    from radixlm.runtime.sampling.grammar import GrammarCompiler
 
     base = engine.scheduler.grammars.compiler
     fresh = GrammarCompiler(base.tokenizer, base.vocab_size, base.stop_token_ids)
@@ -166,9 +166,9 @@ def replay_ms_per_step(engine, outputs: list[list[int]]) -> float:
     every still-running row and accept its recorded token (no model forward)."""
     import torch
 
-    from radixlm.runtime.grammar import GrammarBackend
-    from radixlm.runtime.request import Req
-    from radixlm.runtime.sampling import SamplingParams
+    from radixlm.runtime.sampling.grammar import GrammarBackend
+    from radixlm.runtime.sampling.sampler import SamplingParams
+    from radixlm.runtime.sched.request import Req
 
     backend = GrammarBackend(engine.scheduler.grammars.compiler)
     params = SamplingParams(json_schema=json.dumps(SCHEMA))

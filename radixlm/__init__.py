@@ -41,7 +41,7 @@ __all__ = ["Engine", "SamplingParams", "__version__", *_LANG_NAMES]
 
 if TYPE_CHECKING:
     from radixlm.runtime.engine import Engine
-    from radixlm.runtime.sampling import SamplingParams
+    from radixlm.runtime.sampling.sampler import SamplingParams
 
 
 def __getattr__(name: str):
@@ -51,7 +51,7 @@ def __getattr__(name: str):
 
         return Engine
     if name == "SamplingParams":
-        from radixlm.runtime.sampling import SamplingParams
+        from radixlm.runtime.sampling.sampler import SamplingParams
 
         return SamplingParams
     if name in _LANG_NAMES:

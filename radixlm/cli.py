@@ -15,7 +15,7 @@ from radixlm.errors import RadixLMError
 
 def _generate(args: argparse.Namespace) -> int:
     from radixlm.runtime.engine import Engine
-    from radixlm.runtime.sampling import SamplingParams
+    from radixlm.runtime.sampling.sampler import SamplingParams
 
     server_args = ServerArgs.from_cli_args(args)  # check everything before loading
     params = {
@@ -45,13 +45,13 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from radixlm.runtime.launch import launch_server
+    from radixlm.frontend.launch import launch_server
 
     return launch_server(ServerArgs.from_cli_args(args))
 
 
 def _train_eagle(args: argparse.Namespace) -> int:
-    from radixlm.runtime.speculative.train_eagle import run
+    from radixlm.train.eagle import run
 
     return run(args)
 
@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--speculative-draft-path DIR.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    from radixlm.runtime.speculative.train_args import add_args as _train_args
+    from radixlm.train.args import add_args as _train_args
 
     _train_args(train)
     train.set_defaults(func=_train_eagle)

@@ -9,7 +9,7 @@ draws with `derive_seed(seed, i)` (copy 0 keeps the seed: n=1 and n>1 agree on c
 0). Usage counts each prompt's tokens once and every copy's completion tokens (OpenAI's
 rule; best_of copies that are not returned are counted too, as OpenAI bills them).
 ``best_of`` > n keeps the n copies with the highest cumulative logprob of their sampled
-tokens (vLLM's rule; raw-logit logprobs, see runtime/logprobs.py) and cannot be streamed.
+tokens (vLLM's rule; raw-logit logprobs, see runtime/sampling/logprobs.py) and cannot be streamed.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import msgspec
 from radixlm.frontend.errors import invalid_request
 from radixlm.frontend.logprob_format import cumulative_logprob
 from radixlm.frontend.protocol import SamplingFields
-from radixlm.runtime.random_draw import derive_seed
-from radixlm.runtime.sampling import SamplingParams
+from radixlm.runtime.sampling.random_draw import derive_seed
+from radixlm.runtime.sampling.sampler import SamplingParams
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""OpenAI logprob shapes built from `TokenLogprobs` (runtime/logprobs.py).
+"""OpenAI logprob shapes built from `TokenLogprobs` (runtime/sampling/logprobs.py).
 
 * completions: ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` with
   top_logprobs a list of {token text: logprob} dicts (None for the first prompt token
@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from radixlm.runtime.logprobs import TokenLogprobs
+from radixlm.runtime.sampling.logprobs import TokenLogprobs
 
 
 @functools.lru_cache(maxsize=1)

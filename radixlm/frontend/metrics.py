@@ -31,8 +31,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from radixlm.runtime.messages import BatchStrOut
-from radixlm.runtime.request_observer import RequestObserver
+from radixlm.runtime.server.messages import BatchStrOut
+from radixlm.runtime.server.request_observer import RequestObserver
 
 PREFIX = "radixlm:"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -10,7 +10,7 @@ strings or of token-id lists) with a list:
                    | {"type": "length", "length": n} | {"type": "abort"} | None,
                    "prompt_tokens": int, "completion_tokens": int, "cached_tokens": int,
                    with return_logprob also input_token_logprobs, output_token_logprobs,
-                   input_top_logprobs, output_top_logprobs (runtime/meta_info.py)}}
+                   input_top_logprobs, output_top_logprobs (runtime/server/meta_info.py)}}
 
 Streaming sends one such object per server-sent event with the text and output_ids so
 far (cumulative, as SGLang does), plus ``"index"`` for batches, then ``data: [DONE]``.
@@ -32,9 +32,9 @@ from radixlm.errors import InvalidRequestError, RequestTooLargeError
 from radixlm.frontend import streaming
 from radixlm.frontend.errors import from_exception, invalid_request, log_failure
 from radixlm.frontend.protocol import GenerateRequest, check_supported
-from radixlm.runtime.logprobs import LogprobOptions
-from radixlm.runtime.meta_info import finish_reason_info, logprob_info
-from radixlm.runtime.sampling import SamplingParams
+from radixlm.runtime.sampling.logprobs import LogprobOptions
+from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.server.meta_info import finish_reason_info, logprob_info
 
 logger = logging.getLogger(__name__)
 

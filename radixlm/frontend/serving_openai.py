@@ -54,8 +54,8 @@ from radixlm.frontend.streaming import (
 from radixlm.frontend.structured import check_grammar, request_grammar
 from radixlm.frontend.tool_calls import ToolChatFormat
 from radixlm.frontend.tool_prompt import ToolSetup
-from radixlm.runtime.logprobs import LogprobOptions
-from radixlm.runtime.sampling import SamplingParams
+from radixlm.runtime.sampling.logprobs import LogprobOptions
+from radixlm.runtime.sampling.sampler import SamplingParams
 
 logger = logging.getLogger(__name__)
 

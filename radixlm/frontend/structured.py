@@ -1,5 +1,5 @@
 """OpenAI ``response_format`` (and the ``regex`` / ``ebnf`` extensions) -> a grammar
-field of SamplingParams (runtime/grammar.py).
+field of SamplingParams (runtime/sampling/grammar.py).
 
 * ``{"type": "text"}`` (or unset): no constraint.
 * ``{"type": "json_object"}``: any JSON object (``json_schema = '{"type": "object"}'``,
@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from radixlm.errors import InvalidRequestError
 from radixlm.frontend.errors import invalid_request
-from radixlm.runtime.grammar import GrammarCompiler
-from radixlm.runtime.sampling import SamplingParams
+from radixlm.runtime.sampling.grammar import GrammarCompiler
+from radixlm.runtime.sampling.sampler import SamplingParams
 
 ANY_JSON_OBJECT = json.dumps({"type": "object"})
 _NAME = re.compile(r"^[a-zA-Z0-9_\-]{1,64}$")

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from radixlm.errors import InvalidRequestError
 from radixlm.frontend.errors import invalid_request
 from radixlm.frontend.tool_calls import CALL_END, CALL_START
-from radixlm.runtime.grammar import check_json_schema
+from radixlm.runtime.sampling.grammar import check_json_schema
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 

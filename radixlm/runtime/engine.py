@@ -27,12 +27,12 @@ from typing import Any
 
 from radixlm.config import ServerArgs
 from radixlm.errors import EngineClosedError, InvalidRequestError
-from radixlm.runtime.detokenizer import RequestDetokenizer
-from radixlm.runtime.loader import build_stack, check_request, flush_cache, server_info
-from radixlm.runtime.logprobs import LogprobOptions, TokenLogprobs, empty_logprobs
-from radixlm.runtime.meta_info import finish_reason_info, logprob_info
-from radixlm.runtime.request import Req, ReqOutput
-from radixlm.runtime.sampling import SamplingParams
+from radixlm.runtime.sampling.logprobs import LogprobOptions, TokenLogprobs, empty_logprobs
+from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.sched.request import Req, ReqOutput
+from radixlm.runtime.server.detokenizer import RequestDetokenizer
+from radixlm.runtime.server.meta_info import finish_reason_info, logprob_info
+from radixlm.runtime.server.stack import build_stack, check_request, flush_cache, server_info
 
 logger = logging.getLogger(__name__)
 
@@ -110,13 +110,13 @@ class Engine:
                 top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos,
                 frequency_penalty, presence_penalty, repetition_penalty, logit_bias,
                 min_new_tokens, no_stop_trim, and at most one grammar: json_schema, regex,
-                ebnf, structural_tag; runtime/grammar.py).
+                ebnf, structural_tag; runtime/sampling/grammar.py).
             input_ids: token ids instead of `prompt` (one list or a batch).
             stream: return an iterator of chunks instead of final results.
             cache_salt: prefix-cache namespace: prompts share cached prefixes only with
                 requests of the same salt (None: the default namespace).
             return_logprob: also return token logprobs (log-softmax of the raw logits, see
-                runtime/logprobs.py) in ``meta_info``; one value or one per prompt.
+                runtime/sampling/logprobs.py) in ``meta_info``; one value or one per prompt.
             logprob_start_len: with return_logprob, prompt logprobs from this prompt
                 position (-1: none, 0: every prompt token).
             top_logprobs_num: alternatives per position (0: none).
@@ -128,7 +128,7 @@ class Engine:
             ``matched_stop``, ``usage`` {prompt_tokens, completion_tokens,
             cached_tokens} and ``meta_info`` (the keys of ``POST /generate``'s meta_info:
             id, finish_reason, prompt_tokens, completion_tokens, cached_tokens, and with
-            return_logprob the four logprob lists of `runtime/meta_info.py`). With
+            return_logprob the four logprob lists of `runtime/server/meta_info.py`). With
             stream=True an iterator of chunks with ``index``, the ``text`` and
             ``output_ids`` deltas, with return_logprob a ``meta_info`` holding this
             chunk's logprob entries, and on the last chunk of each request

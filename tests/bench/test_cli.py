@@ -11,7 +11,7 @@ import pytest
 import transformers
 
 from radixlm.cli import main as radixlm_main
-from radixlm.runtime.model_registry import local_hf_dir
+from radixlm.runtime.executor.model_registry import local_hf_dir
 from tests.bench.fake_server import FakeConfig, FakeServer
 
 FAST = ["--num-prompts", "2", "--random-input-len", "8", "--random-output-len", "3"]

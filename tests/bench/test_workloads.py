@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from radixlm.bench import workloads as wl
 from radixlm.bench.sweep import analyze, plot_sweep
-from radixlm.runtime.model_registry import local_hf_dir
+from radixlm.runtime.executor.model_registry import local_hf_dir
 
 
 @pytest.fixture(scope="module")

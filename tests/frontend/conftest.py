@@ -129,7 +129,7 @@ def client(server):
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from radixlm.runtime.model_registry import local_hf_dir
+    from radixlm.runtime.executor.model_registry import local_hf_dir
 
     return AutoTokenizer.from_pretrained(local_hf_dir(MODEL))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from radixlm.frontend.formats import ChatFormat, CompletionFormat
 from radixlm.frontend.logprob_format import TokenTexts, clip_to_text
-from radixlm.runtime.logprobs import TokenLogprobs
+from radixlm.runtime.sampling.logprobs import TokenLogprobs
 
 PIECES = {0: " Paris", 1: ".", 2: "\n", 3: "The", 4: " answer", 5: " is", 9: "<|im_end|>"}
 

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from radixlm.frontend.metrics import ServerMetrics
-from radixlm.runtime.messages import BatchStrOut
+from radixlm.runtime.server.messages import BatchStrOut
 
 
 def batch(rows, queue_times=None):

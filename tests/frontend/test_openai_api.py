@@ -46,7 +46,7 @@ def hf_logprobs():
     """log_softmax of a transformers fp32 forward over token ids: [len, vocab]."""
     from transformers import AutoModelForCausalLM
 
-    from radixlm.runtime.model_registry import local_hf_dir
+    from radixlm.runtime.executor.model_registry import local_hf_dir
 
     model = AutoModelForCausalLM.from_pretrained(local_hf_dir(MODEL), dtype=torch.float32)
     model.eval()

@@ -8,8 +8,8 @@ import pytest
 from radixlm.config import ServerArgs
 from radixlm.frontend.errors import APIError
 from radixlm.frontend.serving_openai import OpenAIServing
-from radixlm.runtime.ipc import IpcPaths
-from radixlm.runtime.tokenizer_manager import TokenizerManager
+from radixlm.runtime.server.ipc import IpcPaths
+from radixlm.runtime.server.tokenizer_manager import TokenizerManager
 
 from .conftest import MODEL
 

@@ -234,7 +234,7 @@ def test_tool_grammars_constrain_calls():
     required: nothing but calls."""
     import xgrammar as xgr
 
-    from radixlm.runtime.grammar import GrammarCompiler
+    from radixlm.runtime.sampling.grammar import GrammarCompiler
 
     info = xgr.TokenizerInfo(["<eos>", "a"], vocab_size=2, stop_token_ids=[0])
     compiler = GrammarCompiler(None, 2, [0], tokenizer_info=info)

@@ -10,7 +10,7 @@ import torch
 
 from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.kernels.forward_batch import tree_mask_indptr
-from radixlm.runtime.memory import KVPool
+from radixlm.runtime.executor.memory import KVPool
 from tests.tiny_models import save_random_model
 
 

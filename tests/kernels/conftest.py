@@ -33,7 +33,7 @@ def hf_dir():
     tokenizer.json and tokenizer_config.json, for a GPU machine that cannot hold the model
     (a device run carries at most 64 MiB; the GGUF is 94 MB). Skips when neither is there."""
     from radixlm.errors import ModelNotFoundError
-    from radixlm.runtime.model_registry import local_hf_dir
+    from radixlm.runtime.executor.model_registry import local_hf_dir
 
     if os.environ.get("RADIXLM_TEST_TOKENIZER_DIR"):
         return Path(os.environ["RADIXLM_TEST_TOKENIZER_DIR"])

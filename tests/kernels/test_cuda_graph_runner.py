@@ -11,9 +11,9 @@ import torch
 from transformers import LlamaConfig
 
 from radixlm.kernels import ForwardBatch, ForwardMode, create_attention_backend
-from radixlm.runtime.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
-from radixlm.runtime.memory import KVPool
-from radixlm.runtime.models.llama import LlamaForCausalLM
+from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
+from radixlm.runtime.executor.memory import KVPool
+from radixlm.runtime.executor.models.llama import LlamaForCausalLM
 from tests.kernels import fake_flashinfer
 
 

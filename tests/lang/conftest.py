@@ -46,7 +46,7 @@ def endpoint(server_url):
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from radixlm.runtime.model_registry import local_hf_dir
+    from radixlm.runtime.executor.model_registry import local_hf_dir
 
     return AutoTokenizer.from_pretrained(local_hf_dir(MODEL))
 

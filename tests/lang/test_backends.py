@@ -157,7 +157,7 @@ def test_run_batch_computes_the_prefix_once(backend, tokenizer):
 def hf_model():
     from transformers import AutoModelForCausalLM
 
-    from radixlm.runtime.model_registry import local_hf_dir
+    from radixlm.runtime.executor.model_registry import local_hf_dir
 
     return AutoModelForCausalLM.from_pretrained(local_hf_dir("smollm2-135m"), dtype=torch.float32)
 

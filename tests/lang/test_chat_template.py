@@ -46,7 +46,7 @@ MERGED_SYSTEM = (  # Llama-2 style, without a generation prompt
 def test_bundled_model_markers_equal_its_template(tmp_path):
     from transformers import AutoTokenizer
 
-    from radixlm.runtime.model_registry import local_hf_dir
+    from radixlm.runtime.executor.model_registry import local_hf_dir
 
     tok = AutoTokenizer.from_pretrained(local_hf_dir("smollm2-135m"))
     t = ct.from_tokenizer(tok)

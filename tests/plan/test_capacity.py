@@ -102,7 +102,7 @@ def test_gguf_q4_1_bytes_equal_the_bundled_file(specs):
     """The bundled SmolLM2 GGUF stores its block linears in Q4_1, the token embedding
     (tied head) in Q8_0 and norms in F32: the planner's q4_1 bytes are its tensor bytes."""
     gguf = pytest.importorskip("gguf")
-    from radixlm.runtime.model_registry import resolve_model_path
+    from radixlm.runtime.executor.model_registry import resolve_model_path
 
     reader = gguf.GGUFReader(resolve_model_path("smollm2-135m"))
     file_bytes = sum(int(t.n_bytes) for t in reader.tensors)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from radixlm.runtime.model_registry import local_hf_dir
+from radixlm.runtime.executor.model_registry import local_hf_dir
 
 MODEL = "smollm2-135m"
 MAX_NEW = 16

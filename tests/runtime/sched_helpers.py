@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from radixlm.runtime.request import Req, ReqOutput
-from radixlm.runtime.sampling import SamplingParams
+from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.sched.request import Req, ReqOutput
 
 _rids = itertools.count()
 

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 import radixlm.kernels.cpu as cpu
-from radixlm.runtime.models import cpu_linear
-from radixlm.runtime.models.cpu_layout import (
+from radixlm.runtime.executor.models import cpu_linear
+from radixlm.runtime.executor.models.cpu_layout import (
     FEW_ROWS,
     FewRowsHead,
     InputMajorLinear,
@@ -85,7 +85,7 @@ def test_packed_conversion_keeps_tied_head_and_counts_panels_and_padding(cpu_ker
 def _tiny_layer(layer_id: int = 0, seed: int = 3):
     from types import SimpleNamespace
 
-    from radixlm.runtime.models.llama import DecoderLayer, RotaryEmbedding
+    from radixlm.runtime.executor.models.llama import DecoderLayer, RotaryEmbedding
 
     cfg = SimpleNamespace(
         hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
@@ -154,8 +154,8 @@ def test_fused_decode_stack_equals_the_llama_layers(cpu_kernels, step, monkeypat
     output and the same K/V written in every layer as the llama layers in order on
     torch_native."""
     from radixlm.kernels import ForwardMode, create_attention_backend
-    from radixlm.runtime.models.cpu_layout import CpuDecoderLayer, FusedDecodeStack
-    from radixlm.runtime.models.llama import run_in_order
+    from radixlm.runtime.executor.models.cpu_layout import CpuDecoderLayer, FusedDecodeStack
+    from radixlm.runtime.executor.models.llama import run_in_order
     from tests.kernels.cases import make_case
 
     mode, extend, fused = STEPS[step]
@@ -203,7 +203,7 @@ def test_fused_decode_stack_equals_the_llama_layers(cpu_kernels, step, monkeypat
 
 
 def test_fused_decode_stack_rejects_layers_it_cannot_run(cpu_kernels):
-    from radixlm.runtime.models.cpu_layout import CpuDecoderLayer, FusedDecodeStack
+    from radixlm.runtime.executor.models.cpu_layout import CpuDecoderLayer, FusedDecodeStack
 
     with pytest.raises(ValueError, match="fused-capable"):
         FusedDecodeStack(nn.ModuleList([_tiny_layer()[0]]), cpu_kernels)  # not packed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixlm.runtime.detokenizer import IncrementalDetokenizer, RequestDetokenizer
+from radixlm.runtime.server.detokenizer import IncrementalDetokenizer, RequestDetokenizer
 
 TEXTS = [
     "Hello, world! Plain ASCII text.",

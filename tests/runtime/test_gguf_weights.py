@@ -13,9 +13,9 @@ from torch import nn
 
 from radixlm import Engine
 from radixlm.kernels.cpu import quant
-from radixlm.runtime import gguf_blocks
-from radixlm.runtime.model_registry import resolve_model_path
-from radixlm.runtime.models.cpu_linear import GgufPanels, PackedLinear, QuantLinear
+from radixlm.runtime.executor import gguf_blocks
+from radixlm.runtime.executor.model_registry import resolve_model_path
+from radixlm.runtime.executor.models.cpu_linear import GgufPanels, PackedLinear, QuantLinear
 from tests.kernels.test_quant_gemm import random_blocks
 from tests.runtime.conftest import MODEL, greedy
 

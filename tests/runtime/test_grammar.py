@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from radixlm.errors import InvalidRequestError
-from radixlm.runtime.grammar import GrammarBackend, GrammarCompiler, grammar_spec
-from radixlm.runtime.request import Req
-from radixlm.runtime.sampling import SamplingParams
+from radixlm.runtime.sampling.grammar import GrammarBackend, GrammarCompiler, grammar_spec
+from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.sched.request import Req
 
 EOS = 0
 VOCAB = ["<eos>", "{", "}", '"', "a", "b", ":", ",", " ", "1", "2", "ab", '{"a"', "yes", "no", "x"]

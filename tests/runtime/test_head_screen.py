@@ -13,9 +13,9 @@ from torch import nn
 
 from radixlm import Engine
 from radixlm.kernels.cpu import pack_pair_panels, pack_panels
-from radixlm.runtime.models import head_screen
-from radixlm.runtime.models.cpu_linear import PackedHead
-from radixlm.runtime.models.head_screen import ArgmaxScreen, Bf16Product, Fp16Product
+from radixlm.runtime.executor.models import head_screen
+from radixlm.runtime.executor.models.cpu_linear import PackedHead
+from radixlm.runtime.executor.models.head_screen import ArgmaxScreen, Bf16Product, Fp16Product
 from tests.runtime.conftest import MODEL, greedy
 
 
@@ -397,7 +397,7 @@ def test_engine_screens_greedy_verify_steps(fp32_engine, prompts, reference, mon
     more (bfloat16 form), one where it takes 4 (fp16 form)."""
     import dataclasses
 
-    from radixlm.runtime.decode_strategy import NormalDecode
+    from radixlm.runtime.sched.decode import NormalDecode
     from radixlm.runtime.speculative import make_speculative_decode
 
     sched = fp32_engine.scheduler

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from radixlm.radix.radix_cache import RadixCache
-from radixlm.runtime.kv_ledger import KVLedger
-from radixlm.runtime.memory import OutOfSlotsError, PagedAllocator, ReqToTokenPool
-from radixlm.runtime.request import Req
-from radixlm.runtime.retraction import NewTokenRatio
-from radixlm.runtime.sampling import SamplingParams
+from radixlm.runtime.executor.memory import OutOfSlotsError, PagedAllocator, ReqToTokenPool
+from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.sched.kv_ledger import KVLedger
+from radixlm.runtime.sched.request import Req
+from radixlm.runtime.sched.retraction import NewTokenRatio
 
 CONTEXT = 64
 

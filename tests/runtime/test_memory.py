@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixlm.runtime.memory import (
+from radixlm.runtime.executor.memory import (
     KVPool,
     OutOfSlotsError,
     PagedAllocator,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from radixlm.runtime import messages as m
-from radixlm.runtime.logprobs import TokenLogprobs
-from radixlm.runtime.sampling import SamplingParams
+from radixlm.runtime.sampling.logprobs import TokenLogprobs
+from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.server import messages as m
 
 SAMPLES = [
     m.GenerateReq(

@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 
 from radixlm.errors import ModelNotFoundError
-from radixlm.runtime import model_registry as mr
+from radixlm.runtime.executor import model_registry as mr
 
 
 def test_alias_resolves_to_the_bundled_gguf():

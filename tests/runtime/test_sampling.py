@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from radixlm.errors import InvalidRequestError
-from radixlm.runtime.penalties import apply_processors
-from radixlm.runtime.random_draw import derive_seed, inverse_cdf_draw, row_uniforms
-from radixlm.runtime.request import Req
-from radixlm.runtime.sampling import Sampler, SamplingParams
+from radixlm.runtime.sampling.penalties import apply_processors
+from radixlm.runtime.sampling.random_draw import derive_seed, inverse_cdf_draw, row_uniforms
+from radixlm.runtime.sampling.sampler import Sampler, SamplingParams
+from radixlm.runtime.sched.request import Req
 
 
 def _brute(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

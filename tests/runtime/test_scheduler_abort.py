@@ -8,7 +8,7 @@ import pytest
 
 from radixlm import Engine
 from radixlm.errors import InvalidRequestError, QueueFullError, RequestTooLargeError
-from radixlm.runtime.scheduler import Scheduler
+from radixlm.runtime.sched.scheduler import Scheduler
 from tests.runtime.conftest import MODEL
 from tests.runtime.sched_helpers import check_pool, make_req, run_all, step, tokens
 

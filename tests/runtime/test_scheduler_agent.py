@@ -15,7 +15,7 @@ import pytest
 
 from radixlm import Engine
 from radixlm.radix.policy import make_policy
-from radixlm.runtime.scheduler_stats import SchedulerCounters
+from radixlm.runtime.sched.stats import SchedulerCounters
 from tests.runtime.conftest import MODEL
 from tests.runtime.sched_helpers import check_pool, make_req
 

@@ -2,8 +2,8 @@
 
 `make_speculative_decode(args, runner)` builds the decode strategy the scheduler uses
 when --speculative-algorithm is set (see `decode.py` for the step, `base.py` for the
-drafter interface, `accept.py` for the acceptance rules). Imports are lazy so the CLI
-can read `train_args` without loading torch.
+drafter interface, `accept.py` for the acceptance rules). Drafter imports
+are lazy: only the chosen drafter's module loads.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.runtime.random_draw import inverse_cdf_draw
-from radixlm.runtime.sampling import Sampler, SamplingParams
+from radixlm.runtime.sampling.random_draw import inverse_cdf_draw
+from radixlm.runtime.sampling.sampler import Sampler, SamplingParams
 from radixlm.runtime.speculative.base import DraftTree
 
 

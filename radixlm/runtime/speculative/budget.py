@@ -43,7 +43,7 @@ import math
 import statistics
 import weakref
 
-from radixlm.runtime.request import Req
+from radixlm.runtime.sched.request import Req
 
 _LOG_STEP = math.log(1.4)  # StepCostCurve's buckets are 1.4x apart
 

@@ -33,16 +33,16 @@ import torch
 
 from radixlm.config import ServerArgs
 from radixlm.kernels import ForwardBatch, ForwardMode
-from radixlm.runtime.memory import PagedAllocator
-from radixlm.runtime.random_draw import row_keys
-from radixlm.runtime.request import Req, ReqOutput
+from radixlm.runtime.executor.batch import extend_batch
+from radixlm.runtime.executor.memory import PagedAllocator
+from radixlm.runtime.sampling.random_draw import row_keys
+from radixlm.runtime.sched.request import Req, ReqOutput
 from radixlm.runtime.speculative.accept import accept_greedy, accept_sampled
 from radixlm.runtime.speculative.base import (
     DraftContext,
     Drafter,
     DraftTree,
     Verified,
-    extend_batch,
 )
 from radixlm.runtime.speculative.budget import DraftBudget, make_budget
 

@@ -25,9 +25,10 @@ import torch
 
 from radixlm.config import ServerArgs
 from radixlm.kernels import ForwardBatch, ForwardMode
-from radixlm.runtime.memory import KVPool
-from radixlm.runtime.request import Req
-from radixlm.runtime.speculative.base import DraftContext, Verified, extend_batch
+from radixlm.runtime.executor.batch import extend_batch
+from radixlm.runtime.executor.memory import KVPool
+from radixlm.runtime.sched.request import Req
+from radixlm.runtime.speculative.base import DraftContext, Verified
 from radixlm.runtime.speculative.tree_draft import ModelTreeDrafter, _Growing, draft_kv
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ class DraftModelDrafter(ModelTreeDrafter):
     """Drafts with a small causal LM (same tokenizer and vocabulary as the target).
 
     Args:
-        model: a radixlm causal LM (`runtime/models/`) on the target's device.
+        model: a radixlm causal LM (`runtime/executor/models/`) on the target's device.
         kv_pool: the draft's KV buffers, slot-compatible with the target's pool.
         backend: an attention backend over `kv_pool`.
         num_steps, topk: tree depth and width.
@@ -59,8 +60,8 @@ class DraftModelDrafter(ModelTreeDrafter):
         target's pool. Raises ValueError when the vocabularies differ."""
         from transformers import AutoConfig
 
-        from radixlm.runtime.model_registry import local_hf_dir
-        from radixlm.runtime.weights import load_model
+        from radixlm.runtime.executor.model_registry import local_hf_dir
+        from radixlm.runtime.executor.weights import load_model
 
         hf_dir = local_hf_dir(args.speculative_draft_path)
         config = AutoConfig.from_pretrained(hf_dir)

@@ -26,8 +26,8 @@ import torch
 
 from radixlm.config import ServerArgs
 from radixlm.kernels import ForwardBatch, ForwardMode
-from radixlm.runtime.memory import KVPool
-from radixlm.runtime.request import Req
+from radixlm.runtime.executor.memory import KVPool
+from radixlm.runtime.sched.request import Req
 from radixlm.runtime.speculative.base import DraftContext, Verified
 from radixlm.runtime.speculative.eagle_head import WEIGHTS_NAME, EagleConfig, EagleHead
 from radixlm.runtime.speculative.tree_draft import ModelTreeDrafter, _Growing, draft_kv

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels import ForwardBatch
-from radixlm.runtime.models.llama import DecoderLayer, RotaryEmbedding
+from radixlm.runtime.executor.models.llama import DecoderLayer, RotaryEmbedding
 
 CONFIG_NAME = "eagle.json"
 WEIGHTS_NAME = "model.safetensors"

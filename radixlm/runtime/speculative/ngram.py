@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import weakref
 
-from radixlm.runtime.request import Req
+from radixlm.runtime.sched.request import Req
 from radixlm.runtime.speculative.base import DraftContext, Drafter, DraftTree
 
 

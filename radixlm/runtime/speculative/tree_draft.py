@@ -18,8 +18,9 @@ import abc
 import torch
 
 from radixlm.kernels import ForwardBatch, ForwardMode, create_attention_backend
-from radixlm.runtime.memory import KVPool
-from radixlm.runtime.speculative.base import DraftContext, Drafter, DraftTree, extend_batch
+from radixlm.runtime.executor.batch import extend_batch
+from radixlm.runtime.executor.memory import KVPool
+from radixlm.runtime.speculative.base import DraftContext, Drafter, DraftTree
 
 
 def draft_kv(args, runner, num_layers: int, attn) -> tuple[KVPool, object]:

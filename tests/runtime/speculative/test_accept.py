@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from radixlm.config import ServerArgs
-from radixlm.runtime.request import Req
-from radixlm.runtime.sampling import SamplingParams
+from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.sched.request import Req
 from radixlm.runtime.speculative.accept import accept_greedy, accept_sampled, target_probs
 from radixlm.runtime.speculative.base import DraftTree
 from radixlm.runtime.speculative.ngram import NgramDrafter
@@ -100,7 +100,7 @@ def test_seeded_leaf_draw_is_the_plain_samplers_draw():
     """With a seed, a bonus drawn where the tree has no candidates is the plain decode
     step's token for that (seed, position): a request that drafted nothing this step (its
     neighbours did) emits what a plain step would, whatever the other requests did."""
-    from radixlm.runtime.sampling import Sampler
+    from radixlm.runtime.sampling.sampler import Sampler
 
     torch.manual_seed(0)
     params = SamplingParams(temperature=0.9, top_p=0.95)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from radixlm import Engine
-from radixlm.runtime.decode_strategy import NormalDecode
+from radixlm.runtime.sched.decode import NormalDecode
 from radixlm.runtime.speculative import make_speculative_decode
 from radixlm.runtime.speculative.eagle_head import WEIGHTS_NAME, EagleConfig, EagleHead
 from tests.runtime.conftest import MAX_NEW, MODEL, greedy

@@ -15,8 +15,8 @@ import enum
 
 from radixlm.radix import MatchResult, PrefixCache
 from radixlm.radix.policy import InBatchPrefixGuard
-from radixlm.runtime.memory import PagedAllocator
-from radixlm.runtime.request import Req
+from radixlm.runtime.executor.memory import PagedAllocator
+from radixlm.runtime.sched.request import Req
 
 #: Requests planned for one extend step: (request, new tokens computed from req.kv_len).
 Plan = list[tuple[Req, int]]

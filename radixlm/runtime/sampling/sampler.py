@@ -19,12 +19,12 @@ import msgspec
 import torch
 
 from radixlm.errors import InvalidRequestError
-from radixlm.runtime.penalties import apply_processors
-from radixlm.runtime.random_draw import inverse_cdf_draw
+from radixlm.runtime.sampling.penalties import apply_processors
+from radixlm.runtime.sampling.random_draw import inverse_cdf_draw
 
 _GREEDY_TEMPERATURE = 1e-5
 
-# Grammar constraints (runtime/grammar.py); a request sets at most one of them.
+# Grammar constraints (runtime/sampling/grammar.py); a request sets at most one of them.
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
@@ -50,7 +50,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         no_stop_trim: keep the matched stop string at the end of the output text.
         json_schema / regex / ebnf / structural_tag: a grammar the output must match (a
             JSON schema as a string, a regular expression, a GBNF grammar with rule
-            ``root``, an xgrammar structural tag as JSON); at most one (runtime/grammar.py).
+            ``root``, an xgrammar structural tag as JSON); at most one
+            (runtime/sampling/grammar.py).
     """
 
     max_new_tokens: int = 128

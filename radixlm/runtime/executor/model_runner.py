@@ -16,7 +16,7 @@ from radixlm.kernels import (
     resolve_device,
 )
 from radixlm.kernels.cpu import CpuKernels
-from radixlm.runtime.memory import (
+from radixlm.runtime.executor.memory import (
     KVPool,
     PagedAllocator,
     ReqToTokenPool,
@@ -24,10 +24,10 @@ from radixlm.runtime.memory import (
     kv_bytes_per_token,
     kv_capacity_tokens,
 )
-from radixlm.runtime.model_registry import resolve_model_path
-from radixlm.runtime.models.cpu_layout import PackedHead, quantized_savings, use_cpu_layout
-from radixlm.runtime.models.cpu_linear import FloatPanels, GgufPanels
-from radixlm.runtime.weights import load_model, weights_bytes
+from radixlm.runtime.executor.model_registry import resolve_model_path
+from radixlm.runtime.executor.models.cpu_layout import PackedHead, quantized_savings, use_cpu_layout
+from radixlm.runtime.executor.models.cpu_linear import FloatPanels, GgufPanels
+from radixlm.runtime.executor.weights import load_model, weights_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class ModelRunner:
         )
         self.graph_runner = None
         if self._use_cuda_graph():
-            from radixlm.runtime.cuda_graph_runner import CudaGraphRunner
+            from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner
 
             self.graph_runner = CudaGraphRunner(
                 self.model,
@@ -174,7 +174,7 @@ class ModelRunner:
             if fmt == "gguf":
                 raise ValueError(f"--weight-format gguf: {reason}")
             return FloatPanels()
-        from radixlm.runtime.gguf_blocks import load_blocks
+        from radixlm.runtime.executor.gguf_blocks import load_blocks
 
         return GgufPanels(load_blocks(path, hf_dir, self.config))
 

@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from radixlm.runtime.logprobs import TokenLogprobs
-from radixlm.runtime.penalties import uses_processors
-from radixlm.runtime.sampling import SamplingParams
+from radixlm.runtime.sampling.logprobs import TokenLogprobs
+from radixlm.runtime.sampling.penalties import uses_processors
+from radixlm.runtime.sampling.sampler import SamplingParams
 
 
 @dataclass(eq=False)

@@ -8,7 +8,7 @@ Prometheus metrics. Times are `time.perf_counter()` seconds in the HTTP process.
 
 from __future__ import annotations
 
-from radixlm.runtime.messages import BatchStrOut
+from radixlm.runtime.server.messages import BatchStrOut
 
 
 class RequestObserver:

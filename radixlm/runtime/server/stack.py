@@ -16,11 +16,11 @@ import torch
 from radixlm import omp_policy
 from radixlm.config import ServerArgs
 from radixlm.errors import InvalidRequestError
-from radixlm.runtime.memory import check_fits
-from radixlm.runtime.model_registry import local_hf_dir
-from radixlm.runtime.model_runner import ModelRunner
-from radixlm.runtime.sampling import SamplingParams
-from radixlm.runtime.scheduler import Scheduler
+from radixlm.runtime.executor.memory import check_fits
+from radixlm.runtime.executor.model_registry import local_hf_dir
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.sched.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from radixlm.errors import UnsupportedModelError
-from radixlm.runtime.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
+from radixlm.runtime.executor.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,

@@ -14,9 +14,9 @@ from radixlm.config import ServerArgs
 
 if TYPE_CHECKING:
     from radixlm.kernels import ForwardBatch
-    from radixlm.runtime.model_runner import ModelRunner
-    from radixlm.runtime.request import Req, ReqOutput
-    from radixlm.runtime.scheduler import Scheduler
+    from radixlm.runtime.executor.model_runner import ModelRunner
+    from radixlm.runtime.sched.request import Req, ReqOutput
+    from radixlm.runtime.sched.scheduler import Scheduler
 
 
 class NormalDecode:

@@ -31,7 +31,7 @@ from radixlm.runtime.speculative.eagle_head import (
     EagleConfig,
     EagleHead,
 )
-from radixlm.runtime.speculative.prompts import heldout_prompts, train_prompts
+from radixlm.train.prompts import heldout_prompts, train_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +39,8 @@ logger = logging.getLogger(__name__)
 def _load_target(model: str):
     from transformers import AutoConfig, AutoTokenizer
 
-    from radixlm.runtime.model_registry import local_hf_dir
-    from radixlm.runtime.weights import load_model
+    from radixlm.runtime.executor.model_registry import local_hf_dir
+    from radixlm.runtime.executor.weights import load_model
 
     hf_dir = local_hf_dir(model)
     config = AutoConfig.from_pretrained(hf_dir)

@@ -6,7 +6,7 @@ The ledger gives an admitted request its row and (locked) prefix, allocates slot
 request extends (evicting unlocked cache when the free list is short), inserts its
 computed sequence into the cache while it runs and when it leaves, and answers the
 scheduler's budget questions: slots reserved for the future decode steps of requests
-already admitted (``NewTokenRatio`` x remaining tokens, `runtime/retraction.py`), the
+already admitted (``NewTokenRatio`` x remaining tokens, `runtime/sched/retraction.py`), the
 slots one decode step needs, and the pool accounting
 free + evictable + protected + held == total.
 
@@ -22,10 +22,10 @@ from collections.abc import Sequence
 import torch
 
 from radixlm.radix import MatchResult, PrefixCache
-from radixlm.runtime.memory import PagedAllocator, check_fits
-from radixlm.runtime.model_runner import ModelRunner
-from radixlm.runtime.request import Req
-from radixlm.runtime.retraction import NewTokenRatio
+from radixlm.runtime.executor.memory import PagedAllocator, check_fits
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.sched.request import Req
+from radixlm.runtime.sched.retraction import NewTokenRatio
 
 
 class KVLedger:

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from radixlm.runtime.models import get_model_class
+from radixlm.runtime.executor.models import get_model_class
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
-from radixlm.runtime.logprobs import TokenLogprobs
-from radixlm.runtime.sampling import SamplingParams
+from radixlm.runtime.sampling.logprobs import TokenLogprobs
+from radixlm.runtime.sampling.sampler import SamplingParams
 
 
 class GenerateReq(msgspec.Struct, tag="generate", kw_only=True):

@@ -25,11 +25,11 @@ from radixlm.errors import (
     RequestTooLargeError,
     ServerError,
 )
-from radixlm.runtime.grammar import GrammarCompiler
-from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket
-from radixlm.runtime.loader import check_request, load_tokenizer
-from radixlm.runtime.logprobs import LogprobOptions
-from radixlm.runtime.messages import (
+from radixlm.runtime.sampling.grammar import GrammarCompiler
+from radixlm.runtime.sampling.logprobs import LogprobOptions
+from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.server.ipc import IpcPaths, pull_socket, push_socket
+from radixlm.runtime.server.messages import (
     AbortReq,
     BatchStrOut,
     ControlResp,
@@ -41,8 +41,8 @@ from radixlm.runtime.messages import (
     decode,
     encode,
 )
-from radixlm.runtime.request_observer import RequestObserver
-from radixlm.runtime.sampling import SamplingParams
+from radixlm.runtime.server.request_observer import RequestObserver
+from radixlm.runtime.server.stack import check_request, load_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -43,13 +43,13 @@ from torch import nn
 from radixlm.kernels import ForwardMode
 from radixlm.kernels.cpu import CpuKernels, LayerSpec, into_huge_pages
 from radixlm.kernels.cpu_native import CpuNativeBackend
-from radixlm.runtime.models.cpu_linear import (
+from radixlm.runtime.executor.models.cpu_linear import (
     FloatPanels,
     PackedHead,
     PackedLinear,
     QuantLinear,
 )
-from radixlm.runtime.models.llama import (
+from radixlm.runtime.executor.models.llama import (
     MLP,
     Attention,
     DecoderLayer,

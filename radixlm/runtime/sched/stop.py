@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from radixlm.runtime.request import Req
+from radixlm.runtime.sched.request import Req
 
 
 class StopChecker:

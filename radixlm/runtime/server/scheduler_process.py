@@ -13,15 +13,9 @@ import zmq
 
 from radixlm.config import ServerArgs
 from radixlm.errors import QueueFullError, RadixLMError
-from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket, run_child
-from radixlm.runtime.loader import (
-    ServingStack,
-    build_stack,
-    flush_cache,
-    model_facts,
-    server_info,
-)
-from radixlm.runtime.messages import (
+from radixlm.runtime.sched.request import Req, ReqOutput
+from radixlm.runtime.server.ipc import IpcPaths, pull_socket, push_socket, run_child
+from radixlm.runtime.server.messages import (
     AbortReq,
     BatchTokenOut,
     ControlResp,
@@ -33,7 +27,13 @@ from radixlm.runtime.messages import (
     decode,
     encode,
 )
-from radixlm.runtime.request import Req, ReqOutput
+from radixlm.runtime.server.stack import (
+    ServingStack,
+    build_stack,
+    flush_cache,
+    model_facts,
+    server_info,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from radixlm.runtime.logprobs import TokenLogprobs
+from radixlm.runtime.sampling.logprobs import TokenLogprobs
 
 Decode = Callable[[int], str] | None
 

@@ -14,13 +14,13 @@ Each `step()` runs one iteration (Orca-style iteration-level batching, Yu et al.
 * DECODE: one token for every running request. After an extend step a decode step runs
   before the next extend (unless ``--enable-mixed-chunk`` puts the decodes inside the
   extend batch), so a long prompt delays other streams by one chunk, not by the prompt.
-* When a decode step lacks KV slots, requests are retracted (`runtime/retraction.py`):
+* When a decode step lacks KV slots, requests are retracted (`runtime/sched/retraction.py`):
   their computed KV is inserted into the cache, they go back to the front of the queue,
   and on resume they prefill prompt + generated tokens (mostly cache hits) and report
   only new tokens.
 
 KV ownership (rows, slots, cache insertion, reservations) is kept by `KVLedger`
-(`runtime/kv_ledger.py`); `memory_accounting()` checks free + evictable + protected +
+(`runtime/sched/kv_ledger.py`); `memory_accounting()` checks free + evictable + protected +
 held == total.
 """
 
@@ -38,18 +38,22 @@ from radixlm.errors import QueueFullError, RequestTooLargeError
 from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.radix import make_prefix_cache
 from radixlm.radix.policy import make_policy
-from radixlm.runtime.admission import Added, Plan, PrefillAdder
-from radixlm.runtime.decode_strategy import make_decode_strategy
-from radixlm.runtime.grammar import GrammarBackend, GrammarCompiler
-from radixlm.runtime.kv_ledger import KVLedger
-from radixlm.runtime.logprobs import LogitsSelection, initial_input_logprobs, output_logprobs
-from radixlm.runtime.model_runner import ModelRunner
-from radixlm.runtime.request import Req, ReqOutput
-from radixlm.runtime.retraction import NewTokenRatio, retraction_order
-from radixlm.runtime.sampling import Sampler
-from radixlm.runtime.scheduler_stats import SchedulerCounters, format_stats
-from radixlm.runtime.speculative.base import extend_batch
-from radixlm.runtime.stop import StopChecker
+from radixlm.runtime.executor.batch import extend_batch
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.sampling.grammar import GrammarBackend, GrammarCompiler
+from radixlm.runtime.sampling.logprobs import (
+    LogitsSelection,
+    initial_input_logprobs,
+    output_logprobs,
+)
+from radixlm.runtime.sampling.sampler import Sampler
+from radixlm.runtime.sched.admission import Added, Plan, PrefillAdder
+from radixlm.runtime.sched.decode import make_decode_strategy
+from radixlm.runtime.sched.kv_ledger import KVLedger
+from radixlm.runtime.sched.request import Req, ReqOutput
+from radixlm.runtime.sched.retraction import NewTokenRatio, retraction_order
+from radixlm.runtime.sched.stats import SchedulerCounters, format_stats
+from radixlm.runtime.sched.stop import StopChecker
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import zmq
 
-from radixlm.runtime.messages import ProcessFailed, ProcessReady, encode
+from radixlm.runtime.server.messages import ProcessFailed, ProcessReady, encode
 
 logger = logging.getLogger(__name__)
 

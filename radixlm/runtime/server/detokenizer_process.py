@@ -13,10 +13,10 @@ import msgspec
 import zmq
 
 from radixlm.config import ServerArgs
-from radixlm.runtime.detokenizer import RequestDetokenizer
-from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket, run_child
-from radixlm.runtime.loader import load_tokenizer
-from radixlm.runtime.messages import BatchStrOut, BatchTokenOut, decode, encode
+from radixlm.runtime.server.detokenizer import RequestDetokenizer
+from radixlm.runtime.server.ipc import IpcPaths, pull_socket, push_socket, run_child
+from radixlm.runtime.server.messages import BatchStrOut, BatchTokenOut, decode, encode
+from radixlm.runtime.server.stack import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from radixlm.errors import InvalidRequestError
-from radixlm.runtime.sampling import GRAMMAR_FIELDS, SamplingParams
+from radixlm.runtime.sampling.sampler import GRAMMAR_FIELDS, SamplingParams
 
 logger = logging.getLogger(__name__)
 
