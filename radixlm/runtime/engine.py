@@ -31,8 +31,10 @@ from radixlm.runtime.sampling.logprobs import LogprobOptions, TokenLogprobs, emp
 from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.request import Req, ReqOutput
 from radixlm.runtime.server.detokenizer import RequestDetokenizer
+from radixlm.runtime.server.info import flush_cache, server_info
 from radixlm.runtime.server.meta_info import finish_reason_info, logprob_info
-from radixlm.runtime.server.stack import build_stack, check_request, flush_cache, server_info
+from radixlm.runtime.server.request_checks import check_request
+from radixlm.runtime.server.stack import build_stack
 
 logger = logging.getLogger(__name__)
 

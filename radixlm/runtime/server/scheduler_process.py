@@ -14,6 +14,7 @@ import zmq
 from radixlm.config import ServerArgs
 from radixlm.errors import QueueFullError, RadixLMError
 from radixlm.runtime.sched.request import Req, ReqOutput
+from radixlm.runtime.server.info import flush_cache, model_facts, server_info
 from radixlm.runtime.server.ipc import IpcPaths, pull_socket, push_socket, run_child
 from radixlm.runtime.server.messages import (
     AbortReq,
@@ -27,13 +28,7 @@ from radixlm.runtime.server.messages import (
     decode,
     encode,
 )
-from radixlm.runtime.server.stack import (
-    ServingStack,
-    build_stack,
-    flush_cache,
-    model_facts,
-    server_info,
-)
+from radixlm.runtime.server.stack import ServingStack, build_stack
 
 logger = logging.getLogger(__name__)
 

@@ -1,13 +1,11 @@
 """Build the serving stack (config, tokenizer, model runner, scheduler) from ServerArgs.
 
-Shared by the in-process `Engine` and the scheduler process, so both run the same code:
-request checks (`check_request`) and the `/get_server_info` payload (`server_info`) live
-here too.
+Shared by the in-process `Engine` and the scheduler process, so both run the same code.
+Request checks live in `request_checks.py`, the `/get_server_info` payload in `info.py`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any, NamedTuple
 
@@ -15,11 +13,8 @@ import torch
 
 from radixlm import omp_policy
 from radixlm.config import ServerArgs
-from radixlm.errors import InvalidRequestError
-from radixlm.runtime.executor.memory import check_fits
 from radixlm.runtime.executor.model_registry import local_hf_dir
 from radixlm.runtime.executor.model_runner import ModelRunner
-from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
@@ -83,91 +78,3 @@ def eos_token_ids(hf_dir, config) -> list[int]:
         elif value:
             ids.extend(value)
     return sorted(set(ids))
-
-
-def model_facts(stack: ServingStack) -> dict[str, int]:
-    """Limits a front end needs to validate requests without the model."""
-    return {
-        "vocab_size": stack.config.vocab_size,
-        "context_length": stack.runner.context_len,
-        "max_total_tokens": stack.runner.max_total_tokens,
-    }
-
-
-def check_request(
-    ids: list[int],
-    params: SamplingParams,
-    *,
-    vocab_size: int,
-    context_len: int,
-    max_total_tokens: int,
-    page_size: int,
-) -> None:
-    """Reject a request that can never run.
-
-    Raises InvalidRequestError for an empty prompt or a token id (prompt, stop_token_ids,
-    logit_bias keys) outside [0, vocab_size);
-    RequestTooLargeError (an InvalidRequestError) for a prompt of context_len tokens or
-    more, or prompt + max_new_tokens (capped by the context) needing more KV slots than
-    the whole pool holds.
-    """
-    if not ids:
-        raise InvalidRequestError("empty prompt")
-    if min(ids) < 0 or max(ids) >= vocab_size:
-        raise InvalidRequestError(f"token ids must be in [0, {vocab_size})")
-    if any(t >= vocab_size for t in params.stop_token_ids):
-        raise InvalidRequestError(f"stop_token_ids must be in [0, {vocab_size})")
-    if params.logit_bias and max(params.logit_bias) >= vocab_size:
-        raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {vocab_size})")
-    check_fits(
-        len(ids),
-        params.max_new_tokens,
-        context_len=context_len,
-        total_tokens=max_total_tokens,
-        page_size=page_size,
-    )
-
-
-def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> dict[str, Any]:
-    """Settings, KV capacity and pool counters (tokens unless stated): the payload of
-    `Engine.get_server_info()` and `GET /get_server_info`. `args` echoes the settings as
-    given; `resolved` says what they chose: the attention backend class (after `auto`
-    and any fallback, e.g. `cpu` -> TorchNativeBackend where the C kernels cannot run)
-    and the CPU weight layout (`packed`, `input-major`, or None on CUDA), its weight format
-    (`gguf` or `fp32` for packed panels, else None) and how many projections it keeps as
-    quantized GGUF panels (`quantized_weights`)."""
-    return {
-        "args": dataclasses.asdict(args),
-        "resolved": {
-            "device": runner.device,
-            "attention_backend": type(runner.backend).__name__,
-            "cpu_layout": runner.cpu_layout,
-            "weight_format": runner.weight_format,
-            "quantized_weights": runner.quantized_weights,
-            "omp_wait_policy": omp_policy.describe(),
-        },
-        "kv_bytes_per_token": runner.kv_bytes_per_token,
-        "max_total_tokens": runner.max_total_tokens,
-        "weights_bytes": runner.weights_bytes,
-        "kv_budget_bytes": runner.kv_budget_bytes,
-        "page_size": args.page_size,
-        "context_length": runner.context_len,
-        "memory": scheduler.memory_accounting(),
-        "num_running": len(scheduler.running),
-        "num_waiting": len(scheduler.waiting),
-        "scheduler": scheduler.stats(),
-    }
-
-
-def flush_cache(scheduler: Scheduler) -> tuple[bool, str]:
-    """Drop every cached prefix and return its KV slots to the pool.
-
-    Refused (False, reason) while requests run or wait: their matched prefixes are locked.
-    """
-    busy = len(scheduler.running) + len(scheduler.waiting) + (scheduler.chunked is not None)
-    if busy:
-        return False, f"cannot flush the cache while {busy} requests are running or waiting"
-    tree = scheduler.tree
-    tree.evict(tree.evictable_size())
-    tree.reset()
-    return True, "cache flushed"

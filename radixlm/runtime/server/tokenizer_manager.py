@@ -41,8 +41,9 @@ from radixlm.runtime.server.messages import (
     decode,
     encode,
 )
+from radixlm.runtime.server.request_checks import check_request
 from radixlm.runtime.server.request_observer import RequestObserver
-from radixlm.runtime.server.stack import check_request, load_tokenizer
+from radixlm.runtime.server.stack import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,67 @@
+"""What the serving stack reports about itself: the limits a front end validates against
+(`model_facts`), the `/get_server_info` payload (`server_info`), and cache flushing."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from radixlm import omp_policy
+from radixlm.config import ServerArgs
+from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.sched.scheduler import Scheduler
+from radixlm.runtime.server.stack import ServingStack
+
+
+def model_facts(stack: ServingStack) -> dict[str, int]:
+    """Limits a front end needs to validate requests without the model."""
+    return {
+        "vocab_size": stack.config.vocab_size,
+        "context_length": stack.runner.context_len,
+        "max_total_tokens": stack.runner.max_total_tokens,
+    }
+
+
+def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> dict[str, Any]:
+    """Settings, KV capacity and pool counters (tokens unless stated): the payload of
+    `Engine.get_server_info()` and `GET /get_server_info`. `args` echoes the settings as
+    given; `resolved` says what they chose: the attention backend class (after `auto`
+    and any fallback, e.g. `cpu` -> TorchNativeBackend where the C kernels cannot run)
+    and the CPU weight layout (`packed`, `input-major`, or None on CUDA), its weight format
+    (`gguf` or `fp32` for packed panels, else None) and how many projections it keeps as
+    quantized GGUF panels (`quantized_weights`)."""
+    return {
+        "args": dataclasses.asdict(args),
+        "resolved": {
+            "device": runner.device,
+            "attention_backend": type(runner.backend).__name__,
+            "cpu_layout": runner.cpu_layout,
+            "weight_format": runner.weight_format,
+            "quantized_weights": runner.quantized_weights,
+            "omp_wait_policy": omp_policy.describe(),
+        },
+        "kv_bytes_per_token": runner.kv_bytes_per_token,
+        "max_total_tokens": runner.max_total_tokens,
+        "weights_bytes": runner.weights_bytes,
+        "kv_budget_bytes": runner.kv_budget_bytes,
+        "page_size": args.page_size,
+        "context_length": runner.context_len,
+        "memory": scheduler.memory_accounting(),
+        "num_running": len(scheduler.running),
+        "num_waiting": len(scheduler.waiting),
+        "scheduler": scheduler.stats(),
+    }
+
+
+def flush_cache(scheduler: Scheduler) -> tuple[bool, str]:
+    """Drop every cached prefix and return its KV slots to the pool.
+
+    Refused (False, reason) while requests run or wait: their matched prefixes are locked.
+    """
+    busy = len(scheduler.running) + len(scheduler.waiting) + (scheduler.chunked is not None)
+    if busy:
+        return False, f"cannot flush the cache while {busy} requests are running or waiting"
+    tree = scheduler.tree
+    tree.evict(tree.evictable_size())
+    tree.reset()
+    return True, "cache flushed"

@@ -1,0 +1,45 @@
+"""Checks that reject a request which can never run, before it is queued.
+
+Run by the HTTP process (`TokenizerManager`) and the in-process `Engine` with the limits
+the scheduler reports (`info.model_facts`).
+"""
+
+from __future__ import annotations
+
+from radixlm.errors import InvalidRequestError
+from radixlm.runtime.executor.memory import check_fits
+from radixlm.runtime.sampling import SamplingParams
+
+
+def check_request(
+    ids: list[int],
+    params: SamplingParams,
+    *,
+    vocab_size: int,
+    context_len: int,
+    max_total_tokens: int,
+    page_size: int,
+) -> None:
+    """Reject a request that can never run.
+
+    Raises InvalidRequestError for an empty prompt or a token id (prompt, stop_token_ids,
+    logit_bias keys) outside [0, vocab_size);
+    RequestTooLargeError (an InvalidRequestError) for a prompt of context_len tokens or
+    more, or prompt + max_new_tokens (capped by the context) needing more KV slots than
+    the whole pool holds.
+    """
+    if not ids:
+        raise InvalidRequestError("empty prompt")
+    if min(ids) < 0 or max(ids) >= vocab_size:
+        raise InvalidRequestError(f"token ids must be in [0, {vocab_size})")
+    if any(t >= vocab_size for t in params.stop_token_ids):
+        raise InvalidRequestError(f"stop_token_ids must be in [0, {vocab_size})")
+    if params.logit_bias and max(params.logit_bias) >= vocab_size:
+        raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {vocab_size})")
+    check_fits(
+        len(ids),
+        params.max_new_tokens,
+        context_len=context_len,
+        total_tokens=max_total_tokens,
+        page_size=page_size,
+    )
