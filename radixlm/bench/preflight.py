@@ -98,7 +98,7 @@ def load_local_tokenizer(name: str):
     from transformers import AutoTokenizer
 
     from radixlm.errors import ModelNotFoundError
-    from radixlm.runtime.executor.model_registry import MODEL_ALIASES, local_hf_dir
+    from radixlm.runtime import MODEL_ALIASES, local_hf_dir
 
     try:
         target: str | Path = local_hf_dir(name)

@@ -151,7 +151,7 @@ def for_model(model: str) -> ChatTemplate:
     try:
         from transformers import AutoTokenizer
 
-        from radixlm.runtime.executor.model_registry import local_hf_dir
+        from radixlm.runtime import local_hf_dir
 
         tokenizer = AutoTokenizer.from_pretrained(local_hf_dir(model))
     except Exception as e:  # noqa: BLE001

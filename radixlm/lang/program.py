@@ -47,7 +47,7 @@ def as_backend(backend: Any) -> Backend:
         return _default_backend
     if isinstance(backend, Backend):
         return backend
-    from radixlm.runtime.engine import Engine
+    from radixlm.runtime import Engine
 
     if isinstance(backend, Engine):
         from radixlm.lang.backend.engine import EngineBackend

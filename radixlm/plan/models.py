@@ -3,7 +3,7 @@
 A `ModelSpec` holds only the numbers the planner's formulas need. It is built from a
 Hugging Face style config dictionary (the keys of a model's ``config.json``), so the
 presets below are the published config values of each model, and a local config.json or
-a radixlm model alias (through `radixlm.runtime.executor.model_registry.load_hf_config`) go through
+a radixlm model alias (through `radixlm.runtime.load_hf_config`) go through
 the same reader.
 
 Sources of the preset numbers (the public ``config.json`` of each checkpoint):
@@ -329,7 +329,7 @@ def _find_preset(name: str) -> str | None:
 def load_model(model: str) -> ModelSpec:
     """Resolve `--model`: a built-in preset, a local config.json (or its directory), or a
     radixlm model alias (via the runtime's model registry, which may convert a GGUF once;
-    the same config `radixlm.runtime.executor.model_registry.load_hf_config` returns).
+    the same config `radixlm.runtime.load_hf_config` returns).
 
     Raises:
         ModelNotFoundError: none of the three matches.
@@ -342,17 +342,15 @@ def load_model(model: str) -> ModelSpec:
         path = path / "config.json"
     if path.is_file() and path.suffix == ".json":
         return spec_from_config(json.loads(path.read_text()), name=path.parent.name or model)
-    try:
-        from radixlm.runtime.executor import model_registry
-    except ImportError as exc:  # pragma: no cover - the registry ships with radixlm
-        raise ModelNotFoundError(f"unknown model {model!r}") from exc
+    from radixlm import runtime
+
     try:
         # The registry's HF directory (a cached GGUF conversion for aliases) holds a
         # config.json; reading it directly avoids importing transformers (seconds).
-        config_path = model_registry.local_hf_dir(model) / "config.json"
+        config_path = runtime.local_hf_dir(model) / "config.json"
         if config_path.is_file():
             return spec_from_config(json.loads(config_path.read_text()), name=model)
-        config = model_registry.load_hf_config(model)
+        config = runtime.load_hf_config(model)
     except ModelNotFoundError as exc:
         raise ModelNotFoundError(f"{exc}; built-in presets: {', '.join(preset_names())}") from exc
     return spec_from_config(config.to_dict(), name=model)
