@@ -10,45 +10,10 @@ process for a whole slice (milliseconds), and every one of the step's barriers w
 it. ``nice`` does not help across sessions, where Linux autogroups give each session an
 equal share of the CPU.
 
-A short spin keeps the quiet speed, which no spin at all gives up by a few percent, and
-almost all of the robustness. Measured on the 2-core AVX2 EPYC (Zen 3), 2 compute threads,
-SmolLM2-135M, beside one busy-looping process at nice 19 in another session, batch 1 /
-batch 16 decode step / 512-token prefill, ms. The 300k, 300 and 0 rows are
-`benchmarks/results/contention.json` (median of 2); the others are single runs of the
-same measurement (`python benchmarks/contention.py --spin-counts 30000 3000 1000`):
-
-| GOMP_SPINCOUNT | quiet | one busy neighbour |
-|---|---|---|
-| 300000 (libgomp's default) | 21.3 / 29.5 / 781 | 1275 / 1352 / 3884 |
-| 30000 | 18.2 / 28.8 / 703 | 284 / 317 / 1935 |
-| 3000 | 19.4 / 28.3 / 712 | 58 / 80 / 1429 |
-| 1000 (radixlm's default) | 20.7 / 28.6 / 716 | 41 / 64 / 1537 |
-| 300 | 20.4 / 29.4 / 738 | 37 / 59 / 1473 |
-| 0 (OMP_WAIT_POLICY=PASSIVE) | 21.7 / 31.3 / 733 | 35 / 57 / 1427 |
-
-(A busy neighbour leaves one core: one compute thread runs 36 / 55 / 1425 there.)
-
-On the 2-core AMD EPYC with AVX-512 (Zen 4, a VM whose sleeping threads take long to
-wake) the quiet column moves: a short spin there cost a quarter to a third of the quiet
-speed. Same measurement, SmolLM2-135M GGUF blocks, 2 compute threads, one run
-(`python benchmarks/contention.py --quick --spin-counts 1000 3000 10000`,
-`benchmarks/results/contention_zen4_spins.json`):
-
-| GOMP_SPINCOUNT | quiet | one busy neighbour |
-|---|---|---|
-| 300000 (libgomp's default) | 12.2 / 30.9 / 658 | 1447 / 1478 / 3404 |
-| 10000 | 14.5 / 37.0 / 785 | 113 / 159 / 1516 |
-| 3000 | 14.5 / 39.2 / 698 | 51 / 91 / 1382 |
-| 1000 (radixlm's default) | 13.7 / 33.8 / 675 | 36 / 75 / 1401 |
-| 300 | 21.0 / 47.8 / 944 | 24 / 66 / 1313 |
-| 0 (OMP_WAIT_POLICY=PASSIVE) | 25.6 / 56.5 / 778 | 24 / 66 / 1364 |
-
-1000 spins keep nearly all of the spinning default's quiet speed there (1.5x / 1.4x /
-1.4x faster than 300 in that run), and a busy neighbour costs them about 1.5x at batch 1
-and 1.1x at batch 16 and prefill against 300, not the spinning default's 5-60x. The fp32
-decode step (`benchmarks/step_overhead.py`, 2 threads, 400-token prompts, batch 1 / 4 /
-16) moved the same way: 26-28 / 33-39 / 50-64 ms at 300 spins, 20-21 / 27-30 / 39-43 ms
-at 3000 or 10000.
+A short spin keeps nearly all of the quiet speed (no spin at all gives up part of it where
+sleeping threads wake slowly) and almost all of the robustness beside a busy process; 1000
+spins is the best trade measured (`benchmarks/contention.py`; figures in
+docs/perf-notes.md, "OpenMP wait policy").
 
 So `import radixlm` sets ``GOMP_SPINCOUNT=1000`` and ``OMP_WAIT_POLICY=PASSIVE`` (the
 latter for OpenMP runtimes other than libgomp, such as LLVM's libomp, where only it

@@ -7,8 +7,8 @@
  *
  * A task covers nh consecutive KV heads of one request: all Hkv when there are requests
  * enough to share out (a slot's K and V rows of every head are then read in one
- * contiguous pass, 768 bytes for SmolLM2; batch 16 x 300 keys, 30 layers from memory:
- * 15.7 -> 13.3 ms, batch 4 x 450: 9.1 -> 7.6 ms), else one (batch 1: three tasks).
+ * contiguous pass, 768 bytes for SmolLM2), else one (batch 1: three tasks).
+ * Measurements: docs/perf-notes.md, "Decode attention".
  *
  * Where radixlm_gemm_isa says AVX-512 and D is a multiple of 64, the scores and the V
  * sum run in 512-bit vectors (`zqk_scores`, `zpv_sum`); the softmax stays AVX2.
@@ -24,11 +24,8 @@
  * layers, one thread: `benchmarks/shared_prefix_attention.py`. On AVX-512 the shared
  * tasks put the rows across the vector lanes (`zcascade_part`): the queries gathered
  * transposed, each key element broadcast against 16 rows at once, so no score needs a
- * horizontal sum, and the softmax runs 16 rows a vector over the chunk's keys alone.
- * Measured on the 2-core AMD EPYC (Zen 4), 30 layers, 9 alternated reps, batch 16 sharing
- * 200 keys, 1 / 2 threads: shared part alone (201 keys) 4.15 -> 3.75 / 3.70 -> 3.36 ms;
- * 288 keys 7.98 -> 7.49 / 6.81 -> 6.25 ms; own parts of 60-120 keys 8.67 -> 8.18 / 7.32
- * -> 6.89 ms (with `softmax_rows` over each row's own keys).
+ * horizontal sum, and the softmax runs 16 rows a vector over the chunk's keys alone (each
+ * row's own keys then go through `softmax_rows`).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -40,13 +37,8 @@
 
 /* Rows are read through the slot list, so the hardware prefetcher cannot see the next
  * one: fetch every cache line of the row AHEAD tokens on, into L2 (T1 hint; the 512-bit
- * passes fetch each head's part as they reach it, decode_attention_kv.h). Fetching
- * into L1 (T0) ran out of L1 miss buffers: measured on the 2-core AMD EPYC (Zen 4), 30
- * layers from memory, 7 alternated reps, T0 at 8 tokens -> T1 at 16 (and VBLOCK 32 -> 16,
- * decode_attention_kv.h): batch 16 x 300 keys, 1 thread 24-30 -> 17-19 ms, 2 threads
- * 13.4 -> 9.2 ms; batch 4 x 500, 1 thread 12.3 -> 6.5 ms; batch 1 x 300, 1 thread 1.13 ->
- * 0.85 ms (a plain read of the same rows ran at 30 GB/s, the T0 kernel at 8-9 GB/s). T1 at
- * 32 and T2 measured within the noise of T1 at 16. */
+ * passes fetch each head's part as they reach it, decode_attention_kv.h). Fetching into
+ * L1 (T0) ran out of L1 miss buffers (docs/perf-notes.md, "Decode attention"). */
 #define AHEAD 16
 static inline void prefetch_row(const void *row, int64_t bytes) {
     for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch((const char *)row + i, _MM_HINT_T1);

@@ -192,10 +192,8 @@ static ZW void KV_FN(zqk_scores)(const float *qb, const KV_T *k_buf, const int64
  *
  * The 512-bit passes spread their prefetches over the work: a few lines per token and
  * head, not every line of a block of rows at once (which stalled on the full miss
- * queue). Measured on the 2-core AMD EPYC (Zen 4), 30 layers from memory, 7 alternated
- * reps, block-at-once -> spread, 1 / 2 threads: batch 16 x 130 keys 1.15x / 1.11x, x 300
- * 1.29-1.33x / 1.18-1.39x; batch 4 x 500 1.29x / 1.14x; batch 1 x 300 within the noise
- * (0.94-1.06x). The AVX2 passes keep the block-at-once prefetch (not measured there). */
+ * queue; docs/perf-notes.md, "Decode attention"). The AVX2 passes keep the block-at-once
+ * prefetch. */
 static ZW_INLINE void KV_FN(zpv_tile)(const float *p, int64_t stride, int64_t ts, int nq,
                                       const KV_T *v_buf,
                                       const int64_t *sl, int64_t Hkv, int64_t h, int64_t D,
@@ -260,10 +258,8 @@ typedef void (*KV_FN(v_sum_fn))(const float *, int64_t, const KV_T *, const int6
 
 /* Fetch rows [0, AHEAD) of KV heads h .. h + nh - 1 (of the L a pass reads) into L2: the
  * rows before the pass's own prefetches (AHEAD on) reach. Called before the score pass for
- * K and before the softmax for V, so the V rows arrive while it runs. Measured on the
- * 2-core AMD EPYC (Zen 4), 30 layers from memory, 7 alternated reps, 1 / 2 threads:
- * batch 16 x 64 keys 1.22x / 1.10x, x 100 1.16x / 1.08x, x 300 1.07x / 1.05x; batch 4 x
- * 500 1.02x / 1.05x; batch 1 x 300 within the noise (0.95x / 1.02x). */
+ * K and before the softmax for V, so the V rows arrive while it runs (docs/perf-notes.md,
+ * "Decode attention"). */
 static inline void KV_FN(prefetch_first)(const KV_T *buf, const int64_t *sl, int64_t L,
                                          int64_t Hkv, int64_t h, int64_t nh, int64_t D) {
     for (int64_t t = 0; t < AHEAD && t < L; ++t)

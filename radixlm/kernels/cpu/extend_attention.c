@@ -13,11 +13,9 @@
  *
  * Both products run the packed GEMM's register tiles (`radixlm_gemm_panels`): the
  * key block is copied transposed into 16-key panels [KB / 16][D][16] and the value block
- * into 16-column panels [D / 16][KB][16]. Needs D % 16 == 0. With AVX-512 tiles (12 rows x
- * 2 panels) instead of AVX2's 6 x 16: 2 requests x 256 new tokens, 9 / 3 heads, D 64, 30
- * layers, 2 threads: 43.1 -> 39.2 ms; a vector row max 36.8 ms; O rescaled in 512-bit
- * vectors (`zscale`) 32.0 ms. Of that, packing K costs about 3.8 ms, V 0.5 ms, the softmax
- * 3 ms.
+ * into 16-column panels [D / 16][KB][16]. Needs D % 16 == 0. Where the CPU has AVX-512 the
+ * products run 12-row x 2-panel tiles, the row max runs in vectors and O is rescaled in
+ * 512-bit vectors (`zscale`); measurements in docs/perf-notes.md, "Extend attention".
  */
 #include <immintrin.h>
 #include <math.h>
@@ -163,9 +161,8 @@ int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, con
                              int num_threads) {
     /* A trailing run of one-token requests (the decodes that ride along in a mixed step)
      * goes to the decode kernel, which reads each K / V row once for all query heads;
-     * here each would pack its whole key range per KV head for G query rows. 30 layers: a
-     * 33-token extend over 287 keys with two one-token requests over 600 keys 16.1 ->
-     * 12.3 ms, four one-token requests over 400-550 keys 12.5 -> 4.8 ms. */
+     * here each would pack its whole key range per KV head for G query rows
+     * (docs/perf-notes.md, "Extend attention"). */
     int64_t B1 = B, rows1 = 0;
     while (B1 > 0 && ext_lens[B1 - 1] == 1) --B1;
     for (int64_t b = 0; b < B1; ++b) rows1 += ext_lens[b];

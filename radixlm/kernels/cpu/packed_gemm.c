@@ -31,29 +31,17 @@
 #define KBLOCK 128
 /* Rows from which x is packed and blocked. The x block (MC x KC floats, 324 KB) stays in
  * L2 with the panel slice (KC x 16 floats, 36 KB); K up to KC is one block, so y is written
- * once. Picked by measuring SmolLM2-135M's four projections on the 2-core AVX2 machine,
- * 2 threads: L3-resident, GFLOP/s at 64 / 512 rows: unblocked 88 / 86, MC 144 x KC 256:
- * 97 / 97, MC 144 x KC 576: 106 / 108. All 30 layers streamed from memory, ms per pass,
- * rows 4 / 12 / 16: 22.5 / 37.5 / 42.7 -> 19.8 / 33.6 / 39.1 with blocking from 12 rows
- * and the first row tile prefetching the next block; with every tile prefetching its
- * share (alternated A/B), rows 8 / 16 / 24: -20%, 32 / 64: -20% / -7%, 256 / 512: -11% /
- * -5%; prefetching two panels ahead: no gain. */
+ * once. Sizes picked by measurement (docs/perf-notes.md, "Packed GEMM"). */
 #define BLOCKED_ROWS 12
-/* How far ahead (bytes) a single row tile fetches its weight stream, into L2 (T1 hint).
- * Measured on the 2-core AVX-512 machine, AVX2 path, 2 threads, all 121 projections of
- * SmolLM2-135M (538 MB, huge pages) per pass: 1 row 19.4 -> 18.9 ms, 4 rows 21.9 -> 18.5 ms
- * against fetching the next panel into L1 (4 KiB pages, 1 row: 512 B 23.5 GB/s, 2 KiB
- * 26.4, 8 KiB 27.0, 16 KiB 26.2, 32 KiB 23.0). */
+/* How far ahead (bytes) a single row tile fetches its weight stream, into L2 (T1 hint):
+ * far enough to cover the memory latency, near enough to stay in L2; it beat fetching the
+ * next panel into L1 (docs/perf-notes.md, "Packed GEMM"). */
 #define PF_AHEAD 8192
 #define MC 144
 #define KC 576
 /* Rows of an x block from which the AVX-512 row tiles software-prefetch the next tile's
- * weights; fewer rows leave the stream to the hardware prefetcher. Measured on the 2-core
- * AMD EPYC (Zen 4), the four projections of 30 layers plus the LM head streamed from
- * memory, 7 alternated reps, no prefetch against prefetch (paired medians over two or
- * three runs; the same code read within 5% of itself): 1 thread, rows 1 / 4 / 8 / 12 / 16:
- * 0.96-1.08x, 1.10-1.13x, 1.13-1.14x, 0.95-0.96x, 0.85x; 2 threads 1.03-1.04x,
- * 1.01-1.08x, 1.05x, 0.93-1.04x, 0.88x. Not measured on Intel CPUs. */
+ * weights; with fewer rows the hardware prefetcher alone keeps up with the stream and the
+ * software prefetches only slowed it (docs/perf-notes.md, "Packed GEMM"). */
 #define PF_MIN_ROWS 9
 /* Rows per thread from which the threads split the rows (each packs only its own rows of
  * x and runs every panel) rather than the panels (each packs every row of x and runs its
@@ -61,20 +49,15 @@
  * M x K x N / nt FMAs over its panels, so splitting the panels costs 1 / (N / nt) of the
  * work in packing: an eighth or more of SmolLM2-135M's o and down products at 2 threads.
  * Splitting the rows streams every weight through both cores instead, so decode-sized
- * products keep the panel split; at 32 rows per thread the two measured even. Measured on the 2-core Sapphire Rapids, 2 threads,
- * the four projections of 30 layers (weights from memory), rows split against panels
- * split, paired medians of 7-9 alternated repetitions: wall time 64 rows 1.00x, 256 rows
- * 1.04x, 512 rows 1.04x; CPU time (robust to the host's noise) 1.00x, 1.06x, 1.21x. */
+ * products keep the panel split; the row split wins from SPLIT_ROWS rows per thread
+ * (docs/perf-notes.md, "Packed GEMM"). */
 #define SPLIT_ROWS 64
 /* One row (a batch-1 decode step): the threads split all but the last 1 / TAIL_SHARE of
  * the panels evenly, then take the rest two panels at a time as they come free. One
  * thread's share of a memory-bound product can finish tens of microseconds after the
  * other's, long enough for the first to fall asleep at the barrier (GOMP_SPINCOUNT=1000,
- * omp_policy.py) and be woken for the next product. Measured on the 2-core AMD EPYC (Zen
- * 4), the decode step of SmolLM2-135M fp32 at batch 1, 2 threads, alternated in one
- * process: threads put to sleep 22-31 -> 7-9 per step, step 1.01-1.08x faster over six
- * runs (median 1.05x). From 4 rows the extra calls cost more than they saved (all 121
- * products from memory: 0.94x at 4 rows, 0.92x at 16), so more rows keep the even split. */
+ * omp_policy.py) and be woken for the next product. From 4 rows the extra calls cost more
+ * than they save, so more rows keep the even split (docs/perf-notes.md, "Packed GEMM"). */
 #define TAIL_SHARE 8
 
 /* Accumulators are named variables, not an array: GCC keeps an array of vectors on the
@@ -246,12 +229,9 @@ static void blocked_panels(const float *x, const radixlm_wsrc *src, float *y, in
  * x micro-panels are as wide as the block's row tiles (balanced, at most ZMR). An odd or
  * zero-padded last panel runs the same tile with one panel.
  *
- * On AVX-512 CPUs this path serves every row count: measured on the 2-core AVX-512 machine
- * (2 threads), SmolLM2-135M's four projections L3-resident, GFLOP/s, AVX2 6 x 16 tiles ->
- * 16-row x 1-panel AVX-512 tiles -> these: 16 rows 174 -> 249 -> 283, 64 rows 194 -> 298
- * -> 338, 512 rows 203 -> 315 -> 393 (torch's mm 231 / 294 / 415); all 121 projections
- * streamed from memory (538 MB), 1 row: the AVX2 few-row path 18.7 ms, this 17.9 ms (two
- * panel streams per tile). */
+ * On AVX-512 CPUs this path serves every row count: it was faster than the AVX2 tiles and
+ * than 16-row x 1-panel AVX-512 tiles at every size measured, one row included (two panel
+ * streams per tile); figures in docs/perf-notes.md, "Packed GEMM". */
 #define AVX512 __attribute__((target("avx512f")))
 #define ZMR 12
 

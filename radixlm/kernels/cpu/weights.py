@@ -83,11 +83,8 @@ def into_huge_pages(tensors: list[torch.Tensor]) -> tuple[mmap.mmap | None, list
     `empty_in_huge_pages`.
 
     Decode steps stream every weight once per step; with 4 KiB pages each page of that
-    stream costs a TLB miss. Measured on the 2-core AVX2 machine at 2 threads, alternated
-    in one process: SmolLM2-135M's 120 decoder projections, 1 row 16.41 -> 15.45 ms, 4 rows
-    17.85 -> 16.91 ms (16 rows, compute-bound: unchanged); the engine's decode step
-    (median of 12 alternated repetitions), batch 1 23.06 -> 22.20 ms, batch 4 28.58 ->
-    26.99 ms.
+    stream costs a TLB miss (measurements: docs/perf-notes.md, "Weights and KV in huge
+    pages").
 
     Returns (mapping, copies): the copies are views of the mapping, which the caller must
     keep alive as long as them. Where the platform has no MADV_HUGEPAGE or the kernel

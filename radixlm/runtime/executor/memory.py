@@ -66,17 +66,16 @@ class KVPool:
 
     Bytes per token = num_layers * num_kv_heads * head_dim * 2 (K and V) * dtype size.
     On the CPU every buffer lies in one mapping advised for transparent huge pages
-    (`empty_in_huge_pages`): against 4 KiB pages, one decode step's attention (the case
-    `PagedAllocator` cites) ran 1.07x as fast at 1 and 2 threads.
+    (`empty_in_huge_pages`): attention reads rows through slot lists, and with 4 KiB pages
+    nearly every row costs a TLB miss.
 
     On the CPU the whole pool is zeroed here, so its memory is taken (and its pages
     mapped) at start, as a GPU pool's is, not by the decode step that first writes each
     page. The buffers advance together, so a step whose slots cross into new pages maps
-    one 2 MiB page per buffer (60 for SmolLM2-135M): on a VM whose host backs guest memory
-    on first touch (Firecracker here) that took about 2.2 ms a page, a 130 ms stall in one
-    step, and 0.4 s spread over the first steps of an 8192-token pool. Zeroing that pool
-    here takes the same 0.4 s once (0.05 s where the memory was touched before). Elsewhere
-    only the padding slots are zeroed (attention reads them for masked positions).
+    one 2 MiB page per buffer (60 for SmolLM2-135M), which stalls that step where the host
+    backs guest memory on first touch. Elsewhere only the padding slots are zeroed
+    (attention reads them for masked positions). Measurements: docs/perf-notes.md,
+    "Weights and KV in huge pages".
     """
 
     def __init__(
@@ -125,10 +124,8 @@ class PagedAllocator:
     The list is a stack whose top is the lowest page of the last pages freed (at start,
     page 1), and `alloc_pages` returns pages in ascending order: a request's slots then
     run forward through the KV pool where they can, so attention reads its rows as
-    ascending streams. Against descending ones (the order before), one decode step's
-    attention over 4 KiB pages (batch 16 x 300 keys, 256 of them prompt, 30 layers,
-    Sapphire Rapids, `benchmarks/kv_layout.py`) ran 1.12x as fast at 1 thread and 1.07x
-    at 2; with `KVPool`'s huge pages too, 1.15x at both.
+    ascending streams, which the hardware prefetcher follows (`benchmarks/kv_layout.py`;
+    docs/perf-notes.md, "Weights and KV in huge pages").
 
     Args:
         num_tokens: usable slots (a multiple of page_size); the buffers hold

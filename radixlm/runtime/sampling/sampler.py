@@ -172,9 +172,9 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """int64 [B]: index of each row's maximum of float [B, V] logits, the first one on ties
     (as `torch.argmax`).
 
-    On the CPU this goes through numpy's vectorized argmax, about 10x faster than
-    `torch.argmax` over a 49k vocabulary with torch 2.13 (measured by
-    benchmarks/step_overhead.py); other devices use `torch.argmax`.
+    On the CPU this goes through numpy's vectorized argmax, which is several times faster
+    than `torch.argmax` over a large vocabulary (docs/perf-notes.md, "Sampling"); other
+    devices use `torch.argmax`.
     """
     if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.float64):
         return torch.argmax(logits, dim=-1)
@@ -243,8 +243,7 @@ def filter_probs(probs: torch.Tensor, params: Sequence[SamplingParams]) -> torch
     set provably lies inside them: its top-k fits, or its candidates' top-k-renormalized
     mass reaches top-p, or the K-th candidate is below its min-p floor. A row with no
     filter keeps its probabilities. Same result as a full sort up to the order of exact
-    ties. Batch 8 x 49152 vocabulary, top-p 0.9, one thread: 55 ms for the full sort,
-    3.8 ms when the nucleus fits in 64 candidates (53 tokens), 36 ms for a 2208-token one.
+    ties, and much cheaper when the kept set is small (docs/perf-notes.md, "Sampling").
     """
     rows, vocab = probs.shape
     device = probs.device

@@ -1,17 +1,17 @@
 #!/bin/bash
 # The GPU check: radixlm's kernel tests compiled for CUDA (TRITON_INTERPRET=0) and the
 # tiny-model engine runs that drive the scheduler there (Triton against torch_native, with
-# and without CUDA graphs, page size 16), on a machine that can install nothing and
-# cannot hold the bundled model (a device run carries at most 64 MiB; the GGUF is 94 MB).
+# and without CUDA graphs, page size 16), on a GPU machine that has no network access and
+# receives only a small copy of the checkout (the bundled 94 MB GGUF does not travel).
 #
-#   bash benchmarks/gpu_check.sh prepare   # here: fill .devcache/ (ignored), about 13 MB
-#   bash benchmarks/gpu_check.sh run       # there, with .devcache carried; logs to $OUT
+#   bash tools/gpu/gpu_check.sh prepare   # on the development machine: fill .devcache/ (ignored), about 13 MB
+#   bash tools/gpu/gpu_check.sh run       # on the GPU machine, with .devcache/ copied; logs to $OUT (or .)
 #
 # prepare downloads CPython 3.12 manylinux wheels of the dependencies the GPU image lacks
 # (the versions installed here) and copies the bundled model's tokenizer files, which the
 # tiny random models use (RADIXLM_TEST_TOKENIZER_DIR, tests/kernels/conftest.py).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 case "${1:-}" in
 prepare)
   mkdir -p .devcache/wheels .devcache/tok
@@ -42,7 +42,7 @@ run)
   tail -20 "$log"
   ;;
 *)
-  echo "usage: bash benchmarks/gpu_check.sh prepare|run" >&2
+  echo "usage: bash tools/gpu/gpu_check.sh prepare|run" >&2
   exit 2
   ;;
 esac
