@@ -95,14 +95,8 @@ class SchedulerLoop:
 
     def _add(self, msg: GenerateReq) -> None:
         try:
-            req = Req(
-                rid=msg.rid,
-                input_ids=msg.input_ids,
-                params=msg.params,
-                extra_key=msg.extra_key,
-                return_logprob=msg.return_logprob,
-                logprob_start_len=msg.logprob_start_len,
-                top_logprobs_num=msg.top_logprobs_num,
+            req = Req.new(
+                msg.rid, msg.input_ids, msg.params, extra_key=msg.extra_key, logprobs=msg.logprobs
             )
             self.scheduler.add_request(req)
         except QueueFullError as e:
