@@ -116,8 +116,8 @@ def test_multithreaded_engine_warns_when_threads_spin():
     code = (
         "import logging, torch, radixlm; logging.basicConfig(level=logging.WARNING); "
         "from radixlm.config import ServerArgs; "
-        "from radixlm.runtime.server import stack as loader; "
-        "loader.build_stack(ServerArgs(model='smollm2-135m', num_threads=2, "
+        "from radixlm.runtime.server.stack import build_stack; "
+        "build_stack(ServerArgs(model='smollm2-135m', num_threads=2, "
         "max_total_tokens=256))"
     )
     out = _run(code)

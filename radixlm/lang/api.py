@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from radixlm.lang import ir
@@ -57,29 +58,24 @@ def gen(
             0.0 if temperature is None else temperature,
             choices_method or token_length_normalized,
         )
-    options = ir.SamplingOptions(
-        max_new_tokens=max_tokens,
-        min_new_tokens=min_tokens,
-        stop=stop,
-        stop_token_ids=stop_token_ids,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        frequency_penalty=frequency_penalty,
-        presence_penalty=presence_penalty,
-        ignore_eos=ignore_eos,
-        return_logprob=return_logprob,
-        logprob_start_len=logprob_start_len,
-        top_logprobs_num=top_logprobs_num,
-        return_text_in_logprobs=return_text_in_logprobs,
-        dtype=dtype,
-        regex=regex,
-        json_schema=ir.json_schema_text(json_schema),
-        ebnf=ebnf,
-    )
+    options = _gen_options(locals())
     options.constraint()  # fail at the call site on a bad dtype or conflicting constraints
     return ir.Gen(name, options)
+
+
+# gen's arguments whose SGLang names differ from their `ir.SamplingOptions` field.
+_GEN_ARGUMENT = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+
+
+def _gen_options(arguments: dict[str, Any]) -> ir.SamplingOptions:
+    """The options of a gen from its arguments (`gen`'s `locals()`): each field from the
+    argument of its name (or `_GEN_ARGUMENT`'s), a dict json_schema serialized."""
+    values = {
+        f.name: arguments[_GEN_ARGUMENT.get(f.name, f.name)]
+        for f in dataclasses.fields(ir.SamplingOptions)
+    }
+    values["json_schema"] = ir.json_schema_text(values["json_schema"])
+    return ir.SamplingOptions(**values)
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> ir.Expr:

@@ -41,25 +41,6 @@ def dtype_regex(dtype: Any) -> str:
     return DTYPE_REGEX[name]
 
 
-# Defaults of `run()` / `run_batch()` (SGLang's): what a program uses unless a gen overrides.
-RUN_DEFAULTS: dict[str, Any] = {
-    "max_new_tokens": 128,
-    "min_new_tokens": None,
-    "stop": None,
-    "stop_token_ids": None,
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "top_k": -1,
-    "min_p": 0.0,
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
-    "ignore_eos": False,
-    "return_logprob": False,
-    "logprob_start_len": None,
-    "top_logprobs_num": None,
-    "return_text_in_logprobs": None,
-}
-
 # Values equal to the server's own defaults are not sent, so a server that lacks an
 # optional feature (penalties, min tokens) still serves programs that do not use it.
 _NEUTRAL: dict[str, Any] = {
@@ -170,12 +151,13 @@ class SamplingOptions:
         return args
 
 
-def run_defaults(**overrides: Any) -> SamplingOptions:
-    """Program-level options: RUN_DEFAULTS with `overrides` (unknown names raise TypeError)."""
-    unknown = set(overrides) - set(RUN_DEFAULTS)
-    if unknown:
-        raise TypeError(f"unknown sampling options: {sorted(unknown)}")
-    return SamplingOptions(**{**RUN_DEFAULTS, **overrides})
+# Options only a gen sets: how its output is constrained.
+CONSTRAINT_OPTIONS = ("dtype", "regex", "json_schema", "ebnf")
+
+# Options a program's `run(...)` / `run_batch(...)` sets for every gen: all the others.
+RUN_OPTIONS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(SamplingOptions) if f.name not in CONSTRAINT_OPTIONS
+)
 
 
 def json_schema_text(schema: str | dict | None) -> str | None:

@@ -121,14 +121,15 @@ class Program:
         use_thread: bool = True,
         **kwargs: Any,
     ) -> ProgramState:
-        """Run the program once; keyword arguments other than the sampling defaults
-        above (which every gen inherits unless it sets its own) go to the program.
+        """Run the program once; keyword arguments other than the sampling options
+        above (`ir.RUN_OPTIONS`, SGLang's defaults; every gen inherits them unless it
+        sets its own) go to the program.
 
         With ``stream=True`` the program runs in the background and `text_iter` yields
         its text as it is generated. An exception raised by the program's own code
         propagates (with stream=True it is kept on `error()` instead).
         """
-        defaults = ir.run_defaults(**_sampling(locals()))
+        defaults = _run_options(locals())
         arguments = self._arguments(args, kwargs)
         return _run_program(self.func, arguments, defaults, as_backend(backend), stream)
 
@@ -159,7 +160,8 @@ class Program:
         generator_style: bool = False,
     ) -> list[ProgramState] | Iterator[ProgramState]:
         """Run the program once per argument dict, concurrently; returns the finished
-        states in input order (a generator of them with `generator_style`).
+        states in input order (a generator of them with `generator_style`). The sampling
+        options are `run`'s, with the same defaults.
 
         Before the batch starts, the program's constant prefix (found by tracing it) is
         cached once. A program that raises keeps its exception on `error()`; the others
@@ -171,7 +173,7 @@ class Program:
         Raises:
             TypeError: an item of `batch_kwargs` is not a dict.
         """
-        defaults = ir.run_defaults(**_sampling(locals()))
+        defaults = _run_options(locals())
         backend = as_backend(backend)
         for item in batch_kwargs:
             if not isinstance(item, dict):
@@ -206,8 +208,11 @@ class Program:
         return tracer.constant_prefix(self.func, self.bind_arguments, template)
 
 
-def _sampling(scope: dict[str, Any]) -> dict[str, Any]:
-    return {k: scope[k] for k in ir.RUN_DEFAULTS}
+def _run_options(arguments: dict[str, Any]) -> ir.SamplingOptions:
+    """The program's default options from the arguments of `run` / `run_batch` (their
+    `locals()`), whose signatures hold the sampling options `ir.RUN_OPTIONS` and their
+    defaults."""
+    return ir.SamplingOptions(**{name: arguments[name] for name in ir.RUN_OPTIONS})
 
 
 def _run_program(

@@ -2,7 +2,7 @@
 chunked-prefill budget, disaggregation, fleet sizing and MoE bills from a model config.
 
 Pure functions live in one module per concern (models, hardware, kv, weights, capacity,
-cost, roofline, spec, chunk, disagg, fleet, moe); `cli` wires them to argparse and
+cost, roofline, spec, chunk, disagg, lengths, fleet, moe); `cli` wires them to argparse and
 `report` prints tables or JSON. Every formula's docstring gives its derivation and
 source.
 """

@@ -17,7 +17,8 @@ from radixlm.plan.commands_memory import (
 from radixlm.plan.cost import Deployment
 from radixlm.plan.disagg import plan_disagg
 from radixlm.plan.dtypes import compute_precision
-from radixlm.plan.fleet import LengthDist, plan_fleet
+from radixlm.plan.fleet import plan_fleet
+from radixlm.plan.lengths import LengthDist
 from radixlm.plan.models import load_model
 from radixlm.plan.report import Report, Table, fmt_bytes
 from radixlm.plan.roofline import (

@@ -32,47 +32,8 @@ from dataclasses import dataclass, field
 
 from radixlm.plan.capacity import capacity
 from radixlm.plan.cost import Deployment
+from radixlm.plan.lengths import LengthDist
 from radixlm.plan.validate import FRACTION, POSITIVE, POSITIVE_INT, PROBABILITY
-
-
-@dataclass(frozen=True)
-class LengthDist:
-    """A discrete length distribution: values and weights (normalized)."""
-
-    values: tuple[int, ...]
-    weights: tuple[float, ...]
-
-    @classmethod
-    def parse(cls, text: str) -> LengthDist:
-        """ "512" (fixed) or "128:0.5,2048:0.5" (length:weight pairs)."""
-        values, weights = [], []
-        try:
-            for part in text.split(","):
-                length, _, weight = part.strip().partition(":")
-                values.append(int(length))
-                weights.append(float(weight) if weight else 1.0)
-        except ValueError:
-            values = []
-        if (
-            not values
-            or min(values) <= 0
-            or not all(math.isfinite(w) and w >= 0 for w in weights)
-            or sum(weights) <= 0
-        ):
-            raise ValueError(
-                f"bad length distribution {text!r}: expected a length or 'len:weight,...' "
-                "with integer lengths >= 1 and finite weights >= 0, not all zero"
-            )
-        total = sum(weights)
-        return cls(tuple(values), tuple(w / total for w in weights))
-
-    @property
-    def mean(self) -> float:
-        return sum(v * w for v, w in zip(self.values, self.weights, strict=True))
-
-    @property
-    def max(self) -> int:
-        return max(v for v, w in zip(self.values, self.weights, strict=True) if w > 0)
 
 
 @dataclass

@@ -21,6 +21,8 @@ import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from radixlm.plan.lengths import LengthDist
+
 
 @dataclass(frozen=True)
 class Range:
@@ -111,8 +113,6 @@ def int_list(text: str) -> list[int]:
 
 def length_dist(text: str) -> str:
     """Check a length distribution ("512" or "128:0.5,2048:0.5"); returns the text."""
-    from radixlm.plan.fleet import LengthDist
-
     try:
         LengthDist.parse(text)
     except ValueError as exc:

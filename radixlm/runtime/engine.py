@@ -348,15 +348,7 @@ class Engine:
         try:
             for index, (ids, p, lp) in enumerate(zip(token_lists, params, lps)):
                 rid = f"req-{next(self._rid_counter)}"
-                req = Req(
-                    rid=rid,
-                    input_ids=ids,
-                    params=p,
-                    extra_key=cache_salt,
-                    return_logprob=lp.return_logprob,
-                    logprob_start_len=lp.logprob_start_len,
-                    top_logprobs_num=lp.top_logprobs_num,
-                )
+                req = Req.new(rid, ids, p, extra_key=cache_salt, logprobs=lp)
                 self.scheduler.add_request(req)  # may raise QueueFullError
                 self._tracked[rid] = _Tracked(index, rid, self.tokenizer, p, lp)
                 rids.append(rid)

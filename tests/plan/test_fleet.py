@@ -7,7 +7,8 @@ import math
 import pytest
 
 from radixlm.plan.cost import Deployment
-from radixlm.plan.fleet import LengthDist, plan_fleet, plan_replica
+from radixlm.plan.fleet import plan_fleet, plan_replica
+from radixlm.plan.lengths import LengthDist
 
 
 def test_length_dist_parse():

@@ -17,9 +17,10 @@ from radixlm.plan.cli import build_parser, main
 from radixlm.plan.cost import Deployment
 from radixlm.plan.disagg import plan_disagg
 from radixlm.plan.dtypes import weight_bytes_per_param
-from radixlm.plan.fleet import LengthDist, plan_replica
+from radixlm.plan.fleet import plan_replica
 from radixlm.plan.hardware import derate
 from radixlm.plan.kv import kv_heads_per_gpu
+from radixlm.plan.lengths import LengthDist
 from radixlm.plan.spec import SpecModel, expected_tokens, leviathan_speedup
 
 M = ("--model", "Llama-3-8B")

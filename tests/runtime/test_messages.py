@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from radixlm.runtime.sampling.logprobs import TokenLogprobs
+from radixlm.runtime.sampling.logprobs import LogprobOptions, TokenLogprobs
 from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.server import messages as m
 
@@ -29,9 +29,7 @@ SAMPLES = [
         rid="b",
         input_ids=[4],
         params=SamplingParams(logit_bias={7: -1.5}, frequency_penalty=0.5, no_stop_trim=True),
-        return_logprob=True,
-        logprob_start_len=0,
-        top_logprobs_num=2,
+        logprobs=LogprobOptions(return_logprob=True, logprob_start_len=0, top_logprobs_num=2),
     ),
     m.BatchTokenOut(
         ["a", "b"],

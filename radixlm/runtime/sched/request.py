@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from radixlm.runtime.sampling.logprobs import TokenLogprobs
+from radixlm.runtime.sampling.logprobs import LogprobOptions, TokenLogprobs
 from radixlm.runtime.sampling.penalties import uses_processors
 from radixlm.runtime.sampling.sampler import SamplingParams
 
@@ -52,6 +52,30 @@ class Req:
     queue_time: float = -1.0  # s from arrival to first admission; -1 until admitted
     spec_verify_steps: int = 0  # speculative verify steps this request took part in
     spec_emitted_tokens: int = 0  # tokens those steps emitted (accepted drafts + bonus)
+
+    @classmethod
+    def new(
+        cls,
+        rid: str,
+        input_ids: list[int],
+        params: SamplingParams,
+        *,
+        extra_key: Any = None,
+        logprobs: LogprobOptions | None = None,
+    ) -> Req:
+        """A request not yet scheduled, with its logprob settings taken from `logprobs`
+        (None: no logprobs). The one way callers (Engine, scheduler process) build a Req;
+        the scheduler fills in the rest of its state."""
+        lp = logprobs or LogprobOptions()
+        return cls(
+            rid=rid,
+            input_ids=input_ids,
+            params=params,
+            extra_key=extra_key,
+            return_logprob=lp.return_logprob,
+            logprob_start_len=lp.logprob_start_len,
+            top_logprobs_num=lp.top_logprobs_num,
+        )
 
     @property
     def all_ids(self) -> list[int]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from radixlm.runtime.sampling.logprobs import TokenLogprobs
+from radixlm.runtime.sampling.logprobs import LogprobOptions, TokenLogprobs
 from radixlm.runtime.sampling.sampler import SamplingParams
 
 
@@ -26,18 +26,15 @@ class GenerateReq(msgspec.Struct, tag="generate", kw_only=True):
     input_ids: prompt token ids (non-empty, each in [0, vocab)).
     extra_key: prefix-cache namespace (e.g. a cache salt); requests in different
         namespaces never share cached KV.
-    return_logprob, logprob_start_len, top_logprobs_num: SGLang's logprob options (see
-        `Req`): output-token logprobs, prompt logprobs from that position (-1: none),
-        alternatives per position.
+    logprobs: SGLang's logprob options (`LogprobOptions`, see `Req`): output-token
+        logprobs, prompt logprobs from a position (-1: none), alternatives per position.
     """
 
     rid: str
     input_ids: list[int]
     params: SamplingParams
     extra_key: str | None = None
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
+    logprobs: LogprobOptions = LogprobOptions()
 
 
 class AbortReq(msgspec.Struct, tag="abort"):

@@ -76,12 +76,12 @@ class SchedulerLoop:
             self._after_failure = True
             return
         if outputs:
-            self.send.send(encode(self._batch(outputs)))
+            self.send.send(encode(self._token_out(outputs)))
 
     def handle(self, msg: Message) -> None:
         """Apply one request message."""
         if isinstance(msg, GenerateReq):
-            self._add(msg)
+            self._add_request(msg)
         elif isinstance(msg, AbortReq):
             self.scheduler.abort(msg.rid)
         elif isinstance(msg, FlushCacheReq):
@@ -93,16 +93,12 @@ class SchedulerLoop:
         else:
             logger.error("scheduler got unexpected message %s", type(msg).__name__)
 
-    def _add(self, msg: GenerateReq) -> None:
+    def _add_request(self, msg: GenerateReq) -> None:
+        """Queue `msg` in the scheduler, or send its refusal (ReqError 503: queue full,
+        400: any other RadixLMError); remember its stop strings for the detokenizer."""
         try:
-            req = Req(
-                rid=msg.rid,
-                input_ids=msg.input_ids,
-                params=msg.params,
-                extra_key=msg.extra_key,
-                return_logprob=msg.return_logprob,
-                logprob_start_len=msg.logprob_start_len,
-                top_logprobs_num=msg.top_logprobs_num,
+            req = Req.new(
+                msg.rid, msg.input_ids, msg.params, extra_key=msg.extra_key, logprobs=msg.logprobs
             )
             self.scheduler.add_request(req)
         except QueueFullError as e:
@@ -116,7 +112,9 @@ class SchedulerLoop:
         if msg.params.no_stop_trim:
             self._keep_stop.add(msg.rid)
 
-    def _batch(self, outputs: list[ReqOutput]) -> BatchTokenOut:
+    def _token_out(self, outputs: list[ReqOutput]) -> BatchTokenOut:
+        """One step's outputs as the detokenizer's message; a finished request's stop
+        strings are forgotten here."""
         stops, keep = [], []
         for o in outputs:
             keep.append(o.rid in self._keep_stop)

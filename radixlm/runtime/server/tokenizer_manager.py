@@ -196,13 +196,7 @@ class TokenizerManager:
         state = self._states[rid] = _ReqState()
         try:
             msg = GenerateReq(
-                rid=rid,
-                input_ids=input_ids,
-                params=params,
-                extra_key=extra_key,
-                return_logprob=lp.return_logprob,
-                logprob_start_len=lp.logprob_start_len,
-                top_logprobs_num=lp.top_logprobs_num,
+                rid=rid, input_ids=input_ids, params=params, extra_key=extra_key, logprobs=lp
             )
             self.observer.on_submit(rid, time.perf_counter())
             await self._send.send(encode(msg))
@@ -231,7 +225,7 @@ class TokenizerManager:
             self._send.send(encode(AbortReq(rid)))
 
     async def get_server_info(self) -> dict[str, Any]:
-        """The scheduler's settings, capacity and counters (see loader.server_info)."""
+        """The scheduler's settings, capacity and counters (see info.server_info)."""
         resp = await self._control_call(GetInfoReq)
         return resp.info
 
