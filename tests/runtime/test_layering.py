@@ -22,6 +22,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import radixlm
 
 ROOT = Path(radixlm.__file__).resolve().parent
@@ -117,3 +119,31 @@ sched.kv.alloc(req, 0, 1)
 sched.__class__
 """
     assert violations(ok) == []
+
+
+def test_sched_does_not_import_speculative():
+    """sched/ sits below speculative/: the strategy is passed in (`build_stack`)."""
+    found = []
+    for path in sorted(SCHED.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            found += [f"{path.name}:{node.lineno}: {n}" for n in names if ".speculative" in n]
+    assert not found, found
+
+
+def test_the_stack_builds_the_decoder_and_the_scheduler_needs_it():
+    from radixlm.config import ServerArgs
+    from radixlm.runtime.sched.decode import NormalDecode
+    from radixlm.runtime.sched.scheduler import Scheduler
+    from radixlm.runtime.server.stack import make_decoder
+    from radixlm.runtime.speculative.decode import SpeculativeDecode
+
+    assert isinstance(make_decoder(ServerArgs(), runner=None), NormalDecode)
+    args = ServerArgs(speculative_algorithm="ngram")
+    assert isinstance(make_decoder(args, runner=None), SpeculativeDecode)  # n-gram: no runner
+    with pytest.raises(ValueError, match="make_speculative_decode"):
+        Scheduler(args, runner=None, eos_token_ids=[])
