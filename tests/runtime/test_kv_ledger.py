@@ -85,3 +85,18 @@ def test_decode_allocates_nothing_when_the_pool_cannot_supply_every_request(page
         ledger.alloc_decode(reqs)
     assert ledger.allocator.available() == page_size
     assert torch.equal(ledger.table, table)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("kept", [0, 1, 3, 5])
+def test_truncate_frees_the_pages_past_the_kept_tokens(page_size, kept):
+    """A step allocates 6 slots past kv_len = 5 and keeps `kept` of them: truncate frees
+    every page past ceil_page(kv_len + kept), none before it."""
+    ledger = make_ledger(64, page_size)
+    (req,) = prefill(ledger, [5])
+    free = ledger.allocator.available()
+    ledger.alloc(req, 5, 6)
+    req.kv_len = 5 + kept
+    ledger.truncate(req, 11)
+    held_pages = -(-(5 + kept) // page_size) - -(-5 // page_size)
+    assert ledger.allocator.available() == free - held_pages * page_size

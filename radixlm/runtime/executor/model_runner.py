@@ -216,3 +216,16 @@ class ModelRunner:
             rows, :max_len
         ].to(self.device)
         return dataclasses.replace(fb, req_to_token=self.device_req_to_token).to(self.device)
+
+    def capture_hidden_states(self) -> None:
+        """Make every later forward keep the model's final hidden states (`last_hidden`),
+        which speculative drafters reading target features (EAGLE) consume. Drops the CUDA
+        graph runner: a replayed decode graph runs no Python, so it would leave them stale."""
+        self.model.capture_hidden = True
+        self.graph_runner = None
+
+    def last_hidden(self) -> torch.Tensor | None:
+        """Final-norm hidden states (float [T, hidden], model dtype and device) of the T
+        tokens of the last forward, captured since `capture_hidden_states()`; None before,
+        or for a model that does not capture them."""
+        return getattr(self.model, "last_hidden", None)

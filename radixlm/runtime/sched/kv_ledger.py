@@ -132,6 +132,14 @@ class KVLedger:
         self.table[rows, pos] = slots.to(torch.int32)
         return slots
 
+    def truncate(self, req: Req, end: int) -> None:
+        """Free the pages of positions [ceil_page(kv_len), end) of the request's row:
+        slots allocated past its computed sequence that hold no kept token (a speculative
+        step's rejected drafts). The page holding position kv_len - 1 stays."""
+        first = -(-req.kv_len // self.page_size) * self.page_size
+        if end > first:
+            self.allocator.free(self.table[req.row, first:end].to(torch.int64))
+
     def cache_running(self, req: Req) -> None:
         """Insert a running request's computed tokens (a prefilled prompt or chunk) into
         the cache, so its next chunk and later admissions hit them (as SGLang does)."""

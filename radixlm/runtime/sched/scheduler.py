@@ -48,7 +48,12 @@ from radixlm.runtime.sampling.logprobs import (
 )
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sched.admission import Added, Plan, PrefillAdder
-from radixlm.runtime.sched.decode import make_decode_strategy
+from radixlm.runtime.sched.decode import (
+    DecodeContext,
+    DecodeResult,
+    DecodeStrategy,
+    NormalDecode,
+)
 from radixlm.runtime.sched.kv_ledger import KVLedger
 from radixlm.runtime.sched.request import Req, ReqOutput
 from radixlm.runtime.sched.retraction import NewTokenRatio, retraction_order
@@ -65,11 +70,26 @@ class Scheduler:
         args: engine settings. runner: the loaded model and pools.
         eos_token_ids: token ids that end generation unless `ignore_eos`.
         tokenizer: decodes output tails for stop strings (requests with `stop` need it).
+        decoder: the decode strategy (`runtime/sched/decode.py`); default `NormalDecode`.
+            A speculative one is built by `runtime/server/stack.py::build_stack`.
+
+    Raises ValueError when args name a speculative algorithm but no decoder is given
+    (the scheduler cannot build one itself).
     """
 
     def __init__(
-        self, args: ServerArgs, runner: ModelRunner, eos_token_ids: list[int], tokenizer=None
+        self,
+        args: ServerArgs,
+        runner: ModelRunner,
+        eos_token_ids: list[int],
+        tokenizer=None,
+        decoder: DecodeStrategy | None = None,
     ):
+        if decoder is None and args.speculative_algorithm is not None:
+            raise ValueError(
+                f"speculative_algorithm={args.speculative_algorithm!r} needs its decoder: "
+                "pass radixlm.runtime.speculative.make_speculative_decode(args, runner)"
+            )
         self.args = args
         self.runner = runner
         self.page_size = args.page_size
@@ -87,7 +107,8 @@ class Scheduler:
         self.sampler = Sampler(eos_token_ids)
         vocab = runner.config.vocab_size
         self.grammars = GrammarBackend(GrammarCompiler(tokenizer, vocab, eos_token_ids))
-        self.decoder = make_decode_strategy(args, runner)  # plain or speculative decode
+        self.decoder: DecodeStrategy = decoder if decoder is not None else NormalDecode()
+        self._decode_ctx = DecodeContext(self.kv, self.stop, self._plain_decode)
         self.waiting: list[Req] = []
         #: Requests whose grammar compiles on a worker thread, with its future; they join
         #: `waiting` at the first step after it is done (`_admit_compiled`).
@@ -202,10 +223,10 @@ class Scheduler:
             self._admit_compiled()
         plan = [] if prefer_decode else self._plan_extend()
         if plan:
-            outputs = self._run(plan, list(self.running) if mixed else [])
+            outputs = self._extend(plan, list(self.running) if mixed else [])
         elif self.running:
             self._make_room_for_decode()
-            outputs = self.decoder.decode(self, list(self.running))
+            outputs = self._decode(list(self.running))
         else:
             outputs, self._pending = self._pending, []
         self._last_extend = bool(plan)
@@ -263,60 +284,83 @@ class Scheduler:
             self.counters.prompt_tokens += len(req.input_ids)
             self.counters.cached_tokens += req.prefix_len
 
-    def _run(self, plan: Plan, decodes: list[Req]) -> list[ReqOutput]:
-        """One forward: the planned prefill chunks (EXTEND; decodes ride along in mixed
-        steps) or, with an empty plan, one token for each of `decodes` (DECODE)."""
-        mode = ForwardMode.EXTEND if plan else ForwardMode.DECODE
+    def _extend(self, plan: Plan, decodes: list[Req]) -> list[ReqOutput]:
+        """An extend step: the planned prefill chunks (decodes ride along in mixed steps).
+        Commits its result, then caches the prefilled prompts (or chunks)."""
         batch = [r for r, _ in plan] + decodes
-        ids, positions, locs, ext_lens, pre_lens = [], [], [], [], []
-        select = LogitsSelection(plan + [(r, 1) for r in decodes])
         try:
-            for req, n in plan:
-                start = req.kv_len
-                locs.append(self.kv.alloc(req, start, n))
-                ids.extend(req.all_ids[start : start + n])
-                positions.extend(range(start, start + n))
-                ext_lens.append(n)
-                pre_lens.append(start)
-            if decodes:  # one token each: one slot allocation for all of them
-                locs.append(self.kv.alloc_decode(decodes))
-                ids.extend(r.output_ids[-1] for r in decodes)
-                pre_lens.extend(r.kv_len for r in decodes)
-                positions.extend(pre_lens[len(plan) :])
-                ext_lens.extend([1] * len(decodes))
-            fb = self._forward_batch(mode, batch, ids, positions, locs, pre_lens, ext_lens)
-            fb.logits_indices = select.indices
-            fb.argmax_only = all(r.argmax_only for r in batch)
-            out = self.runner.forward(fb)
-            select.collect_prompt_logprobs(out)
-            # Rows whose prompt is complete sample a token; a partial chunk samples nothing.
-            done = [i for i, r in enumerate(batch) if r.kv_len == r.seq_len]
-            rows = [select.last_rows[i] for i in done]
-            # A decode step samples every row in order: use the logits without a copy.
-            logits = out if rows == list(range(out.shape[0])) else out[rows]
-            sampled = [batch[i] for i in done]
-            next_ids, logprobs = self._sample(logits, sampled)
-            self.decoder.after_forward(fb, batch, dict(zip(sampled, next_ids)))
+            result = self._forward(plan, decodes)
         except Exception:
             self._fail(batch)
             raise
         c = self.counters
-        c.decode_tokens += len(decodes)
-        if plan:
-            c.extend_steps += 1
-            c.prefill_tokens += sum(n for _, n in plan)
-        else:
-            c.decode_steps += 1
-            self.ratio.on_decode_step()
-            if c.decode_steps % 100 == 0:
-                logger.info("decode: %s", self._log_line())
-        outputs = self._process(sampled, next_ids, logprobs)
-        if plan:  # cache prefilled prompts (or chunks) so later chunks and requests hit
-            for req, _ in plan:
-                if req.finish_reason is None:
-                    self.kv.cache_running(req)
-            self._log_extend(plan)
+        c.decode_tokens += result.decode_tokens
+        c.extend_steps += 1
+        c.prefill_tokens += sum(n for _, n in plan)
+        outputs = self._commit(result)
+        for req, _ in plan:  # cache prefilled prompts (or chunks) so later chunks and requests hit
+            if req.finish_reason is None:
+                self.kv.cache_running(req)
+        self._log_extend(plan)
         return outputs
+
+    def _decode(self, reqs: list[Req]) -> list[ReqOutput]:
+        """A decode step over the running requests `reqs` by the decode strategy; the
+        scheduler aborts the batch when the strategy raises, and commits its result."""
+        try:
+            result = self.decoder.decode(self._decode_ctx, reqs)
+        except Exception:
+            self._fail(reqs)
+            raise
+        c = self.counters
+        c.decode_tokens += result.decode_tokens
+        c.decode_steps += 1
+        self.ratio.on_decode_step()
+        if c.decode_steps % 100 == 0:
+            logger.info("decode: %s", self._log_line())
+        return self._commit(result)
+
+    def _plain_decode(self, reqs: list[Req]) -> DecodeResult:
+        """The plain decode step (`DecodeContext.plain_decode`): one token per request."""
+        return self._forward([], reqs)
+
+    def _forward(self, plan: Plan, decodes: list[Req]) -> DecodeResult:
+        """One forward: the planned prefill chunks (EXTEND; decodes ride along in mixed
+        steps) or, with an empty plan, one token for each of `decodes` (DECODE); samples
+        and appends the next token of every request whose prompt is complete. Changes only
+        the batch's requests and their KV slots; the caller commits the result (or fails
+        the batch when this raises)."""
+        mode = ForwardMode.EXTEND if plan else ForwardMode.DECODE
+        batch = [r for r, _ in plan] + decodes
+        ids, positions, locs, ext_lens, pre_lens = [], [], [], [], []
+        select = LogitsSelection(plan + [(r, 1) for r in decodes])
+        for req, n in plan:
+            start = req.kv_len
+            locs.append(self.kv.alloc(req, start, n))
+            ids.extend(req.all_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            ext_lens.append(n)
+            pre_lens.append(start)
+        if decodes:  # one token each: one slot allocation for all of them
+            locs.append(self.kv.alloc_decode(decodes))
+            ids.extend(r.output_ids[-1] for r in decodes)
+            pre_lens.extend(r.kv_len for r in decodes)
+            positions.extend(pre_lens[len(plan) :])
+            ext_lens.extend([1] * len(decodes))
+        fb = self._forward_batch(mode, batch, ids, positions, locs, pre_lens, ext_lens)
+        fb.logits_indices = select.indices
+        fb.argmax_only = all(r.argmax_only for r in batch)
+        out = self.runner.forward(fb)
+        select.collect_prompt_logprobs(out)
+        # Rows whose prompt is complete sample a token; a partial chunk samples nothing.
+        done = [i for i, r in enumerate(batch) if r.kv_len == r.seq_len]
+        rows = [select.last_rows[i] for i in done]
+        # A decode step samples every row in order: use the logits without a copy.
+        logits = out if rows == list(range(out.shape[0])) else out[rows]
+        sampled = [batch[i] for i in done]
+        next_ids, logprobs = self._sample(logits, sampled)
+        self.decoder.after_forward(fb, batch, dict(zip(sampled, next_ids)))
+        return self._emit(sampled, next_ids, logprobs, decode_tokens=len(decodes))
 
     def _sample(self, logits: torch.Tensor, reqs: list[Req]) -> tuple[list[int], list]:
         """Next token of each request, and its logprobs (None unless return_logprob) from
@@ -380,23 +424,43 @@ class Scheduler:
         rows = [r.row for r in batch]
         return extend_batch(mode, self.table, rows, ids, positions, locs, pre_lens, ext_lens)
 
-    def _process(self, batch: list[Req], next_ids: list[int], logprobs: list) -> list[ReqOutput]:
-        outputs, self._pending = self._pending, []
-        still_running = [r for r in self.running if r not in batch]
-        for req, tok, lp in zip(batch, next_ids, logprobs):
+    def _emit(
+        self, reqs: list[Req], next_ids: list[int], logprobs: list, decode_tokens: int
+    ) -> DecodeResult:
+        """Append each request's sampled token and run the grammar and stop checks; a
+        request with max_new_tokens == 0 finishes ("length") without one."""
+        result = DecodeResult(decode_tokens=decode_tokens)
+        for req, tok, lp in zip(reqs, next_ids, logprobs):
+            result.reqs.append(req)
             if req.params.max_new_tokens == 0:
-                outputs.append(self._finish(req, "length"))
+                result.new_ids.append([])
+                result.reasons.append("length")
+                result.logprobs.append(None)
                 continue
             req.output_ids.append(tok)
             grammar_done = self.grammars.accept(req, tok)
             reason = self.stop.check(req, tok)
             if grammar_done:
                 reason = "stop"
+            result.new_ids.append([tok])
+            result.reasons.append(reason)
+            result.logprobs.append(lp)
+        return result
+
+    def _commit(self, result: DecodeResult) -> list[ReqOutput]:
+        """Apply a step's result to the scheduler: the pending abort events come first,
+        then one output per stepped request; finished requests leave `running` (their KV
+        goes to the cache), the others run on (stepped ones after the rest)."""
+        outputs, self._pending = self._pending, []
+        still_running = [r for r in self.running if r not in result.reqs]
+        for req, ids, reason, lp in zip(
+            result.reqs, result.new_ids, result.reasons, result.logprobs
+        ):
             if reason is None:
                 still_running.append(req)
-                outputs.append(req.step_output([tok], lp))
+                outputs.append(req.step_output(ids, lp))
             else:
-                outputs.append(self._finish(req, reason, new_ids=[tok], logprobs=lp))
+                outputs.append(self._finish(req, reason, new_ids=ids, logprobs=lp))
         self.running = still_running
         return outputs
 

@@ -15,7 +15,9 @@ from radixlm import omp_policy
 from radixlm.config import ServerArgs
 from radixlm.runtime.executor.model_registry import local_hf_dir
 from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.sched.decode import DecodeStrategy, NormalDecode
 from radixlm.runtime.sched.scheduler import Scheduler
+from radixlm.runtime.speculative import make_speculative_decode
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +39,12 @@ def load_tokenizer(args: ServerArgs):
 
 
 def build_stack(args: ServerArgs) -> ServingStack:
-    """Load config, tokenizer and weights; size the pools; create the scheduler.
+    """Load config, tokenizer and weights; size the pools; create the decode strategy
+    (`make_decoder`) and the scheduler.
 
     Sets the process's torch thread count and radixlm log level from `args`.
-    Raises ModelNotFoundError / UnsupportedModelError / ValueError (see ModelRunner).
+    Raises ModelNotFoundError / UnsupportedModelError / ValueError (see ModelRunner and
+    `make_decoder`).
     """
     from transformers import AutoConfig
 
@@ -58,8 +62,19 @@ def build_stack(args: ServerArgs) -> ServingStack:
     config = AutoConfig.from_pretrained(hf_dir)
     tokenizer = load_tokenizer(args)
     runner = ModelRunner(args, hf_dir, config)
-    scheduler = Scheduler(args, runner, eos_token_ids(hf_dir, config), tokenizer)
+    eos = eos_token_ids(hf_dir, config)
+    scheduler = Scheduler(args, runner, eos, tokenizer, decoder=make_decoder(args, runner))
     return ServingStack(config, tokenizer, runner, scheduler)
+
+
+def make_decoder(args: ServerArgs, runner: ModelRunner) -> DecodeStrategy:
+    """`NormalDecode`, or a `SpeculativeDecode` when --speculative-algorithm is set.
+
+    Raises ValueError for a drafter that cannot be built (e.g. a missing draft path).
+    """
+    if args.speculative_algorithm is None:
+        return NormalDecode()
+    return make_speculative_decode(args, runner)
 
 
 def eos_token_ids(hf_dir, config) -> list[int]:

@@ -1,9 +1,9 @@
 """Speculative decoding: drafters (n-gram, draft model, EAGLE head) and tree verification.
 
-`make_speculative_decode(args, runner)` builds the decode strategy the scheduler uses
-when --speculative-algorithm is set (see `decode.py` for the step, `base.py` for the
-drafter interface, `accept.py` for the acceptance rules). Drafter imports
-are lazy: only the chosen drafter's module loads.
+`make_speculative_decode(args, runner)` builds the decode strategy that
+`runtime/server/stack.py` hands to the Scheduler when --speculative-algorithm is set (see
+`decode.py` for the step, `base.py` for the drafter interface, `accept.py` for the
+acceptance rules). Drafter imports are lazy: only the chosen drafter's module loads.
 """
 
 from __future__ import annotations

@@ -20,6 +20,11 @@ the plain decode step runs):
    branch), kv_len advances by m, and every page past the new length is freed, so the
    pool invariant holds and later caching sees an ordinary sequence.
 
+The step returns a `DecodeResult` (tokens and finish reason per request); the Scheduler
+commits it (outputs, finished requests, its counters). Slots go through the KV ledger of
+the `DecodeContext`; on an error the step frees its extra slots and re-raises, and the
+scheduler aborts the batch.
+
 Invariant between steps (as for plain decode): kv_len == len(all_ids) - 1.
 """
 
@@ -34,9 +39,12 @@ import torch
 from radixlm.config import ServerArgs
 from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.batch import extend_batch
-from radixlm.runtime.executor.memory import PagedAllocator
+from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.sampling.random_draw import row_keys
-from radixlm.runtime.sched.request import Req, ReqOutput
+from radixlm.runtime.sched.decode import DecodeContext, DecodeResult
+from radixlm.runtime.sched.kv_ledger import KVLedger
+from radixlm.runtime.sched.request import Req
+from radixlm.runtime.sched.stop import StopChecker
 from radixlm.runtime.speculative.accept import accept_greedy, accept_sampled
 from radixlm.runtime.speculative.base import (
     DraftContext,
@@ -107,7 +115,11 @@ class SpeculativeDecode:
     """
 
     def __init__(
-        self, args: ServerArgs, runner, drafter: Drafter, budget: DraftBudget | None = None
+        self,
+        args: ServerArgs,
+        runner: ModelRunner,
+        drafter: Drafter,
+        budget: DraftBudget | None = None,
     ):
         self.runner = runner
         self.drafter = drafter
@@ -116,8 +128,7 @@ class SpeculativeDecode:
         self.max_batch_size = args.speculative_max_batch_size
         self.counters = SpecCounters()
         if drafter.needs_hidden:  # every target forward must leave its hidden states
-            runner.model.capture_hidden = True
-            runner.graph_runner = None  # a replayed CUDA graph would not record them
+            runner.capture_hidden_states()
 
     # ---- hooks called by the scheduler ----------------------------------------------
 
@@ -129,28 +140,32 @@ class SpeculativeDecode:
         """Speculation counters for `Scheduler.stats()`."""
         return {**self.counters.as_dict(), **self.budget.stats(), **self.drafter.stats()}
 
-    def decode(self, sched, reqs: list[Req]) -> list[ReqOutput]:
-        """One decode step over the running requests `reqs` (see the module docstring)."""
+    def decode(self, ctx: DecodeContext, reqs: list[Req]) -> DecodeResult:
+        """One decode step over the running requests `reqs` (see the module docstring).
+
+        Raises what the drafter or the target forward raises, after freeing the slots it
+        allocated for the step (the caller aborts the batch)."""
         t0 = time.perf_counter()
+        kv = ctx.kv
         budgets = None
         if len(reqs) <= self.max_batch_size and all(speculatable(r) for r in reqs):
-            budgets = self.budget.plan(reqs, self._budgets(sched, reqs))
+            budgets = self.budget.plan(reqs, self._budgets(kv, reqs))
         if not budgets or not any(budgets):  # nothing to verify: the plain step is cheaper
             self.counters.plain_steps += 1
-            outputs = sched._run([], reqs)
+            result = ctx.plain_decode(reqs)
             self.budget.observe_step(len(reqs), time.perf_counter() - t0)
-            return outputs
+            return result
         starts = [r.kv_len for r in reqs]
         allocated: list[Req] = []
         try:
             for req, n in zip(reqs, budgets):
-                sched.kv.alloc(req, req.kv_len, n + 1)
+                kv.alloc(req, req.kv_len, n + 1)
                 allocated.append(req)
             t1 = time.perf_counter()
-            trees = self.drafter.draft(DraftContext(reqs, budgets, sched.table))
+            trees = self.drafter.draft(DraftContext(reqs, budgets, kv.table))
             trees = [_clip(t, n) for t, n in zip(trees, budgets)]
             t2 = time.perf_counter()
-            fb = self._verify_batch(sched.table, reqs, trees)
+            fb = self._verify_batch(kv.table, reqs, trees)
             # Greedy acceptance reads only each row's argmax (`accept_greedy`), so an
             # all-greedy verify may take the head's argmax screen like a decode step.
             fb.argmax_only = all(r.argmax_only for r in reqs)
@@ -158,10 +173,9 @@ class SpeculativeDecode:
             accepted = self._accept(reqs, trees, logits)
         except Exception:
             for req, start, n in zip(allocated, starts, budgets):
-                self._truncate(sched, req, start + n + 1)
-            sched._fail(reqs)
+                kv.truncate(req, start + n + 1)
             raise
-        outputs = self._commit(sched, reqs, starts, budgets, trees, accepted)
+        result = self._commit(ctx, reqs, starts, budgets, trees, accepted)
         c = self.counters
         c.draft_seconds += (t2 - t1) + self._observe_seconds
         seconds = time.perf_counter() - t0
@@ -174,24 +188,22 @@ class SpeculativeDecode:
                 if len(tree)
             ]
         )
-        return outputs
+        return result
 
     # ---- steps -------------------------------------------------------------------------
 
-    def _budgets(self, sched, reqs: list[Req]) -> list[int]:
+    def _budgets(self, kv: KVLedger, reqs: list[Req]) -> list[int]:
         """Draft tokens per request: capped by max_new_tokens and the context, and 0 for
         requests whose extra slots the pool cannot supply (one slot each is reserved)."""
-        ps = sched.page_size
+        ps = kv.page_size
         context = self.runner.context_len
-        room = sched.allocator.available() + sched.tree.evictable_size()
-        room -= sum(PagedAllocator.pages_needed(ps, r.kv_len, 1) for r in reqs) * ps
+        room = kv.room() - kv.decode_tokens(reqs)
         budgets = []
         for req in reqs:
             seq = req.seq_len
             n = min(self.num_draft, req.remaining_new_tokens() - 1, context - seq - 1)
             n = max(n, 0)
-            extra = PagedAllocator.pages_needed(ps, req.kv_len, n + 1)
-            extra = (extra - PagedAllocator.pages_needed(ps, req.kv_len, 1)) * ps
+            extra = (kv.pages(req.kv_len, n + 1) - kv.pages(req.kv_len, 1)) * ps
             if extra > room:
                 n, extra = 0, 0
             room -= extra
@@ -242,75 +254,46 @@ class SpeculativeDecode:
             row += n
         return out
 
-    def _commit(self, sched, reqs, starts, budgets, trees, accepted) -> list[ReqOutput]:
-        outputs, sched._pending = sched._pending, []
+    def _commit(self, ctx: DecodeContext, reqs, starts, budgets, trees, accepted) -> DecodeResult:
+        """Emit each request's accepted tokens, keep their KV, free the rest of the step's
+        slots and tell the drafter; the result lists what each request emitted."""
         c = self.counters
-        finished: dict[Req, tuple[str, list[int]]] = {}
+        result = DecodeResult()
         verified: list[Verified] = []
-        emitted_all: list[list[int]] = []
         src, dst = [], []
+        table = ctx.kv.table
         for req, start, tree, (path, bonus, row) in zip(reqs, starts, trees, accepted):
             tokens = [tree.tokens[j - 1] for j in path[1:]] + [bonus]
-            emitted, reason = self._emit(sched, req, tokens)
+            emitted, reason = _emit(ctx.stop, req, tokens)
             m = len(emitted)
             keep = path[:m]
             for d in range(1, m):
                 if keep[d] != d:
-                    src.append(int(sched.table[req.row, start + keep[d]]))
-                    dst.append(int(sched.table[req.row, start + d]))
-            emitted_all.append(emitted)
+                    src.append(int(table[req.row, start + keep[d]]))
+                    dst.append(int(table[req.row, start + d]))
+            result.reqs.append(req)
+            result.new_ids.append(emitted)
+            result.reasons.append(reason)
+            result.logprobs.append(None)
+            result.decode_tokens += m
             c.verify_steps += 1
             c.emitted_tokens += m
             c.draft_tokens += len(tree)
             c.accepted_drafts += len(path) - 1
             req.spec_verify_steps += 1
             req.spec_emitted_tokens += m
-            if reason is not None:
-                finished[req] = (reason, emitted)
-            else:
+            if reason is None:
                 verified.append(Verified(req, start, keep, tree, [row + j for j in keep]))
         if src:
             self._copy_kv(torch.tensor(src), torch.tensor(dst))
         for req, start, n in zip(reqs, starts, budgets):
-            self._truncate(sched, req, start + n + 1)
+            ctx.kv.truncate(req, start + n + 1)
         t0 = time.perf_counter()
         self.drafter.after_verify(verified, self._hidden())
         self._observe_seconds = time.perf_counter() - t0
-        sched.counters.decode_steps += 1
-        sched.counters.decode_tokens += sum(len(e) for e in emitted_all)
-        sched.ratio.on_decode_step()
-        sched.running = [r for r in sched.running if r not in finished]
-        for req, emitted in zip(reqs, emitted_all):
-            if req in finished:
-                outputs.append(sched._finish(req, finished[req][0], new_ids=emitted))
-            else:
-                outputs.append(req.step_output(emitted))
-        return outputs
+        return result
 
     _observe_seconds = 0.0
-
-    @staticmethod
-    def _emit(sched, req: Req, tokens: list[int]) -> tuple[list[int], str | None]:
-        """Append tokens one by one until a stop condition; kv_len follows the invariant
-        kv_len == len(all_ids) - 1 at every check (the context limit reads it)."""
-        emitted: list[int] = []
-        for tok in tokens:
-            req.output_ids.append(tok)
-            req.kv_len = req.seq_len - 1
-            emitted.append(tok)
-            reason = sched.stop.check(req, tok)
-            if reason is not None:
-                return emitted, reason
-        return emitted, None
-
-    @staticmethod
-    def _truncate(sched, req: Req, end: int) -> None:
-        """Free the pages of positions [ceil_page(kv_len), end) of the request's row (the
-        slots allocated for this step that hold no kept token)."""
-        ps = sched.page_size
-        first = -(-req.kv_len // ps) * ps
-        if end > first:
-            sched.allocator.free(sched.table[req.row, first:end].to(torch.int64))
 
     def _copy_kv(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move accepted tree nodes' K/V (target and drafter) from `src` to `dst` slots."""
@@ -320,10 +303,23 @@ class SpeculativeDecode:
             buf.index_copy_(0, dst_d, buf.index_select(0, src_d))
         self.drafter.copy_slots(src, dst)
 
-    def _hidden(self):
-        if not self.drafter.needs_hidden:
-            return None
-        return getattr(self.runner.model, "last_hidden", None)
+    def _hidden(self) -> torch.Tensor | None:
+        """The target's hidden states of its last forward when the drafter reads them."""
+        return self.runner.last_hidden() if self.drafter.needs_hidden else None
+
+
+def _emit(stop: StopChecker, req: Req, tokens: list[int]) -> tuple[list[int], str | None]:
+    """Append tokens one by one until a stop condition; kv_len follows the invariant
+    kv_len == len(all_ids) - 1 at every check (the context limit reads it)."""
+    emitted: list[int] = []
+    for tok in tokens:
+        req.output_ids.append(tok)
+        req.kv_len = req.seq_len - 1
+        emitted.append(tok)
+        reason = stop.check(req, tok)
+        if reason is not None:
+            return emitted, reason
+    return emitted, None
 
 
 def _clip(tree: DraftTree, n: int) -> DraftTree:
