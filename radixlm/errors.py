@@ -19,7 +19,27 @@ class InvalidRequestError(RadixLMError, ValueError):
     """A request is malformed (empty prompt, prompt beyond the context, bad sampling value).
 
     Raised before the request reaches the scheduler; the engine keeps serving others.
+
+    Args:
+        message: what is wrong, for people.
+        param: the request field at fault, by the runtime's names (`SamplingParams`
+            fields such as "top_k" or "max_new_tokens", "prompt", "sampling_params",
+            `LogprobOptions` fields, "rid"), or None when no one field is. The HTTP
+            routes map it to their own field names.
+        code: OpenAI's error code ("invalid_value", "invalid_type",
+            "unknown_parameter", "context_length_exceeded") or None.
     """
+
+    default_code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param = param
+        self.code = code if code is not None else self.default_code
+
+    def copy(self) -> InvalidRequestError:
+        """A new error of the same type and fields (to raise a stored error again)."""
+        return type(self)(str(self), param=self.param, code=self.code)
 
 
 class EngineClosedError(RadixLMError, RuntimeError):
@@ -32,6 +52,8 @@ class RequestTooLargeError(InvalidRequestError):
     Raised at admission (`Scheduler.add_request`, `Engine.generate`) instead of retrying
     a request that no amount of eviction or retraction could make room for.
     """
+
+    default_code = "context_length_exceeded"
 
 
 class QueueFullError(RadixLMError, RuntimeError):

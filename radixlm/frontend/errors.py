@@ -5,14 +5,16 @@ Every error the HTTP server returns has the body
     {"error": {"message": str, "type": str, "param": str | None, "code": str | None}}
 
 and a status code: 400 for bad input (never FastAPI's default 422), 401 for a missing or
-wrong API key, 404 for an unknown route, 409 for a refused cache flush, 503 when the queue
-is full or the server cannot serve, 500 for bugs. The server keeps serving after any of
-them.
+wrong API key, 404 for an unknown route or model, 409 for a refused cache flush, 503 when
+the queue is full or the server cannot serve, 500 for bugs. The server keeps serving
+after any of them. Exceptions map by their type and fields (`from_exception`), never by
+their text; a route renames the runtime's field names in `param` to its own (`renamed`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -23,7 +25,14 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from radixlm.errors import InvalidRequestError, QueueFullError, RadixLMError, ServerError
+from radixlm.errors import (
+    EngineClosedError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    QueueFullError,
+    RadixLMError,
+    ServerError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,11 +78,16 @@ def error_body(
 
 
 def from_exception(exc: BaseException) -> APIError:
-    """Map any exception to an APIError (status, type, code). Unknown ones become 500."""
+    """Map an exception to an APIError by its type, never its text: InvalidRequestError
+    (and RequestTooLargeError) 400 with its own param and code, ModelNotFoundError 404,
+    QueueFullError, ServerError and EngineClosedError 503, pydantic errors 400, other
+    radixlm errors and unknown ones 500."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, InvalidRequestError):
-        return APIError(400, str(exc), param=getattr(exc, "param", None))
+        return APIError(400, str(exc), param=exc.param, code=exc.code)
+    if isinstance(exc, ModelNotFoundError):
+        return APIError(404, str(exc), code="model_not_found")
     if isinstance(exc, QueueFullError):
         return APIError(503, str(exc), type="server_error", code="queue_full")
     if isinstance(exc, ValidationError):
@@ -83,9 +97,22 @@ def from_exception(exc: BaseException) -> APIError:
     if isinstance(exc, ServerError):
         status = getattr(exc, "status_code", None) or 503
         return APIError(status, str(exc), type="server_error")
+    if isinstance(exc, EngineClosedError):
+        return APIError(503, str(exc), type="server_error")
     if isinstance(exc, RadixLMError):
         return APIError(500, str(exc), type="server_error")
     return APIError(500, "internal server error", type="server_error")
+
+
+def renamed(
+    exc: InvalidRequestError, names: Mapping[str, str], default: str | None = None
+) -> APIError:
+    """The 400 of a runtime InvalidRequestError raised for a route's request: its param
+    (a runtime field name, e.g. "max_new_tokens") becomes the route's field
+    (`names[param]`, e.g. "max_tokens"; `default` for a param not in `names`), its
+    message and code are kept."""
+    param = names.get(exc.param, default) if exc.param is not None else default
+    return APIError(400, str(exc), param=param, code=exc.code)
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -166,7 +193,7 @@ def _from_validation_errors(errors: list[dict[str, Any]]) -> APIError:
 def log_failure(where: str, exc: BaseException, err: APIError) -> None:
     """Log a failed request: server faults (5xx) as errors with the traceback; expected
     refusals (queue full, shutting down) as one warning line; client errors not at all."""
-    if isinstance(exc, QueueFullError | ServerError):
+    if isinstance(exc, QueueFullError | ServerError | EngineClosedError):
         logger.warning("%s: %s", where, exc)
     elif err.status >= 500:
         logger.error("%s failed: %r", where, exc, exc_info=exc)

@@ -31,6 +31,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from radixlm.runtime.sched.finish import FinishReason
 from radixlm.runtime.server.messages import BatchStrOut
 from radixlm.runtime.server.request_observer import RequestObserver
 
@@ -148,7 +149,7 @@ class ServerMetrics(RequestObserver):
 
     def on_abandoned(self, rid: str, now: float, refused: bool) -> None:
         if self._live.pop(rid, None) is not None and not refused:
-            self.requests.labels(finish_reason="abort").inc()
+            self.requests.labels(finish_reason=FinishReason.ABORT).inc()
 
     # ---- exposition -----------------------------------------------------------------------
 

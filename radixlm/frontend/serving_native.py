@@ -28,9 +28,9 @@ import msgspec
 from fastapi import Request
 from fastapi.responses import Response
 
-from radixlm.errors import InvalidRequestError, RequestTooLargeError
+from radixlm.errors import InvalidRequestError
 from radixlm.frontend import streaming
-from radixlm.frontend.errors import from_exception, invalid_request, log_failure
+from radixlm.frontend.errors import from_exception, invalid_request, log_failure, renamed
 from radixlm.frontend.protocol import GenerateRequest, check_supported
 from radixlm.runtime.sampling.logprobs import LogprobOptions
 from radixlm.runtime.sampling.sampler import SamplingParams
@@ -84,17 +84,12 @@ class NativeServing:
             logprob_start_len=-1 if req.logprob_start_len is None else req.logprob_start_len,
             top_logprobs_num=req.top_logprobs_num or 0,
         )
+        fields = _request_fields("text" if req.text is not None else "input_ids")
         for ids, p in zip(prompts, params):
             try:
                 self.tm.validate(ids, p, lp)
             except InvalidRequestError as e:
-                param = "text" if req.text is not None else "input_ids"
-                if "max_new_tokens" in str(e) or "logit_bias" in str(e):
-                    param = "sampling_params"
-                for name in ("logprob_start_len", "top_logprobs_num"):
-                    if name in str(e):
-                        param = name
-                raise invalid_request(str(e), param=param) from None
+                raise renamed(e, fields) from None
         return req, single, prompts, params, rids, lp
 
     def _prompts(self, req: GenerateRequest) -> tuple[bool, list[list[int]]]:
@@ -116,14 +111,19 @@ class NativeServing:
     def _encode(self, text: str) -> list[int]:
         try:
             return self.tm.encode(text)
-        except RequestTooLargeError as e:
-            raise invalid_request(str(e), param="text") from None
+        except InvalidRequestError as e:
+            raise renamed(e, {"prompt": "text"}) from None
 
     def _params(self, value: dict | list | None, n: int) -> list[SamplingParams]:
+        """One SamplingParams per prompt; every error is a 400 on `sampling_params`."""
+        if isinstance(value, list) and len(value) != n:
+            raise invalid_request(
+                f"{len(value)} sampling_params for {n} prompts",
+                param="sampling_params",
+                code="invalid_value",
+            )
         try:
             if isinstance(value, list):
-                if len(value) != n:
-                    raise InvalidRequestError(f"{len(value)} sampling_params for {n} prompts")
                 params = [SamplingParams.from_any(_sglang_compat(v)) for v in value]
             else:
                 params = [SamplingParams.from_any(_sglang_compat(value))] * n
@@ -131,7 +131,7 @@ class NativeServing:
                 self.tm.grammars.validate(p)  # json_schema / regex / ebnf compile (cached)
             return params
         except InvalidRequestError as e:
-            raise invalid_request(str(e), param="sampling_params") from None
+            raise renamed(e, {}, default="sampling_params") from None
 
     @staticmethod
     def _rids(value: str | list[str] | None, n: int) -> list[str]:
@@ -142,6 +142,19 @@ class NativeServing:
         if len(rids) != n or len(set(rids)) != n or not all(rids):
             raise invalid_request(f"'rid' must give {n} distinct non-empty ids", param="rid")
         return rids
+
+
+def _request_fields(prompt_param: str) -> dict[str, str]:
+    """The /generate field of each runtime field name a runtime error's param may hold
+    (see `renamed`): the prompt is `prompt_param` ("text" or "input_ids"), sampling
+    values are inside "sampling_params", logprob options and rid keep their names."""
+    sampling = (*SamplingParams.__struct_fields__, "sampling_params")
+    same = ("return_logprob", "logprob_start_len", "top_logprobs_num", "rid")
+    return {
+        **dict.fromkeys(sampling, "sampling_params"),
+        **{name: name for name in same},
+        "prompt": prompt_param,
+    }
 
 
 def _sglang_compat(params: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -27,9 +27,15 @@ import msgspec
 from fastapi import Request
 from fastapi.responses import Response
 
-from radixlm.errors import InvalidRequestError, RequestTooLargeError
+from radixlm.errors import InvalidRequestError
 from radixlm.frontend.chat_template import chat_prompt_ids, normalise_messages, rendered_chars
-from radixlm.frontend.errors import APIError, from_exception, invalid_request, log_failure
+from radixlm.frontend.errors import (
+    APIError,
+    from_exception,
+    invalid_request,
+    log_failure,
+    renamed,
+)
 from radixlm.frontend.fanout import Fanout
 from radixlm.frontend.formats import ChatFormat, CompletionFormat, OutputFormat, Usage
 from radixlm.frontend.logprob_format import TokenTexts
@@ -56,6 +62,7 @@ from radixlm.frontend.tool_calls import ToolChatFormat
 from radixlm.frontend.tool_prompt import ToolSetup
 from radixlm.runtime.sampling.logprobs import LogprobOptions
 from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.sched.finish import FinishReason
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +70,20 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16
 # The scheduler reserves KV for the whole max_new_tokens of a running request, so an
 # unbounded default would let one chat request hold most of the pool.
 DEFAULT_CHAT_MAX_TOKENS = 1024
+
+# SamplingParams fields a request sets, when given, under the same name.
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "ignore_eos",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "logit_bias",
+)
 
 
 @dataclass
@@ -208,13 +229,17 @@ class OpenAIServing:
         cannot fit the context is a 400 on `prompt` (context_length_exceeded)."""
         try:
             return self.tm.encode(text)
-        except RequestTooLargeError as e:
-            raise invalid_request(str(e), param="prompt", code="context_length_exceeded") from None
+        except InvalidRequestError as e:
+            raise renamed(e, {"prompt": "prompt"}) from None
 
     def _chat_prompt(self, messages: list[ChatMessage], tools: ToolSetup) -> list[int]:
-        """Token ids of the chat template (tools rendered) with the assistant turn opened."""
+        """Token ids of the chat template (tools rendered) with the assistant turn opened;
+        400 on `messages` when their text must exceed the context."""
         rendered = normalise_messages(messages)
-        self.tm.check_chars(rendered_chars(rendered, tools))
+        try:
+            self.tm.check_chars(rendered_chars(rendered, tools))
+        except InvalidRequestError as e:
+            raise renamed(e, {"prompt": "messages"}) from None
         return chat_prompt_ids(self.tm.tokenizer, rendered, tools)
 
     def _chat_grammar(self, req: ChatCompletionRequest, tools: ToolSetup) -> dict[str, str]:
@@ -272,19 +297,7 @@ class OpenAIServing:
             if req.min_tokens is not None:  # an unset max_tokens leaves room for min_tokens
                 requested = max(requested, min(req.min_tokens, ctx - prompt_len))
         values: dict[str, Any] = {"max_new_tokens": requested}
-        names = (
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "seed",
-            "ignore_eos",
-            "frequency_penalty",
-            "presence_penalty",
-            "repetition_penalty",
-            "logit_bias",
-        )
-        for name in names:
+        for name in _SAMPLING_FIELDS:
             if getattr(req, name) is not None:
                 values[name] = getattr(req, name)
         if req.min_tokens is not None:
@@ -296,8 +309,7 @@ class OpenAIServing:
         try:
             return SamplingParams.from_any(values)
         except InvalidRequestError as e:
-            param = _param_named_in(str(e))
-            raise invalid_request(str(e), param=param, code="invalid_value") from None
+            raise renamed(e, _request_fields(req, prompt_param)) from None
 
     def _job(
         self,
@@ -313,12 +325,7 @@ class OpenAIServing:
             try:
                 self.tm.validate(ids, p)  # nothing runs unless every prompt is valid
             except InvalidRequestError as e:
-                param = _tokens_param(req) if "max_new_tokens" in str(e) else prompt_param
-                code = None
-                for name in ("logit_bias", "stop_token_ids"):
-                    if name in str(e):
-                        param, code = name, "invalid_value"
-                raise invalid_request(str(e), param=param, code=code) from None
+                raise renamed(e, _request_fields(req, prompt_param)) from None
             fanout.check_fits(len(ids), p.max_new_tokens, self.tm.max_total_tokens)
         args = self.tm.args
         fanout.check_count(len(prompts), args.max_running_requests + args.max_queued_requests)
@@ -392,11 +399,11 @@ async def _stream_body(
     yield DONE
 
 
-def _check_not_aborted(finish_reason: str | None) -> None:
+def _check_not_aborted(finish_reason: FinishReason | None) -> None:
     """A request the server aborted (a failed step, shutdown) is an error in OpenAI's API,
     which has no "abort" finish_reason. Client aborts never get here: their stream is
     closed before the scheduler answers."""
-    if finish_reason == "abort":
+    if finish_reason == FinishReason.ABORT:
         raise APIError(
             500, "the server aborted this request; see the server log", type="server_error"
         )
@@ -407,11 +414,13 @@ def _tokens_param(req: SamplingFields) -> str:
     return "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
 
 
-def _param_named_in(message: str) -> str | None:
-    """The OpenAI field a SamplingParams error message starts with ("top_k must be ...")."""
-    name = message.split(" ", 1)[0]
-    if name == "max_new_tokens":
-        return "max_tokens"
-    if name == "min_new_tokens":
-        return "min_tokens"
-    return name if name in SamplingParams.__struct_fields__ else None
+def _request_fields(req: SamplingFields, prompt_param: str) -> dict[str, str]:
+    """The request field of each runtime field name a runtime error's param may hold
+    (see `renamed`; a name not here, e.g. "sampling_params", is no field of the request)."""
+    same = (*_SAMPLING_FIELDS, "stop", "stop_token_ids", "regex", "ebnf")
+    return {
+        **{name: name for name in same},
+        "prompt": prompt_param,
+        "max_new_tokens": _tokens_param(req),
+        "min_new_tokens": "min_tokens",
+    }

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from radixlm.errors import InvalidRequestError
-from radixlm.frontend.errors import invalid_request
+from radixlm.frontend.errors import invalid_request, renamed
 from radixlm.runtime.sampling.grammar import GrammarCompiler
 from radixlm.runtime.sampling.sampler import SamplingParams
 
@@ -96,4 +96,4 @@ def check_grammar(fields: dict[str, str], compiler: GrammarCompiler, param: str)
     try:
         compiler.validate(SamplingParams(**fields))
     except InvalidRequestError as e:
-        raise invalid_request(str(e), param=param, code="invalid_value") from None
+        raise renamed(e, {}, default=param) from None

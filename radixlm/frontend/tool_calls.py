@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.frontend.formats import ChatFormat
+from radixlm.runtime.sched.finish import FinishReason
 
 CALL_START = "<tool_call>"
 CALL_END = "</tool_call>"
@@ -209,9 +210,10 @@ def message_tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
     ]
 
 
-def tool_finish_reason(reason: str | None, has_calls: bool) -> str | None:
-    """A request that stopped after emitting calls finishes with ``tool_calls``."""
-    return "tool_calls" if reason == "stop" and has_calls else reason
+def tool_finish_reason(reason: FinishReason | None, has_calls: bool) -> str | None:
+    """A request that stopped after emitting calls finishes with ``tool_calls`` (an
+    OpenAI reason the runtime does not have)."""
+    return "tool_calls" if reason == FinishReason.STOP and has_calls else reason
 
 
 class ToolChatFormat(ChatFormat):

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from radixlm.errors import InvalidRequestError
-from radixlm.frontend.errors import invalid_request
+from radixlm.frontend.errors import invalid_request, renamed
 from radixlm.frontend.tool_calls import CALL_END, CALL_START
 from radixlm.runtime.sampling.grammar import check_json_schema
 
@@ -156,10 +156,9 @@ def _check_tool(index: int, tool: Any) -> dict[str, Any]:
     params = parsed.function.parameters
     if params is not None:
         try:
-            check_json_schema(json.dumps(params))
+            check_json_schema(json.dumps(params), field="parameters")
         except InvalidRequestError as e:
-            message = str(e).replace("json_schema", "parameters", 1)
-            raise invalid_request(message, param=f"{param}.function.parameters") from None
+            raise renamed(e, {"parameters": f"{param}.function.parameters"}) from None
         if params.get("type", "object") != "object":
             raise invalid_request(
                 "a function's parameters must be a JSON schema of type 'object' (the "

@@ -126,7 +126,7 @@ class Engine:
 
         Returns:
             For a single prompt a dict, for a batch a list of dicts, each with ``text``,
-            ``output_ids``, ``finish_reason`` ("stop" | "length" | "abort"),
+            ``output_ids``, ``finish_reason`` (a `FinishReason`: "stop" | "length" | "abort"),
             ``matched_stop``, ``usage`` {prompt_tokens, completion_tokens,
             cached_tokens} and ``meta_info`` (the keys of ``POST /generate``'s meta_info:
             id, finish_reason, prompt_tokens, completion_tokens, cached_tokens, and with
@@ -196,7 +196,11 @@ class Engine:
         """
         single, token_lists = self._prompts(prompt, input_ids)
         if not single:
-            raise InvalidRequestError("add_request takes one prompt; call it once per prompt")
+            raise InvalidRequestError(
+                "add_request takes one prompt; call it once per prompt",
+                param="prompt",
+                code="invalid_value",
+            )
         params = self._params(sampling_params, 1)
         self._validate(token_lists[0], params[0])
         rid = self._submit_all(token_lists, params, cache_salt)[0]
@@ -219,7 +223,7 @@ class Engine:
             EngineClosedError: after `shutdown`.
             Exception: whatever the forward raised when the step failed; the requests of
                 its batch are aborted, freed, and their last chunks (finish_reason
-                "abort") come out of the next `step`.
+                `FinishReason.ABORT`) come out of the next `step`.
         """
         self._check_open()
         self._step()
@@ -288,9 +292,15 @@ class Engine:
         """(single, token lists) of exactly one of `prompt` and `input_ids`."""
         self._check_open()
         if (prompt is None) == (input_ids is None):
-            raise InvalidRequestError("pass exactly one of prompt and input_ids")
+            raise InvalidRequestError(
+                "pass exactly one of prompt and input_ids", param="prompt", code="invalid_value"
+            )
         if isinstance(input_ids, str):
-            raise InvalidRequestError("input_ids must be a list of token ids, not a string")
+            raise InvalidRequestError(
+                "input_ids must be a list of token ids, not a string",
+                param="input_ids",
+                code="invalid_type",
+            )
         return self._tokenize(prompt if prompt is not None else input_ids)
 
     def _tokenize(self, value) -> tuple[bool, list[list[int]]]:
@@ -307,12 +317,18 @@ class Engine:
                     out.append([int(t) for t in item])
                 else:
                     raise InvalidRequestError(
-                        "a prompt must be a string, a list of int token ids, or a list of those"
+                        "a prompt must be a string, a list of int token ids, or a list of those",
+                        param="prompt",
+                        code="invalid_type",
                     )
             return False, out
         if isinstance(value, list):
-            raise InvalidRequestError("empty prompt list")
-        raise InvalidRequestError(f"prompt must be str or list, got {type(value).__name__}")
+            raise InvalidRequestError("empty prompt list", param="prompt", code="invalid_value")
+        raise InvalidRequestError(
+            f"prompt must be str or list, got {type(value).__name__}",
+            param="prompt",
+            code="invalid_type",
+        )
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
@@ -321,7 +337,11 @@ class Engine:
     def _params(value, n: int) -> list[SamplingParams]:
         if isinstance(value, list):
             if len(value) != n:
-                raise InvalidRequestError(f"{len(value)} sampling_params for {n} prompts")
+                raise InvalidRequestError(
+                    f"{len(value)} sampling_params for {n} prompts",
+                    param="sampling_params",
+                    code="invalid_value",
+                )
             return [SamplingParams.from_any(v) for v in value]
         return [SamplingParams.from_any(value)] * n
 
@@ -452,6 +472,8 @@ def _per_prompt(value: Any, n: int, name: str) -> list[Any]:
     """One value per prompt: `value` repeated, or a list of exactly n values."""
     if isinstance(value, list):
         if len(value) != n:
-            raise InvalidRequestError(f"{len(value)} values of {name} for {n} prompts")
+            raise InvalidRequestError(
+                f"{len(value)} values of {name} for {n} prompts", param=name, code="invalid_value"
+            )
         return list(value)
     return [value] * n

@@ -20,7 +20,8 @@ SAMPLES = [
     m.FlushCacheReq("f"),
     m.GetInfoReq("i"),
     m.ControlResp("i", True, info={"memory": {"free": 3}}),
-    m.ReqError("a", "queue full", 503),
+    m.ReqError(rid="a", kind="queue_full", message="queue full"),
+    m.ReqError(rid="b", kind="invalid_request", message="bad", param="top_k", code="invalid_value"),
     m.BatchTokenOut(
         ["a", "b"], [[5], []], [None, "stop"], [None, "END"], [3, 4], [1, 2], [0, 4], [[], ["END"]]
     ),

@@ -184,17 +184,21 @@ class PagedAllocator:
 def check_fits(
     prompt_len: int, max_new_tokens: int, *, context_len: int, total_tokens: int, page_size: int
 ) -> None:
-    """Raise RequestTooLargeError unless the prompt is shorter than the context and prompt +
-    max_new_tokens (capped by the context), rounded up to pages, fits the whole KV pool."""
+    """Raise RequestTooLargeError (code "context_length_exceeded") unless the prompt is
+    shorter than the context (else param "prompt") and prompt + max_new_tokens (capped by
+    the context), rounded up to pages, fits the whole KV pool (else param
+    "max_new_tokens")."""
     if prompt_len >= context_len:
         raise RequestTooLargeError(
-            f"prompt has {prompt_len} tokens; the context length is {context_len}"
+            f"prompt has {prompt_len} tokens; the context length is {context_len}",
+            param="prompt",
         )
     need = PagedAllocator.pages_needed(page_size, 0, min(prompt_len + max_new_tokens, context_len))
     if need * page_size > total_tokens:
         raise RequestTooLargeError(
             f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) "
-            f"cannot fit the KV cache of {total_tokens} tokens"
+            f"cannot fit the KV cache of {total_tokens} tokens",
+            param="max_new_tokens",
         )
 
 

@@ -49,26 +49,29 @@ def grammar_spec(params: SamplingParams) -> tuple[str, str] | None:
     return None
 
 
-def check_json_schema(spec: str) -> dict[str, Any] | bool:
+def check_json_schema(spec: str, field: str = "json_schema") -> dict[str, Any] | bool:
     """Parse a JSON schema string and check it against its metaschema (jsonschema).
 
-    Returns the schema. Raises InvalidRequestError when `spec` is not JSON, not an object
-    or boolean, or not a valid schema of its declared draft (default 2020-12).
+    Returns the schema. Raises InvalidRequestError (param `field`, which the message
+    names too) when `spec` is not JSON, not an object or boolean, or not a valid schema
+    of its declared draft (default 2020-12).
     """
     import jsonschema
+
+    def invalid(message: str) -> InvalidRequestError:
+        return InvalidRequestError(f"{field} {message}", param=field, code="invalid_value")
 
     try:
         schema = json.loads(spec)
     except json.JSONDecodeError as e:
-        raise InvalidRequestError(f"json_schema is not valid JSON: {e}") from None
+        raise invalid(f"is not valid JSON: {e}") from None
     if not isinstance(schema, dict | bool):
-        raise InvalidRequestError("json_schema must be a JSON object (or a boolean)")
+        raise invalid("must be a JSON object (or a boolean)")
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
         path = "/".join(str(p) for p in e.absolute_path) or "(root)"
-        message = f"json_schema is not a valid JSON schema at {path}: {e.message}"
-        raise InvalidRequestError(message) from None
+        raise invalid(f"is not a valid JSON schema at {path}: {e.message}") from None
     return schema
 
 
@@ -114,7 +117,7 @@ class GrammarCompiler:
 
         kind: "json_schema" (a JSON schema as a string), "regex", "ebnf" (GBNF, root rule
         ``root``) or "structural_tag" (xgrammar's structural-tag JSON).
-        Raises InvalidRequestError naming the field when the spec is invalid or not
+        Raises InvalidRequestError (param `kind`) when the spec is invalid or not
         supported by xgrammar (the error is cached too).
         """
         key = (kind, spec)
@@ -148,7 +151,7 @@ class GrammarCompiler:
         elif hit is None:
             hit = pending.result()
         if isinstance(hit, InvalidRequestError):
-            raise InvalidRequestError(str(hit))
+            raise hit.copy()
         return hit
 
     def cached(self, kind: str, spec: str):
@@ -157,7 +160,7 @@ class GrammarCompiler:
         with self._lock:
             hit = self._cache.get((kind, spec))
         if isinstance(hit, InvalidRequestError):
-            raise InvalidRequestError(str(hit))
+            raise hit.copy()
         return hit
 
     def validate(self, params: SamplingParams) -> None:
@@ -187,7 +190,9 @@ class GrammarCompiler:
             return e
         except (RuntimeError, ValueError, TypeError) as e:  # xgrammar parse/convert errors
             message = _XGR_PREFIX.sub("", str(e).strip().splitlines()[0] if str(e) else "")
-            return InvalidRequestError(f"invalid {kind}: {message or type(e).__name__}")
+            return InvalidRequestError(
+                f"invalid {kind}: {message or type(e).__name__}", param=kind, code="invalid_value"
+            )
 
     def _get_compiler(self):
         with self._lock:  # built once (about 0.25 s), by the first compile

@@ -173,28 +173,38 @@ class LogprobOptions(msgspec.Struct, frozen=True):
     return_text_in_logprobs: bool = False
 
     def validate(self, vocab_size: int, prompt_len: int | None = None) -> None:
-        """Raise InvalidRequestError for wrong types or out-of-range values; with
-        `prompt_len` (tokens), also for prompt logprobs asked from past the prompt's last
-        position (`logprob_start_len >= prompt_len` with return_logprob, as SGLang
-        refuses)."""
+        """Raise InvalidRequestError (param: the field at fault) for wrong types or
+        out-of-range values; with `prompt_len` (tokens), also for prompt logprobs asked from
+        past the prompt's last position (`logprob_start_len >= prompt_len` with
+        return_logprob, as SGLang refuses)."""
         from radixlm.errors import InvalidRequestError
 
         if not isinstance(self.return_logprob, bool):
-            raise InvalidRequestError("return_logprob must be a bool")
+            raise InvalidRequestError(
+                "return_logprob must be a bool", param="return_logprob", code="invalid_type"
+            )
         for name in ("logprob_start_len", "top_logprobs_num"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
-                raise InvalidRequestError(f"{name} must be an int, got {value!r}")
+                raise InvalidRequestError(
+                    f"{name} must be an int, got {value!r}", param=name, code="invalid_type"
+                )
         if self.logprob_start_len < -1:
             raise InvalidRequestError(
-                f"logprob_start_len must be >= -1, got {self.logprob_start_len}"
+                f"logprob_start_len must be >= -1, got {self.logprob_start_len}",
+                param="logprob_start_len",
+                code="invalid_value",
             )
         if self.return_logprob and prompt_len is not None and self.logprob_start_len >= prompt_len:
             raise InvalidRequestError(
                 f"logprob_start_len {self.logprob_start_len} is past the prompt's last position "
-                f"({prompt_len} tokens); use -1 for no prompt logprobs"
+                f"({prompt_len} tokens); use -1 for no prompt logprobs",
+                param="logprob_start_len",
+                code="invalid_value",
             )
         if not 0 <= self.top_logprobs_num <= vocab_size:
             raise InvalidRequestError(
-                f"top_logprobs_num must be in [0, {vocab_size}], got {self.top_logprobs_num}"
+                f"top_logprobs_num must be in [0, {vocab_size}], got {self.top_logprobs_num}",
+                param="top_logprobs_num",
+                code="invalid_value",
             )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 import torch
@@ -79,7 +79,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         """Accept a SamplingParams, a dict with these names, or None (defaults); `stop`
         may be one string.
 
-        Raises InvalidRequestError for unknown keys, wrong types or out-of-range values.
+        Raises InvalidRequestError for unknown keys or wrong types (param
+        "sampling_params") or out-of-range values (param: the field, see `validate`).
         """
         if value is None:
             value = {}
@@ -87,10 +88,18 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             # Struct constructors do not type-check: re-check the fields like a dict.
             value = msgspec.structs.asdict(value)
         elif not isinstance(value, dict):
-            raise InvalidRequestError(f"sampling_params must be a dict, got {type(value).__name__}")
+            raise InvalidRequestError(
+                f"sampling_params must be a dict, got {type(value).__name__}",
+                param="sampling_params",
+                code="invalid_type",
+            )
         unknown = set(value) - set(cls.__struct_fields__)
         if unknown:
-            raise InvalidRequestError(f"unknown sampling parameters: {sorted(unknown)}")
+            raise InvalidRequestError(
+                f"unknown sampling parameters: {sorted(unknown)}",
+                param="sampling_params",
+                code="unknown_parameter",
+            )
         if isinstance(value.get("logit_bias"), dict):
             value = {**value, "logit_bias": _int_keys(value["logit_bias"])}
         if isinstance(value.get("stop"), str):  # one stop string, as the HTTP routes take
@@ -98,59 +107,69 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         try:
             params = msgspec.convert(value, cls)
         except msgspec.ValidationError as e:
-            raise InvalidRequestError(f"invalid sampling parameters: {e}") from None
+            raise InvalidRequestError(
+                f"invalid sampling parameters: {e}", param="sampling_params", code="invalid_type"
+            ) from None
         params.validate()
         return params
 
     def validate(self) -> None:
-        """Raise InvalidRequestError when a value is out of range."""
+        """Raise InvalidRequestError (param: the field at fault, code "invalid_value";
+        param None for two grammar fields set at once) when a value is out of range."""
         floats = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty")
         for name in (*floats, "repetition_penalty"):
             if not math.isfinite(getattr(self, name)):
-                raise InvalidRequestError(f"{name} must be finite, got {getattr(self, name)}")
+                _bad(name, f"{name} must be finite, got {getattr(self, name)}")
         if self.max_new_tokens < 0:
-            raise InvalidRequestError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+            _bad("max_new_tokens", f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.temperature < 0:
-            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
+            _bad("temperature", f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
-            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+            _bad("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
-            raise InvalidRequestError(f"top_k must be -1 or >= 1, got {self.top_k}")
+            _bad("top_k", f"top_k must be -1 or >= 1, got {self.top_k}")
         if not 0 <= self.min_p < 1:
-            raise InvalidRequestError(f"min_p must be in [0, 1), got {self.min_p}")
+            _bad("min_p", f"min_p must be in [0, 1), got {self.min_p}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise InvalidRequestError(f"seed must be in [0, 2**63), got {self.seed}")
+            _bad("seed", f"seed must be in [0, 2**63), got {self.seed}")
         if any(not s for s in self.stop):
-            raise InvalidRequestError("stop strings must be non-empty")
+            _bad("stop", "stop strings must be non-empty")
         if any(not 0 <= t < 2**31 for t in self.stop_token_ids):
-            raise InvalidRequestError("stop_token_ids must be token ids >= 0")
+            _bad("stop_token_ids", "stop_token_ids must be token ids >= 0")
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2 <= getattr(self, name) <= 2:
-                raise InvalidRequestError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+                _bad(name, f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if self.repetition_penalty <= 0:
-            raise InvalidRequestError(
-                f"repetition_penalty must be > 0, got {self.repetition_penalty}"
+            _bad(
+                "repetition_penalty",
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}",
             )
         if self.min_new_tokens < 0:
-            raise InvalidRequestError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
+            _bad("min_new_tokens", f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
         if self.min_new_tokens > self.max_new_tokens:
-            raise InvalidRequestError(
+            _bad(
+                "min_new_tokens",
                 f"min_new_tokens must be <= max_new_tokens ({self.max_new_tokens}), "
-                f"got {self.min_new_tokens}"
+                f"got {self.min_new_tokens}",
             )
         for tok, bias in (self.logit_bias or {}).items():
             if not 0 <= tok < 2**31:
-                raise InvalidRequestError(f"logit_bias keys must be token ids >= 0, got {tok}")
+                _bad("logit_bias", f"logit_bias keys must be token ids >= 0, got {tok}")
             if not (math.isfinite(bias) and -100 <= bias <= 100):
-                raise InvalidRequestError(f"logit_bias values must be in [-100, 100], got {bias}")
+                _bad("logit_bias", f"logit_bias values must be in [-100, 100], got {bias}")
         grammars = [f for f in GRAMMAR_FIELDS if getattr(self, f) is not None]
         if len(grammars) > 1:
-            raise InvalidRequestError(f"set at most one of {', '.join(grammars)}")
+            _bad(None, f"set at most one of {', '.join(grammars)}")
 
     @property
     def is_greedy(self) -> bool:
         """Argmax decoding: temperature below 1e-5 (where logits / T overflows) or top_k 1."""
         return self.temperature < _GREEDY_TEMPERATURE or self.top_k == 1
+
+
+def _bad(param: str | None, message: str) -> NoReturn:
+    """Raise the InvalidRequestError of an out-of-range value of field `param`."""
+    raise InvalidRequestError(message, param=param, code="invalid_value")
 
 
 def _int_keys(bias: dict) -> dict:
@@ -162,7 +181,9 @@ def _int_keys(bias: dict) -> dict:
                 key = int(key)
             except ValueError:
                 raise InvalidRequestError(
-                    f"logit_bias keys must be token ids, got {key!r}"
+                    f"logit_bias keys must be token ids, got {key!r}",
+                    param="logit_bias",
+                    code="invalid_value",
                 ) from None
         out[key] = value
     return out

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 from radixlm.runtime.sampling.logprobs import LogprobOptions, TokenLogprobs
 from radixlm.runtime.sampling.penalties import uses_processors
 from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.sched.finish import FinishReason
 
 
 @dataclass(eq=False)
@@ -38,7 +39,7 @@ class Req:
     last_node: Any = None
     kv_len: int = 0
     cached_tokens: int = 0
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     matched_stop: int | str | None = None
     seed: int = 0
     return_logprob: bool = False
@@ -148,7 +149,7 @@ class ReqOutput(NamedTuple):
     """What one step produced for one request.
 
     new_token_ids: tokens generated in this step (empty for a finished-without-token event).
-    finish_reason: None while running, else "stop", "length" or "abort".
+    finish_reason: None while running, else a `FinishReason` (stop, length, abort).
     matched_stop: the EOS / stop token id or the stop string that ended it, if any.
     output_logprobs: logprobs of new_token_ids (requests with return_logprob), else None.
     input_logprobs: prompt-token logprobs, on the first output after the prompt's prefill
@@ -159,7 +160,7 @@ class ReqOutput(NamedTuple):
 
     rid: str
     new_token_ids: list[int]
-    finish_reason: str | None
+    finish_reason: FinishReason | None
     matched_stop: int | str | None
     prompt_tokens: int
     completion_tokens: int

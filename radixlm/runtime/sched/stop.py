@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from radixlm.runtime.sched.finish import FinishReason
 from radixlm.runtime.sched.request import Req
 
 
@@ -19,22 +20,22 @@ class StopChecker:
         self.context_len = context_len
         self.tokenizer = tokenizer
 
-    def check(self, req: Req, tok: int) -> str | None:
-        """Finish reason ("stop" | "length") after `tok` was appended, else None; sets
+    def check(self, req: Req, tok: int) -> FinishReason | None:
+        """Finish reason (STOP or LENGTH) after `tok` was appended, else None; sets
         `req.matched_stop` for a stop token or string."""
         p = req.params
         if len(req.output_ids) < p.min_new_tokens:  # only length and context end it early
             return self._length(req)
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
             req.matched_stop = tok
-            return "stop"
+            return FinishReason.STOP
         if p.stop and self.matched_stop_str(req) is not None:
-            return "stop"
+            return FinishReason.STOP
         return self._length(req)
 
-    def _length(self, req: Req) -> str | None:
+    def _length(self, req: Req) -> FinishReason | None:
         if len(req.output_ids) >= req.params.max_new_tokens or req.kv_len + 1 >= self.context_len:
-            return "length"
+            return FinishReason.LENGTH
         return None
 
     def matched_stop_str(self, req: Req) -> str | None:

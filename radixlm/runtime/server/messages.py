@@ -12,12 +12,20 @@ Token counts are in tokens; lists in a batch message are parallel (index i = req
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
+from radixlm.errors import (
+    InvalidRequestError,
+    QueueFullError,
+    RadixLMError,
+    RequestTooLargeError,
+    ServerError,
+)
 from radixlm.runtime.sampling.logprobs import LogprobOptions, TokenLogprobs
 from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.sched.finish import FinishReason
 
 
 class GenerateReq(msgspec.Struct, tag="generate", kw_only=True):
@@ -64,24 +72,60 @@ class ControlResp(msgspec.Struct, tag="control"):
     info: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-class ReqError(msgspec.Struct, tag="req_error"):
-    """The scheduler refused a request. status: the HTTP status it maps to (400, 503)."""
+# The errors a refusal can carry, by wire name; `ReqError.error` raises the same type.
+_REFUSALS: dict[str, type[RadixLMError]] = {
+    "invalid_request": InvalidRequestError,
+    "request_too_large": RequestTooLargeError,
+    "queue_full": QueueFullError,
+    "server_error": ServerError,
+}
+_REFUSAL_NAMES = {cls: name for name, cls in _REFUSALS.items()}
+
+RefusalKind = Literal["invalid_request", "request_too_large", "queue_full", "server_error"]
+
+
+class ReqError(msgspec.Struct, tag="req_error", kw_only=True):
+    """The scheduler refused a request; the HTTP process raises the same typed error.
+
+    kind: the error's type (a `_REFUSALS` name; a radixlm error of another type travels
+    as "server_error"). message: its text. param, code: an InvalidRequestError's fields
+    (runtime field names, OpenAI codes), else None.
+    """
 
     rid: str
+    kind: RefusalKind
     message: str
-    status: int
+    param: str | None = None
+    code: str | None = None
+
+    @classmethod
+    def of(cls, rid: str, exc: RadixLMError) -> ReqError:
+        """The refusal of request `rid` by `exc` (its nearest type in `_REFUSALS`)."""
+        kind = next(
+            (_REFUSAL_NAMES[t] for t in type(exc).__mro__ if t in _REFUSAL_NAMES), "server_error"
+        )
+        if isinstance(exc, InvalidRequestError):
+            return cls(rid=rid, kind=kind, message=str(exc), param=exc.param, code=exc.code)
+        return cls(rid=rid, kind=kind, message=str(exc))
+
+    def error(self) -> RadixLMError:
+        """The error to raise for the refused request: `kind`'s type with these fields."""
+        err_type = _REFUSALS[self.kind]
+        if issubclass(err_type, InvalidRequestError):
+            return err_type(self.message, param=self.param, code=self.code)
+        return err_type(self.message)
 
 
 class _BatchOut(msgspec.Struct):
     """Per-step results of several requests (parallel lists, index i = request i).
 
-    finish_reasons[i] is None while request i runs, else "stop", "length" or "abort";
+    finish_reasons[i] is None while request i runs, else its `FinishReason`;
     matched_stops[i] is the EOS / stop token id or stop string that ended it.
     """
 
     rids: list[str]
     new_token_ids: list[list[int]]
-    finish_reasons: list[str | None]
+    finish_reasons: list[FinishReason | None]
     matched_stops: list[int | str | None]
     prompt_tokens: list[int]
     completion_tokens: list[int]

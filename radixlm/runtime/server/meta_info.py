@@ -17,19 +17,20 @@ from collections.abc import Callable
 from typing import Any
 
 from radixlm.runtime.sampling.logprobs import TokenLogprobs
+from radixlm.runtime.sched.finish import FinishReason
 
 Decode = Callable[[int], str] | None
 
 
 def finish_reason_info(
-    reason: str | None, matched_stop: Any, completion_tokens: int | None
+    reason: FinishReason | None, matched_stop: Any, completion_tokens: int | None
 ) -> dict[str, Any] | None:
     """SGLang's finish_reason object: {"type": "stop", "matched": id | str},
     {"type": "length", "length": n}, {"type": "abort"}, or None while running."""
-    if reason == "stop":
-        return {"type": "stop", "matched": matched_stop}
-    if reason == "length":
-        return {"type": "length", "length": completion_tokens}
+    if reason == FinishReason.STOP:
+        return {"type": FinishReason.STOP, "matched": matched_stop}
+    if reason == FinishReason.LENGTH:
+        return {"type": FinishReason.LENGTH, "length": completion_tokens}
     return None if reason is None else {"type": reason}
 
 

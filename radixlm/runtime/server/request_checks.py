@@ -22,20 +22,31 @@ def check_request(
 ) -> None:
     """Reject a request that can never run.
 
-    Raises InvalidRequestError for an empty prompt or a token id (prompt, stop_token_ids,
-    logit_bias keys) outside [0, vocab_size);
-    RequestTooLargeError (an InvalidRequestError) for a prompt of context_len tokens or
-    more, or prompt + max_new_tokens (capped by the context) needing more KV slots than
-    the whole pool holds.
+    Raises InvalidRequestError (code "invalid_value") for an empty prompt or a token id
+    outside [0, vocab_size), with param the field holding it ("prompt", "stop_token_ids",
+    "logit_bias"); RequestTooLargeError (an InvalidRequestError, code
+    "context_length_exceeded") for a prompt of context_len tokens or more (param
+    "prompt"), or prompt + max_new_tokens (capped by the context) needing more KV slots
+    than the whole pool holds (param "max_new_tokens"); see `check_fits`.
     """
     if not ids:
-        raise InvalidRequestError("empty prompt")
+        raise InvalidRequestError("empty prompt", param="prompt", code="invalid_value")
     if min(ids) < 0 or max(ids) >= vocab_size:
-        raise InvalidRequestError(f"token ids must be in [0, {vocab_size})")
+        raise InvalidRequestError(
+            f"token ids must be in [0, {vocab_size})", param="prompt", code="invalid_value"
+        )
     if any(t >= vocab_size for t in params.stop_token_ids):
-        raise InvalidRequestError(f"stop_token_ids must be in [0, {vocab_size})")
+        raise InvalidRequestError(
+            f"stop_token_ids must be in [0, {vocab_size})",
+            param="stop_token_ids",
+            code="invalid_value",
+        )
     if params.logit_bias and max(params.logit_bias) >= vocab_size:
-        raise InvalidRequestError(f"logit_bias keys must be token ids in [0, {vocab_size})")
+        raise InvalidRequestError(
+            f"logit_bias keys must be token ids in [0, {vocab_size})",
+            param="logit_bias",
+            code="invalid_value",
+        )
     check_fits(
         len(ids),
         params.max_new_tokens,

@@ -12,7 +12,7 @@ import logging
 import zmq
 
 from radixlm.config import ServerArgs
-from radixlm.errors import QueueFullError, RadixLMError
+from radixlm.errors import RadixLMError
 from radixlm.runtime.sched.request import Req, ReqOutput
 from radixlm.runtime.server.info import flush_cache, model_facts, server_info
 from radixlm.runtime.server.ipc import IpcPaths, pull_socket, push_socket, run_child
@@ -101,11 +101,8 @@ class SchedulerLoop:
                 msg.rid, msg.input_ids, msg.params, extra_key=msg.extra_key, logprobs=msg.logprobs
             )
             self.scheduler.add_request(req)
-        except QueueFullError as e:
-            self.send.send(encode(ReqError(msg.rid, str(e), 503)))
-            return
-        except RadixLMError as e:
-            self.send.send(encode(ReqError(msg.rid, str(e), 400)))
+        except RadixLMError as e:  # refused (queue full, too large, bad grammar)
+            self.send.send(encode(ReqError.of(msg.rid, e)))
             return
         if msg.params.stop:
             self._stops[msg.rid] = msg.params.stop

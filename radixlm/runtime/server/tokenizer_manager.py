@@ -19,12 +19,7 @@ import zmq
 import zmq.asyncio
 
 from radixlm.config import ServerArgs
-from radixlm.errors import (
-    InvalidRequestError,
-    QueueFullError,
-    RequestTooLargeError,
-    ServerError,
-)
+from radixlm.errors import InvalidRequestError, RequestTooLargeError, ServerError
 from radixlm.runtime.sampling.grammar import GrammarCompiler
 from radixlm.runtime.sampling.logprobs import LogprobOptions
 from radixlm.runtime.sampling.sampler import SamplingParams
@@ -126,26 +121,29 @@ class TokenizerManager:
     def encode(self, text: str) -> list[int]:
         """Token ids of a plain prompt (no special tokens added, as `Engine` does).
 
-        Raises RequestTooLargeError without tokenizing when `text` has more characters than
-        `max_prompt_chars` = context length x the longest token's characters, a bound that
-        makes it certainly longer than the context, and right after tokenizing when the
-        prompt has as many tokens as the context (so a list of long prompts stops at the
-        first one that cannot fit).
+        Raises RequestTooLargeError (param "prompt") without tokenizing when `text` has more
+        characters than `max_prompt_chars` = context length x the longest token's
+        characters, a bound that makes it certainly longer than the context, and right
+        after tokenizing when the prompt has as many tokens as the context (so a list of
+        long prompts stops at the first one that cannot fit).
         """
         self.check_chars(len(text))
         ids = self.tokenizer.encode(text, add_special_tokens=False) if text else []
         if len(ids) >= self.context_len:
             raise RequestTooLargeError(
-                f"prompt has {len(ids)} tokens; the context length is {self.context_len}"
+                f"prompt has {len(ids)} tokens; the context length is {self.context_len}",
+                param="prompt",
             )
         return ids
 
     def check_chars(self, n_chars: int) -> None:
-        """Raise RequestTooLargeError when `n_chars` of text must exceed the context."""
+        """Raise RequestTooLargeError (param "prompt") when `n_chars` of text must exceed
+        the context."""
         if n_chars > self.max_prompt_chars:
             raise RequestTooLargeError(
                 f"the prompt has {n_chars} characters, more than the context length of "
-                f"{self.context_len} tokens can hold"
+                f"{self.context_len} tokens can hold",
+                param="prompt",
             )
 
     def validate(
@@ -177,20 +175,24 @@ class TokenizerManager:
         """Run one request; yield its chunks as they arrive.
 
         Each chunk: ``rid``, ``text`` (new text), ``output_ids`` (new token ids),
-        ``finish_reason`` (None, "stop", "length", "abort"), ``matched_stop``, and
+        ``finish_reason`` (None or a `FinishReason`), ``matched_stop``, and
         ``output_logprobs`` / ``input_logprobs`` (`TokenLogprobs` or None; see
         `ReqOutput`); the last chunk also has ``usage`` {prompt_tokens,
         completion_tokens, cached_tokens}.
 
         Raises InvalidRequestError (bad request, checked before anything is sent, or a
-        duplicate rid), QueueFullError (scheduler queue full), ServerError (shutdown).
+        duplicate rid, param "rid"), QueueFullError (scheduler queue full), ServerError
+        (shutdown); an error the scheduler process refused the request with is raised
+        again here with its type and fields (`ReqError`).
         Closing the iterator before the last chunk aborts the request.
         """
         lp = logprobs or LogprobOptions()
         self.validate(input_ids, params, lp)
         rid = rid or uuid.uuid4().hex
         if rid in self._states:
-            raise InvalidRequestError(f"request id {rid!r} is already in use")
+            raise InvalidRequestError(
+                f"request id {rid!r} is already in use", param="rid", code="invalid_value"
+            )
         if self._send is None:
             raise ServerError("the tokenizer manager is not started")
         state = self._states[rid] = _ReqState()
@@ -261,8 +263,7 @@ class TokenizerManager:
         elif isinstance(msg, ReqError):
             state = self._states.get(msg.rid)
             if state is not None:
-                cls = QueueFullError if msg.status == 503 else InvalidRequestError
-                state.error = cls(msg.message)
+                state.error = msg.error()
                 state.event.set()
         elif isinstance(msg, ControlResp):
             fut = self._control.get(msg.rid)
