@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from radixlm.kernels import ForwardBatch
+    from radixlm.runtime.sched.finish import FinishReason
     from radixlm.runtime.sched.kv_ledger import KVLedger
     from radixlm.runtime.sched.request import Req
     from radixlm.runtime.sched.stop import StopChecker
@@ -45,7 +46,7 @@ class DecodeResult:
 
     reqs: list[Req] = field(default_factory=list)
     new_ids: list[list[int]] = field(default_factory=list)
-    reasons: list[str | None] = field(default_factory=list)
+    reasons: list[FinishReason | None] = field(default_factory=list)
     logprobs: list[Any] = field(default_factory=list)
     decode_tokens: int = 0
 

@@ -54,6 +54,7 @@ from radixlm.runtime.sched.decode import (
     DecodeStrategy,
     NormalDecode,
 )
+from radixlm.runtime.sched.finish import FinishReason
 from radixlm.runtime.sched.kv_ledger import KVLedger
 from radixlm.runtime.sched.request import Req, ReqOutput
 from radixlm.runtime.sched.retraction import NewTokenRatio, retraction_order
@@ -169,21 +170,21 @@ class Scheduler:
         for req in self.waiting:
             if req.rid == rid:
                 self.waiting.remove(req)
-                self._finish(req, "abort", release=False)
+                self._finish(req, FinishReason.ABORT, release=False)
                 return True
         for item in self.compiling:
             if item[0].rid == rid:
                 self.compiling.remove(item)
-                self._finish(item[0], "abort", release=False)
+                self._finish(item[0], FinishReason.ABORT, release=False)
                 return True
         if self.chunked is not None and self.chunked.rid == rid:
             req, self.chunked = self.chunked, None
-            self._finish(req, "abort")
+            self._finish(req, FinishReason.ABORT)
             return True
         for req in self.running:
             if req.rid == rid:
                 self.running.remove(req)
-                self._finish(req, "abort")
+                self._finish(req, FinishReason.ABORT)
                 return True
         return False
 
@@ -209,7 +210,7 @@ class Scheduler:
                 self.grammars.finish(req, job)
             except Exception:
                 logger.exception("request %s: its grammar did not compile; aborting", req.rid)
-                self._finish(req, "abort", release=False)
+                self._finish(req, FinishReason.ABORT, release=False)
                 continue
             self.waiting.append(req)
         self.compiling = still
@@ -383,7 +384,7 @@ class Scheduler:
             if req is self.chunked:
                 self.chunked = None
             self.kv.discard(req)
-            req.finish_reason = "abort"
+            req.finish_reason = FinishReason.ABORT
             self.counters.aborted += 1
             self._pending.append(req.step_output([]))
 
@@ -434,14 +435,14 @@ class Scheduler:
             result.reqs.append(req)
             if req.params.max_new_tokens == 0:
                 result.new_ids.append([])
-                result.reasons.append("length")
+                result.reasons.append(FinishReason.LENGTH)
                 result.logprobs.append(None)
                 continue
             req.output_ids.append(tok)
             grammar_done = self.grammars.accept(req, tok)
             reason = self.stop.check(req, tok)
             if grammar_done:
-                reason = "stop"
+                reason = FinishReason.STOP
             result.new_ids.append([tok])
             result.reasons.append(reason)
             result.logprobs.append(lp)
@@ -465,13 +466,13 @@ class Scheduler:
         return outputs
 
     def _finish(
-        self, req: Req, reason: str, new_ids=(), release: bool = True, logprobs=None
+        self, req: Req, reason: FinishReason, new_ids=(), release: bool = True, logprobs=None
     ) -> ReqOutput:
         req.finish_reason = reason
         if release:
             self.kv.release(req)
         out = req.step_output(list(new_ids), logprobs)
-        if reason == "abort":
+        if reason is FinishReason.ABORT:
             self.counters.aborted += 1
             self._pending.append(out)
         return out

@@ -42,6 +42,7 @@ from radixlm.runtime.executor.batch import extend_batch
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.sampling.random_draw import row_keys
 from radixlm.runtime.sched.decode import DecodeContext, DecodeResult
+from radixlm.runtime.sched.finish import FinishReason
 from radixlm.runtime.sched.kv_ledger import KVLedger
 from radixlm.runtime.sched.request import Req
 from radixlm.runtime.sched.stop import StopChecker
@@ -308,7 +309,7 @@ class SpeculativeDecode:
         return self.runner.last_hidden() if self.drafter.needs_hidden else None
 
 
-def _emit(stop: StopChecker, req: Req, tokens: list[int]) -> tuple[list[int], str | None]:
+def _emit(stop: StopChecker, req: Req, tokens: list[int]) -> tuple[list[int], FinishReason | None]:
     """Append tokens one by one until a stop condition; kv_len follows the invariant
     kv_len == len(all_ids) - 1 at every check (the context limit reads it)."""
     emitted: list[int] = []
