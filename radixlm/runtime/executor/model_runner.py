@@ -16,6 +16,7 @@ from radixlm.kernels import (
     resolve_device,
 )
 from radixlm.kernels.cpu import CpuKernels
+from radixlm.runtime.executor.layers import LayerFactory, TorchLayers, cpu_layers
 from radixlm.runtime.executor.memory import (
     KVPool,
     PagedAllocator,
@@ -24,7 +25,6 @@ from radixlm.runtime.executor.memory import (
     kv_bytes_per_token,
     kv_capacity_tokens,
 )
-from radixlm.runtime.executor.layers import LayerFactory, TorchLayers, cpu_layers
 from radixlm.runtime.executor.model_registry import resolve_model_path
 from radixlm.runtime.executor.models.cpu_linear import FloatPanels, GgufPanels
 from radixlm.runtime.executor.weights import build_model, load_weights, weights_bytes

@@ -137,9 +137,7 @@ class DecoderLayer(nn.Module):
     ):
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
-        self.self_attn = layers.attention(
-            config, layer_id, qkv_bias, o_bias, f"{prefix}.self_attn"
-        )
+        self.self_attn = layers.attention(config, layer_id, qkv_bias, o_bias, f"{prefix}.self_attn")
         self.mlp = layers.mlp(hidden, config.intermediate_size, f"{prefix}.mlp")
         self.input_layernorm = layers.rms_norm(hidden, eps)
         self.post_attention_layernorm = layers.rms_norm(hidden, eps)
