@@ -14,10 +14,32 @@ the graph, with the graph's static batch.
 from __future__ import annotations
 
 import abc
+from typing import NamedTuple
 
 import torch
 
 from radixlm.kernels.forward_batch import ForwardBatch, ForwardMode
+
+
+class FusedLayerTables(NamedTuple):
+    """What a fused layer stack (one kernel running every decoder layer of a step, e.g.
+    `CpuKernels.decode_layers`) needs to do this step's attention itself.
+
+    Attributes:
+        k_buffers, v_buffers: the pool's per-layer K/V buffers [num_slots, Hkv, D].
+        slots: int64 [B, max_len], each request's KV slots in sequence order.
+        seq_lens: int64 [B], tokens per request including the new ones.
+        ext_lens: int64 [B] new tokens per request (causal extend attention), or None when
+            every request has one new token (decode attention).
+        scaling: the softmax scale.
+    """
+
+    k_buffers: list[torch.Tensor]
+    v_buffers: list[torch.Tensor]
+    slots: torch.Tensor
+    seq_lens: torch.Tensor
+    ext_lens: torch.Tensor | None
+    scaling: float
 
 
 class AttentionBackend(abc.ABC):
@@ -63,6 +85,13 @@ class AttentionBackend(abc.ABC):
         if fb.mode is ForwardMode.TARGET_VERIFY:
             return self.forward_verify(q, layer_id, fb)
         return self.forward_extend(q, layer_id, fb)
+
+    def fused_decode_tables(self, fb: ForwardBatch) -> FusedLayerTables | None:
+        """The tables a fused layer stack needs to run this step's attention inside its own
+        kernel, or None when this backend cannot hand the step over (the default): the
+        stack then runs the layers one by one through `forward`. Call after
+        `init_forward_metadata(fb)`."""
+        return None
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write the new tokens' K/V into the pool (default: the pool's own `set_kv`)."""

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from radixlm.kernels.base import FusedLayerTables
 from radixlm.kernels.cpu import KV_DTYPES, CpuKernels
-from radixlm.kernels.forward_batch import ForwardBatch
+from radixlm.kernels.forward_batch import ForwardBatch, ForwardMode
 from radixlm.kernels.torch_native import TorchNativeBackend
 
 
@@ -69,13 +70,23 @@ class CpuNativeBackend(TorchNativeBackend):
         """The C decode kernel stops at each request's length: no mask to build."""
         return None
 
-    def decode_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """This step's (slots int64 [B, max_len], seq_lens int64 [B]) for decode kernels."""
-        return self._slots, self._lens
-
-    def extend_lens(self) -> torch.Tensor:
-        """This step's new tokens per request, int64 [B], for extend kernels."""
-        return self._ext
+    def fused_decode_tables(self, fb: ForwardBatch) -> FusedLayerTables | None:
+        """Tables for `CpuKernels.decode_layers`: every DECODE step, and every causal
+        EXTEND or TARGET_VERIFY step (`causal_step`) when extend attention runs the C
+        kernel (`ext_lens` None when each request has one new token: the decode kernel
+        serves it). None otherwise (tree-masked verifies, head_dim % 16 != 0)."""
+        if fb.mode is ForwardMode.DECODE:
+            ext_lens = None
+        elif self.extend_kernel and causal_step(fb):
+            ext_lens = self._ext
+            if fb.out_cache_loc.shape[0] == ext_lens.shape[0]:
+                ext_lens = None
+        else:
+            return None
+        pool = self.kv_pool
+        return FusedLayerTables(
+            pool.k_buffer, pool.v_buffer, self._slots, self._lens, ext_lens, self.scaling
+        )
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.kernels.store_kv(k.float(), v.float(), *self._layer_kv(layer_id), loc)
@@ -86,3 +97,22 @@ class CpuNativeBackend(TorchNativeBackend):
             q.float(), k_buf, v_buf, self._slots, self._lens, self.scaling
         )
         return out.to(q.dtype)
+
+
+def causal_step(fb: ForwardBatch) -> bool:
+    """Whether every new token of this EXTEND or TARGET_VERIFY step sees exactly its
+    request's cached prefix and the new tokens up to itself: always for EXTEND (chain-draft
+    verifies arrive as EXTEND too), and for a TARGET_VERIFY step whose masks are causal
+    (a draft model's tree steps may be)."""
+    if fb.mode is ForwardMode.EXTEND:
+        return True
+    if fb.mode is not ForwardMode.TARGET_VERIFY or fb.custom_mask is None:
+        return False
+    offset = 0
+    for pre, n in zip(fb.extend_prefix_lens.tolist(), fb.extend_seq_lens.tolist()):
+        mask = fb.custom_mask[offset : offset + n * (pre + n)].view(n, pre + n)
+        offset += n * (pre + n)
+        chain = torch.ones(n, n, dtype=torch.bool).tril_()
+        if not (bool(mask[:, :pre].all()) and torch.equal(mask[:, pre:], chain)):
+            return False
+    return True

@@ -12,6 +12,7 @@ from transformers import LlamaConfig
 
 from radixlm.kernels import ForwardBatch, ForwardMode, create_attention_backend
 from radixlm.runtime.executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
+from radixlm.runtime.executor.layers import TorchLayers
 from radixlm.runtime.executor.memory import KVPool
 from radixlm.runtime.executor.models.llama import LlamaForCausalLM
 from tests.kernels import fake_flashinfer
@@ -69,7 +70,7 @@ def test_padded_replay_equals_eager_decode(backend_name, device, monkeypatch):
         vocab_size=128, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=3, num_key_value_heads=1, max_position_embeddings=64,
     )  # fmt: skip
-    model = LlamaForCausalLM(config).eval().to(device)
+    model = LlamaForCausalLM(config, TorchLayers()).eval().to(device)
     pool = KVPool(200, 2, 1, 16, torch.float32, device)
     for buf in pool.k_buffer + pool.v_buffer:
         buf[1:].normal_()

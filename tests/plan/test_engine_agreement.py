@@ -51,7 +51,7 @@ def engines():
     fp32 = {"weight_format": "fp32"}
     by_tokens = engine_cls(model="smollm2-135m", max_total_tokens=1000, page_size=16, **fp32)
     # a fraction leaving roughly 64 MB of KV after the fp32 weights and, on CPU, the
-    # packed copy of the 49152 x 576 head (radixlm/runtime/executor/models/cpu_layout.py) and its
+    # packed copy of the 49152 x 576 head (radixlm/runtime/executor/layers/packed.py) and its
     # greedy screen's half-size copy with two bound factors per row (head_screen.py)
     head_copies = 49152 * 576 * 4 + 49152 * 576 * 2 + 2 * 49152 * 4
     weights = weights_bytes(load_model("smollm2-135m"), "fp32") + head_copies

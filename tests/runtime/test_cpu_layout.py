@@ -1,4 +1,5 @@
-"""The CPU weight layouts give the nn.Linear results for every row count."""
+"""The CPU layer factories (packed panels, input-major) give the torch layers' results for
+every row count, and report the bytes their layouts add."""
 
 from __future__ import annotations
 
@@ -7,15 +8,24 @@ import torch
 from torch import nn
 
 import radixlm.kernels.cpu as cpu
-from radixlm.runtime.executor.models import cpu_linear
-from radixlm.runtime.executor.models.cpu_layout import (
-    FEW_ROWS,
-    FewRowsHead,
-    InputMajorLinear,
-    PackedHead,
-    PackedLinear,
-    use_cpu_layout,
+from radixlm.runtime.executor.layers import (
+    InputMajorCpuLayers,
+    PackedCpuLayers,
+    TorchLayers,
+    cpu_layers,
 )
+from radixlm.runtime.executor.layers.input_major import FEW_ROWS, FewRowsHead, InputMajorLinear
+from radixlm.runtime.executor.models import cpu_linear
+from radixlm.runtime.executor.models.cpu_linear import PackedHead, PackedLinear
+
+
+def _loaded(layers, module: nn.Module, state: dict) -> nn.Module:
+    """`module` (built by `layers`) with `state` loaded under its checkpoint names and its
+    final storage taken."""
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    assert not missing and not unexpected
+    layers.process_weights_after_loading(module)
+    return module
 
 
 @pytest.mark.parametrize("rows", [1, 2, FEW_ROWS, FEW_ROWS + 1, 17])
@@ -24,8 +34,12 @@ def test_input_major_layouts_match_linear(rows, bias):
     torch.manual_seed(0)
     head = nn.Linear(64, 1000, bias=bias)
     x = torch.randn(rows, 64)
-    torch.testing.assert_close(FewRowsHead(head)(x), head(x), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(InputMajorLinear(head)(x), head(x), rtol=1e-5, atol=1e-5)
+    layers = InputMajorCpuLayers()
+    few_rows = _loaded(layers, layers.lm_head(64, 1000, bias), head.state_dict())
+    linear = _loaded(layers, layers.linear("proj", 64, 1000, bias), head.state_dict())
+    assert isinstance(few_rows, FewRowsHead) and isinstance(linear, InputMajorLinear)
+    torch.testing.assert_close(few_rows(x), head(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(linear(x), head(x), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 17, 40])
@@ -35,24 +49,36 @@ def test_packed_layouts_match_linear(cpu_kernels, monkeypatch, rows, bias):
     head = nn.Linear(64, 1000, bias=bias)
     x = torch.randn(rows, 64)
     monkeypatch.setattr(cpu_linear, "PACKED_HEAD_ROWS", 20)  # 40 rows take F.linear
-    torch.testing.assert_close(PackedHead(head, cpu_kernels)(x), head(x), rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(PackedLinear(head, cpu_kernels)(x), head(x), rtol=1e-5, atol=1e-4)
+    layers = PackedCpuLayers(cpu_kernels, lm_head_screen=False)
+    packed_head = _loaded(layers, layers.lm_head(64, 1000, bias), head.state_dict())
+    proj = _loaded(layers, layers.linear("proj", 64, 1000, bias), head.state_dict())
+    assert isinstance(packed_head, PackedHead) and isinstance(proj.proj, PackedLinear)
+    torch.testing.assert_close(packed_head(x), head(x), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(proj(x), head(x), rtol=1e-5, atol=1e-4)
 
 
-def _tiny_tied_model() -> nn.Module:
+def _tiny_tied_model(layers) -> nn.Module:
+    """An embedding, one projection and a tied head built by `layers`, loaded with random
+    weights (before their post-load step)."""
+    torch.manual_seed(2)
     model = nn.Module()
     model.model = nn.Module()
     model.model.embed = nn.Embedding(1000, 64)
-    model.model.proj = nn.Linear(64, 40)  # 40 outputs: the last panel holds 8 padding columns
-    model.lm_head = nn.Linear(64, 1000, bias=False)
+    # 40 outputs: the last panel holds 8 padding columns
+    model.model.proj = layers.linear("model.proj", 64, 40, True)
+    model.lm_head = layers.lm_head(64, 1000)
+    for p in model.model.proj.parameters():
+        p.data.normal_(0, 0.2)
     model.lm_head.weight = model.model.embed.weight
     return model
 
 
 def test_input_major_conversion_keeps_tied_head_and_counts_the_copy():
-    model = _tiny_tied_model()
+    layers = InputMajorCpuLayers()
+    model = _tiny_tied_model(layers)
     params_before = sum(p.numel() for p in model.parameters())
-    extra = use_cpu_layout(model, None)
+    layers.process_weights_after_loading(model)
+    extra = layers.copy_bytes(model)
     assert extra == 1000 * 64 * 4
     assert isinstance(model.model.proj, InputMajorLinear)
     assert model.model.proj.weight_t.shape == (64, 40)
@@ -62,49 +88,58 @@ def test_input_major_conversion_keeps_tied_head_and_counts_the_copy():
 
 
 def test_packed_conversion_keeps_tied_head_and_counts_panels_and_padding(cpu_kernels):
-    model = _tiny_tied_model()
+    layers = PackedCpuLayers(cpu_kernels)
+    model = _tiny_tied_model(layers)
     x = torch.randn(3, 64)
-    want = model.model.proj(x)
-    extra = use_cpu_layout(model, cpu_kernels)
+    proj = model.model.proj
+    want = torch.nn.functional.linear(x, proj.weight, proj.bias)
+    layers.process_weights_after_loading(model)
+    extra = layers.copy_bytes(model)
     # The head's panels (1000 columns pad to 63 panels = 1008) plus the projection's
     # padding, and the head's greedy screen: its 16-bit copy and two bound factors per row.
     assert extra == 1008 * 64 * 4 + 8 * 64 * 4 + 1008 * 64 * 2 + 2 * 1000 * 4
-    assert isinstance(model.model.proj, PackedLinear) and isinstance(model.lm_head, PackedHead)
+    assert isinstance(proj.proj, PackedLinear) and isinstance(model.lm_head, PackedHead)
     assert model.lm_head.weight is model.model.embed.weight
     assert "lm_head.panels" not in model.state_dict()
-    torch.testing.assert_close(model.model.proj(x), want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(proj(x), want, rtol=1e-5, atol=1e-4)
     # Every panel tensor now lives in the one huge-page mapping, from its 2 MiB boundary.
     arena = model.panel_arena
     base = torch.frombuffer(arena, dtype=torch.float32).data_ptr()
-    ptrs = [model.model.proj.panels.data_ptr(), model.lm_head.panels.data_ptr()]
+    ptrs = [proj.proj.panels.data_ptr(), model.lm_head.panels.data_ptr()]
     ptrs.append(model.lm_head.screen.panels.data_ptr())
     assert all(base <= p < base + len(arena) for p in ptrs)
     assert min(ptrs) % cpu.HUGE_PAGE == 0 and all(p % 64 == 0 for p in ptrs)
 
 
+_CFG = dict(
+    hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+    rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=128,
+)  # fmt: skip
+
+
 def _tiny_layer(layer_id: int = 0, seed: int = 3):
+    """A torch decoder layer with random weights (q/k/v biases), and its RoPE."""
     from types import SimpleNamespace
 
-    from radixlm.runtime.executor.models.llama import DecoderLayer, RotaryEmbedding
+    from radixlm.runtime.executor.models.llama import RotaryEmbedding
 
-    cfg = SimpleNamespace(
-        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-        rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=128,
-    )  # fmt: skip
+    cfg = SimpleNamespace(**_CFG)
     torch.manual_seed(seed)
-    layer = DecoderLayer(cfg, layer_id, qkv_bias=True)
+    layer = TorchLayers().decoder_layer(cfg, layer_id, True, False, f"model.layers.{layer_id}")
     for p in layer.parameters():
         p.data.normal_(0, 0.2)
     return layer, RotaryEmbedding(cfg)
 
 
-def _packed_model(layer, cpu_kernels) -> nn.Module:
-    holder = nn.Module()
-    holder.model = nn.Module()
-    holder.model.layer = layer
-    holder.lm_head = nn.Linear(64, 10, bias=False)
-    use_cpu_layout(holder, cpu_kernels)
-    return holder
+def _packed_layer(layer, cpu_kernels) -> nn.Module:
+    """The packed layer (`PackedCpuLayers.decoder_layer`) loaded with `layer`'s weights."""
+    from types import SimpleNamespace
+
+    layers = PackedCpuLayers(cpu_kernels)
+    packed = layers.decoder_layer(
+        SimpleNamespace(**_CFG), layer.self_attn.layer_id, True, False, "model.layers.0"
+    )
+    return _loaded(layers, packed, layer.state_dict())
 
 
 def test_packed_decoder_layer_equals_the_original(cpu_kernels):
@@ -127,7 +162,7 @@ def test_packed_decoder_layer_equals_the_original(cpu_kernels):
     fb = SimpleNamespace(mode=ForwardMode.EXTEND)
     with torch.inference_mode():
         want = layer(x, rope, EchoBackend(), fb)
-        packed = _packed_model(layer, cpu_kernels).model.layer
+        packed = _packed_layer(layer, cpu_kernels)
         got = packed(x, rope, EchoBackend(), fb)
     assert type(packed).__name__ == "CpuDecoderLayer"
     assert type(packed.self_attn).__name__ == "PackedAttention"
@@ -154,7 +189,7 @@ def test_fused_decode_stack_equals_the_llama_layers(cpu_kernels, step, monkeypat
     output and the same K/V written in every layer as the llama layers in order on
     torch_native."""
     from radixlm.kernels import ForwardMode, create_attention_backend
-    from radixlm.runtime.executor.models.cpu_layout import CpuDecoderLayer, FusedDecodeStack
+    from radixlm.runtime.executor.layers.fused_stack import FusedDecodeStack
     from radixlm.runtime.executor.models.llama import run_in_order
     from tests.kernels.cases import make_case
 
@@ -174,7 +209,7 @@ def test_fused_decode_stack_equals_the_llama_layers(cpu_kernels, step, monkeypat
         )
     rope = rotary(case.fb.positions, torch.float32)
     x = torch.randn(sum(extend), 64)
-    packed = nn.ModuleList(CpuDecoderLayer(layer, cpu_kernels) for layer in layers)
+    packed = nn.ModuleList(_packed_layer(layer, cpu_kernels) for layer in layers)
     calls = []
     decode_layers = cpu_kernels.decode_layers
     monkeypatch.setattr(
@@ -203,20 +238,24 @@ def test_fused_decode_stack_equals_the_llama_layers(cpu_kernels, step, monkeypat
 
 
 def test_fused_decode_stack_rejects_layers_it_cannot_run(cpu_kernels):
-    from radixlm.runtime.executor.models.cpu_layout import CpuDecoderLayer, FusedDecodeStack
+    from radixlm.runtime.executor.layers.fused_stack import FusedDecodeStack
 
     with pytest.raises(ValueError, match="fused-capable"):
         FusedDecodeStack(nn.ModuleList([_tiny_layer()[0]]), cpu_kernels)  # not packed
     with pytest.raises(ValueError, match="fused-capable"):
         FusedDecodeStack(nn.ModuleList(), cpu_kernels)
-    odd = CpuDecoderLayer(_tiny_layer()[0], cpu_kernels)
+    odd = _packed_layer(_tiny_layer()[0], cpu_kernels)
     odd.fused_decode = False  # e.g. a head_dim that is not a multiple of 8
     with pytest.raises(ValueError, match="fused-capable"):
         FusedDecodeStack(nn.ModuleList([odd]), cpu_kernels)
 
 
 def test_other_dtypes_keep_the_input_major_layout(cpu_kernels):
-    model = _tiny_tied_model().to(torch.bfloat16)
-    use_cpu_layout(model, cpu_kernels)
+    layers = cpu_layers(cpu_kernels, torch.bfloat16)
+    assert isinstance(layers, InputMajorCpuLayers)
+    model = _tiny_tied_model(layers).to(torch.bfloat16)
+    layers.process_weights_after_loading(model)
     assert isinstance(model.model.proj, InputMajorLinear)
     assert isinstance(model.lm_head, FewRowsHead)
+    assert isinstance(cpu_layers(cpu_kernels, torch.float32), PackedCpuLayers)
+    assert isinstance(cpu_layers(None, torch.float32), InputMajorCpuLayers)

@@ -149,6 +149,14 @@ def _head(weight: torch.Tensor, bias: bool = False) -> nn.Linear:
     return lin
 
 
+def _packed_head(lin: nn.Linear, kernels) -> PackedHead:
+    """A loaded `PackedHead` holding `lin`'s weight and bias (no screen attached yet)."""
+    head = PackedHead(lin.in_features, lin.out_features, lin.bias is not None, kernels)
+    head.weight, head.bias = lin.weight, lin.bias
+    head.process_weights_after_loading()
+    return head
+
+
 #: float16's spacing just above 1.0, and bfloat16's.
 _H16, _HB = 2.0**-10, 2.0**-7
 
@@ -191,7 +199,7 @@ def test_argmax_logits_give_the_full_heads_argmax(
     cpu_kernels, gemm_isa, screen_form, threads, monkeypatch
 ):
     w = _near_ties()
-    head = PackedHead(_head(w), cpu_kernels)
+    head = _packed_head(_head(w), cpu_kernels)
     assert head.attach_screen() and isinstance(head.screen.product, screen_form)
     picked = _Selected(cpu_kernels, monkeypatch)
     # The pair whose order the copy swaps, and the inputs that score it.
@@ -225,7 +233,7 @@ def test_argmax_logits_give_the_full_heads_argmax(
 
 def test_argmax_logits_fall_back_to_the_full_head(cpu_kernels, screen_form):
     w = _near_ties()
-    head = PackedHead(_head(w), cpu_kernels)
+    head = _packed_head(_head(w), cpu_kernels)
     head.attach_screen()
     x = torch.randn(2, w.shape[1])
     x[1, 3] = math.nan
@@ -238,20 +246,20 @@ def test_argmax_logits_fall_back_to_the_full_head(cpu_kernels, screen_form):
 
 def test_screen_applies_only_to_finite_fp32_heads_without_bias(cpu_kernels, screen_form):
     w = torch.randn(64, 32)
-    assert not PackedHead(_head(w, bias=True), cpu_kernels).attach_screen()
+    assert not _packed_head(_head(w, bias=True), cpu_kernels).attach_screen()
     big = w.clone()
     big[3, 4] = 3.4e38 if screen_form is Bf16Product else 70000.0  # past the copy's range
     assert not ArgmaxScreen.fits(big, cpu_kernels)
-    assert not PackedHead(_head(big), cpu_kernels).attach_screen()
+    assert not _packed_head(_head(big), cpu_kernels).attach_screen()
     with pytest.raises(ValueError, match="not finite in"):
         ArgmaxScreen(big, cpu_kernels)
-    head = PackedHead(_head(w), cpu_kernels)
+    head = _packed_head(_head(w), cpu_kernels)
     panel_bytes = head.extra_bytes
     assert head.attach_screen() and head.screen is not None
     assert head.extra_bytes == panel_bytes + 4 * 32 * 16 * 2 + 2 * 64 * 4  # copy + c1, c2
     x = torch.randn(1, 32)
     assert head.argmax_logits(x).argmax() == head.forward(x).argmax()
-    without = PackedHead(_head(w), cpu_kernels)
+    without = _packed_head(_head(w), cpu_kernels)
     assert torch.equal(without.argmax_logits(x), without.forward(x))
 
 
@@ -299,7 +307,7 @@ def test_overflowing_sums_take_the_full_head(cpu_kernels, monkeypatch, case):
     if form is Bf16Product:
         _need_bf16(cpu_kernels)
     monkeypatch.setattr(ArgmaxScreen, "product_for", staticmethod(lambda kernels: form(kernels)))
-    head = PackedHead(_head(w), cpu_kernels)
+    head = _packed_head(_head(w), cpu_kernels)
     assert head.attach_screen()
     full = head.forward(x)
     assert full[0, 0] == math.inf
@@ -316,12 +324,12 @@ def test_rows_with_a_norm_beyond_float32_get_no_screen(cpu_kernels, screen_form)
     assert ArgmaxScreen.fits(w, cpu_kernels)
     with pytest.raises(ValueError, match="row norm"):
         ArgmaxScreen(w, cpu_kernels)
-    assert not PackedHead(_head(w), cpu_kernels).attach_screen()
+    assert not _packed_head(_head(w), cpu_kernels).attach_screen()
 
 
 def test_too_many_candidates_take_the_full_head(cpu_kernels, screen_form, monkeypatch):
     w = torch.randn(160, 32)
-    head = PackedHead(_head(w), cpu_kernels)
+    head = _packed_head(_head(w), cpu_kernels)
     head.attach_screen()
     picked = _Selected(cpu_kernels, monkeypatch)
     x = torch.zeros(1, 32)  # every logit 0: every row a candidate

@@ -16,6 +16,7 @@ from radixlm.kernels import (
     resolve_device,
 )
 from radixlm.kernels.cpu import CpuKernels
+from radixlm.runtime.executor.layers import LayerFactory, TorchLayers, cpu_layers
 from radixlm.runtime.executor.memory import (
     KVPool,
     PagedAllocator,
@@ -25,9 +26,8 @@ from radixlm.runtime.executor.memory import (
     kv_capacity_tokens,
 )
 from radixlm.runtime.executor.model_registry import resolve_model_path
-from radixlm.runtime.executor.models.cpu_layout import PackedHead, quantized_savings, use_cpu_layout
 from radixlm.runtime.executor.models.cpu_linear import FloatPanels, GgufPanels
-from radixlm.runtime.executor.weights import load_model, weights_bytes
+from radixlm.runtime.executor.weights import build_model, load_weights, weights_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -49,33 +49,25 @@ class ModelRunner:
         self.device = resolve_device(args.device)
         self.dtype = _DTYPES[args.dtype]
         kv_dtype = self.dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
-        self.model = load_model(hf_dir, config, self.dtype, self.device)
+        #: What the model is built of (`executor/layers/`), chosen before it is built.
+        self.layers = self._layer_factory(hf_dir)
+        self.model = load_weights(
+            build_model(config, self.layers), hf_dir, config, self.dtype, self.device
+        )
         self.weights_bytes = weights_bytes(self.model)
-        # CPU decode streams packed (or input-major) weights faster (models/cpu_layout.py);
-        # the head's second layout comes out of the KV budget like the weights.
-        self.weight_copy_bytes = 0
+        self.layers.process_weights_after_loading(self.model)
+        # CPU layouts may keep a second layout of the head (packed panels, a transposed
+        # copy); it comes out of the KV budget like the weights.
+        self.weight_copy_bytes = self.layers.copy_bytes(self.model)
+        self.weights_bytes -= self.layers.saved_bytes(self.model)
         #: The CPU weight layout in use ("packed" panels and C kernels, or "input-major"
         #: for torch's GEMM); None on CUDA.
-        self.cpu_layout: str | None = None
+        self.cpu_layout: str | None = self.layers.cpu_layout
         #: The packed layout's weight format after `--weight-format auto` ("gguf" or
         #: "fp32"; None without packed panels), and how many projections it keeps as
         #: quantized GGUF panels.
-        self.weight_format: str | None = None
-        self.quantized_weights = 0
-        if self.device == "cpu":
-            gemm = CpuKernels.load() if args.cpu_gemm == "auto" else None
-            source = self._panel_source(gemm, hf_dir)
-            self.weight_copy_bytes = use_cpu_layout(
-                self.model, gemm, source, lm_head_screen=not args.disable_lm_head_screen
-            )
-            self.weights_bytes -= quantized_savings(self.model)
-            self.quantized_weights = source.quantized
-            packed = isinstance(self.model.lm_head, PackedHead)
-            self.cpu_layout = "packed" if packed else "input-major"
-            if packed:
-                self.weight_format = "gguf" if isinstance(source, GgufPanels) else "fp32"
-        elif args.weight_format == "gguf":
-            raise ValueError("--weight-format gguf runs on CPU only (radixlm's CPU kernels)")
+        self.weight_format: str | None = self.layers.weight_format
+        self.quantized_weights = self.layers.quantized_weights
 
         attn = self.model.model.layers[0].self_attn
         num_layers = config.num_hidden_layers
@@ -153,6 +145,21 @@ class ModelRunner:
             self.max_total_tokens / self.context_len,
             self.max_total_tokens * self.kv_bytes_per_token / 1e6,
             kv_seconds,
+        )
+
+    def _layer_factory(self, hf_dir) -> LayerFactory:
+        """What the model is built of: plain torch off the CPU; on CPU the packed layout
+        (C kernels unless `--cpu-gemm torch`, fp32, panels per `--weight-format`) or the
+        input-major one (`cpu_layers`). Raises ValueError for `--weight-format gguf` where
+        it cannot apply."""
+        if self.device != "cpu":
+            if self.args.weight_format == "gguf":
+                raise ValueError("--weight-format gguf runs on CPU only (radixlm's CPU kernels)")
+            return TorchLayers()
+        gemm = CpuKernels.load() if self.args.cpu_gemm == "auto" else None
+        source = self._panel_source(gemm, hf_dir)
+        return cpu_layers(
+            gemm, self.dtype, source, lm_head_screen=not self.args.disable_lm_head_screen
         )
 
     def _panel_source(self, kernels: CpuKernels | None, hf_dir) -> FloatPanels:

@@ -1,4 +1,10 @@
-"""Build a model from a Hugging Face directory of safetensors files."""
+"""Build a model from a Hugging Face directory of safetensors files.
+
+The model is built by a `LayerFactory` (`executor/layers/`) whose modules hold their
+weights under the checkpoint's names, so the files' state dict loads with no renaming;
+modules whose final storage differs take it afterwards in their own post-load step
+(`LayerFactory.process_weights_after_loading`).
+"""
 
 from __future__ import annotations
 
@@ -9,20 +15,26 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from radixlm.runtime.executor.layers import LayerFactory, TorchLayers
 from radixlm.runtime.executor.models import get_model_class
 
 logger = logging.getLogger(__name__)
 
 
-def load_model(hf_dir: Path, config, dtype: torch.dtype, device: str) -> nn.Module:
-    """Instantiate the architecture of `config` and load every *.safetensors in `hf_dir`.
-
-    Tensors are cast to `dtype`. A tied lm_head (absent from the files) shares the
-    embedding. Raises RuntimeError naming missing or unexpected tensors.
-    """
-    cls = get_model_class(config)
+def build_model(config, layers: LayerFactory) -> nn.Module:
+    """The architecture of `config` built of `layers`' modules on the meta device (no
+    storage until `load_weights`)."""
     with torch.device("meta"):
-        model = cls(config)
+        return get_model_class(config)(config, layers)
+
+
+def load_weights(model: nn.Module, hf_dir: Path, config, dtype: torch.dtype, device) -> nn.Module:
+    """Load every *.safetensors in `hf_dir` into `model` (from `build_model`), cast to
+    `dtype`, and move it to `device`; returns it in eval mode, before any post-load step.
+
+    A tied lm_head (absent from the files) shares the embedding. Raises FileNotFoundError
+    without files, RuntimeError naming missing or unexpected tensors.
+    """
     state: dict[str, torch.Tensor] = {}
     files = sorted(Path(hf_dir).glob("*.safetensors"))
     if not files:
@@ -40,6 +52,17 @@ def load_model(hf_dir: Path, config, dtype: torch.dtype, device: str) -> nn.Modu
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.to(device).eval()
+
+
+def load_model(
+    hf_dir: Path, config, dtype: torch.dtype, device: str, layers: LayerFactory | None = None
+) -> nn.Module:
+    """Build the architecture of `config` of `layers`' modules (default `TorchLayers`),
+    load its weights (`load_weights`) and give every module its final storage."""
+    layers = layers or TorchLayers()
+    model = load_weights(build_model(config, layers), hf_dir, config, dtype, device)
+    layers.process_weights_after_loading(model)
+    return model
 
 
 def weights_bytes(model: nn.Module) -> int:

@@ -60,6 +60,7 @@ class DraftModelDrafter(ModelTreeDrafter):
         target's pool. Raises ValueError when the vocabularies differ."""
         from transformers import AutoConfig
 
+        from radixlm.runtime.executor.layers import TorchLayers
         from radixlm.runtime.executor.model_registry import local_hf_dir
         from radixlm.runtime.executor.weights import load_model
 
@@ -70,7 +71,7 @@ class DraftModelDrafter(ModelTreeDrafter):
                 f"draft model vocabulary ({config.vocab_size}) differs from the target's "
                 f"({runner.config.vocab_size}); the draft must share the tokenizer"
             )
-        model = load_model(hf_dir, config, runner.dtype, runner.device)
+        model = load_model(hf_dir, config, runner.dtype, runner.device, TorchLayers())
         attn = model.model.layers[0].self_attn
         pool, backend = draft_kv(args, runner, config.num_hidden_layers, attn)
         logger.info(

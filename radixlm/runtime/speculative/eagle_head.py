@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels import ForwardBatch
-from radixlm.runtime.executor.models.llama import DecoderLayer, RotaryEmbedding
+from radixlm.runtime.executor.layers import TorchLayers
+from radixlm.runtime.executor.models.llama import RotaryEmbedding
 
 CONFIG_NAME = "eagle.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -80,7 +81,9 @@ class EagleHead(nn.Module):
         h = cfg.hidden_size
         self.cfg = cfg
         self.fc = nn.Linear(2 * h, h, bias=True)
-        self.layer = DecoderLayer(layer_cfg, 0, getattr(layer_cfg, "attention_bias", False))
+        bias = getattr(layer_cfg, "attention_bias", False)
+        # Plain torch modules: the head is trained as such and loads by their names.
+        self.layer = TorchLayers().decoder_layer(layer_cfg, 0, bias, False, "layer")
         self.rotary = RotaryEmbedding(layer_cfg)
         # Shared with the target; kept out of the state dict.
         object.__setattr__(self, "embed", embed)

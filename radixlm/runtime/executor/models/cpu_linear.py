@@ -1,8 +1,8 @@
-"""The packed-panel linear layers of the CPU layout (`cpu_layout`), and the strategies that
-choose their storage: `FloatPanels` packs fp32 panels, `GgufPanels` keeps a GGUF file's
-Q4_1 / Q8_0 blocks as quantized panels (`kernels.cpu.quant`) wherever they hold exactly the
-loaded fp32 weight, so products are bit for bit the fp32 panels' while a decode step
-streams 0.625 or 1.0625 bytes per weight instead of 4.
+"""The packed-panel linear layers of the packed CPU layout (`layers.packed`), and the
+panel sources that choose their storage: `FloatPanels` packs fp32 panels, `GgufPanels`
+keeps a GGUF file's Q4_1 / Q8_0 blocks as quantized panels (`kernels.cpu.quant`) wherever
+they hold exactly the loaded fp32 weight, so products are bit for bit the fp32 panels'
+while a decode step streams fewer bytes per weight. A new weight format is a new source.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from radixlm.runtime.executor.models.head_screen import ArgmaxScreen
 
 logger = logging.getLogger(__name__)
 
-#: Rows up to which the packed head uses its panels (above: MKL on the original weight,
-#: which is faster for prefill-sized products).
+#: Rows up to which the packed head uses its panels (above: F.linear on the original
+#: weight, faster for prefill-sized products; see docs/perf-notes.md).
 PACKED_HEAD_ROWS = 256
 
 
@@ -80,16 +80,19 @@ class QuantLinear(nn.Module):
 class FloatPanels:
     """Packs every projection as fp32 panels (`PackedLinear`, `PackedHead`)."""
 
+    #: server_info's `weight_format` for this source.
+    format = "fp32"
     #: Projections kept as quantized panels (none here).
     quantized = 0
 
     def linear(self, names: list[str], linears: list[nn.Linear], kernels: CpuKernels):
-        """The packed module computing `linears` (named `names`) side by side."""
+        """The packed module computing the loaded `linears` (named `names`) side by side."""
         return PackedLinear(_fuse(linears) if len(linears) > 1 else linears[0], kernels)
 
-    def head(self, head: nn.Linear, kernels: CpuKernels) -> PackedHead:
-        """The packed lm_head."""
-        return PackedHead(head, kernels)
+    def head_blocks(self, head: nn.Module) -> RawBlocks | None:
+        """Quantized blocks for the loaded lm_head `head` (`weight`, `in_features`), or
+        None for fp32 panels."""
+        return None
 
 
 class GgufPanels(FloatPanels):
@@ -97,6 +100,8 @@ class GgufPanels(FloatPanels):
     name) as quantized panels where every part of a projection has them in one format and
     they dequantize to exactly the loaded fp32 weight (checked at load); other projections
     get fp32 panels. `quantized` counts the projections kept quantized."""
+
+    format = "gguf"
 
     def __init__(self, blocks: dict[str, RawBlocks]):
         self.blocks = blocks
@@ -126,12 +131,11 @@ class GgufPanels(FloatPanels):
         bias = _fuse(linears).bias if len(linears) > 1 else linears[0].bias
         return QuantLinear(blocks, bias, kernels)
 
-    def head(self, head, kernels):
+    def head_blocks(self, head):
         blocks = self._blocks(["lm_head"], [head])
-        if blocks is None:
-            return super().head(head, kernels)
-        self.quantized += 1
-        return PackedHead(head, kernels, blocks)
+        if blocks is not None:
+            self.quantized += 1
+        return blocks
 
 
 def _fuse(linears: list[nn.Linear]) -> nn.Linear:
@@ -147,27 +151,54 @@ def _fuse(linears: list[nn.Linear]) -> nn.Linear:
 
 
 class PackedHead(nn.Module):
-    """lm_head holding `weight` [vocab, hidden] (the original parameter, possibly tied to the
-    embedding) and `panels` of it: fp32 panels, or quantized ones of the GGUF `blocks` of
-    the same values (format `fmt`); packed GEMM for at most `PACKED_HEAD_ROWS` rows,
-    `F.linear` above. forward(x [rows, hidden] fp32) -> logits [rows, vocab] fp32.
+    """lm_head holding `weight` [vocab, hidden] fp32 (possibly tied to the embedding) and,
+    once loaded, `panels` of it (a buffer, never saved): fp32 panels, or quantized ones of
+    the source's GGUF blocks of the same values (format `fmt`); packed GEMM for at most
+    `PACKED_HEAD_ROWS` rows, `F.linear` above. forward(x [rows, hidden] fp32) -> logits
+    [rows, vocab] fp32, after `process_weights_after_loading`.
 
     `argmax_logits` serves greedy-only batches: with an `ArgmaxScreen` attached
-    (`attach_screen`), up to `screen.rows` rows read the head's half-size copy and compute
-    exact logits only where the argmax can be."""
+    (`attach_screen`; at load when `screen`), up to `screen.rows` rows read the head's
+    half-size copy and compute exact logits only where the argmax can be.
 
-    def __init__(self, head: nn.Linear, gemm: CpuKernels, blocks: RawBlocks | None = None):
+    Args:
+        hidden, vocab: the weight's shape [vocab, hidden]. bias: whether it has `bias`.
+        gemm: the loaded `CpuKernels`. source: the panel source (default `FloatPanels`).
+        screen: whether loading attaches the greedy screen.
+    """
+
+    def __init__(
+        self,
+        hidden: int,
+        vocab: int,
+        bias: bool,
+        gemm: CpuKernels,
+        source: FloatPanels | None = None,
+        screen: bool = False,
+    ):
         super().__init__()
-        self.weight = head.weight
-        self.bias = head.bias
-        if blocks is None:
-            self.fmt, panels = quant.FP32, pack_panels(head.weight)
-        else:
-            self.fmt, panels = blocks.fmt, quant.pack_blocks(blocks.data, blocks.fmt, blocks.k)
-        self.register_buffer("panels", panels, persistent=False)
+        self.in_features, self.out_features = hidden, vocab
+        self.weight = nn.Parameter(torch.empty(vocab, hidden), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(vocab), requires_grad=False) if bias else None
+        self.register_buffer("panels", None, persistent=False)
+        self.fmt: int | None = None
         self._gemm = gemm
+        self._source = source or FloatPanels()
+        self._attach = screen
         #: The greedy screen (`attach_screen`), or None.
         self.screen: ArgmaxScreen | None = None
+
+    def process_weights_after_loading(self) -> None:
+        """Pack the loaded weight (quantized where the source has its blocks) and attach
+        the greedy screen when asked."""
+        blocks = self._source.head_blocks(self)
+        if blocks is None:
+            self.fmt, self.panels = quant.FP32, pack_panels(self.weight.detach())
+        else:
+            self.fmt = blocks.fmt
+            self.panels = quant.pack_blocks(blocks.data, blocks.fmt, blocks.k)
+        if self._attach:
+            self.attach_screen()
 
     def attach_screen(self) -> bool:
         """Build the head's `ArgmaxScreen` where it applies: fp32 panels, no bias, a weight

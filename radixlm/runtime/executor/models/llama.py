@@ -1,17 +1,25 @@
 """Llama-family decoder (Llama, Mistral, Qwen2): RoPE, RMSNorm, GQA, SwiGLU, tied or untied head.
 
-Parameter names equal the Hugging Face ones, so a HF state dict loads directly. Attention
-goes through the `AttentionBackend` the caller passes; the model never branches on it.
+Parameter names equal the Hugging Face ones, so a HF state dict loads directly. Every
+projection, norm, attention, MLP, decoder layer, head and the runner of the layer stack
+comes from the `LayerFactory` the model is built with (`runtime/executor/layers/`); the
+classes here are the plain-torch implementations `TorchLayers` hands out. Attention goes
+through the `AttentionBackend` the caller passes; the model never branches on it.
 Reference: Touvron et al. 2023 (Llama 2), Su et al. 2021 (RoPE), Zhang & Sennrich 2019 (RMSNorm).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels import AttentionBackend, ForwardBatch, ForwardMode
+
+if TYPE_CHECKING:
+    from radixlm.runtime.executor.layers import LayerFactory
 
 
 class RMSNorm(nn.Module):
@@ -77,19 +85,23 @@ def _head_dim(config) -> int:
 
 
 class Attention(nn.Module):
-    """GQA self-attention: q/k/v projections, RoPE, backend attention, output projection."""
+    """GQA self-attention: q/k/v projections, RoPE, backend attention, output projection.
+    The projections are `layers.linear` modules named `{prefix}.q_proj` etc."""
 
-    def __init__(self, config, layer_id: int, qkv_bias: bool, o_bias: bool = False):
+    def __init__(
+        self, config, layer_id: int, qkv_bias: bool, o_bias: bool, layers: LayerFactory, prefix: str
+    ):
         super().__init__()
         self.layer_id = layer_id
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = _head_dim(config)
-        hidden = config.hidden_size
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=o_bias)
+        hidden, q_out = config.hidden_size, self.num_heads * self.head_dim
+        kv_out = self.num_kv_heads * self.head_dim
+        self.q_proj = layers.linear(f"{prefix}.q_proj", hidden, q_out, qkv_bias)
+        self.k_proj = layers.linear(f"{prefix}.k_proj", hidden, kv_out, qkv_bias)
+        self.v_proj = layers.linear(f"{prefix}.v_proj", hidden, kv_out, qkv_bias)
+        self.o_proj = layers.linear(f"{prefix}.o_proj", q_out, hidden, o_bias)
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], backend: AttentionBackend, fb):
         t = x.shape[0]
@@ -103,27 +115,32 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)) (Shazeer 2020)."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)) (Shazeer 2020), of `layers.linear`
+    projections named `{prefix}.gate_proj` etc."""
 
-    def __init__(self, hidden: int, intermediate: int):
+    def __init__(self, hidden: int, intermediate: int, layers: LayerFactory, prefix: str):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_proj = layers.linear(f"{prefix}.gate_proj", hidden, intermediate, False)
+        self.up_proj = layers.linear(f"{prefix}.up_proj", hidden, intermediate, False)
+        self.down_proj = layers.linear(f"{prefix}.down_proj", intermediate, hidden, False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)); its attention, MLP and
+    norms come from `layers` (named under `prefix`, e.g. "model.layers.0")."""
 
-    def __init__(self, config, layer_id: int, qkv_bias: bool, o_bias: bool = False):
+    def __init__(
+        self, config, layer_id: int, qkv_bias: bool, o_bias: bool, layers: LayerFactory, prefix: str
+    ):
         super().__init__()
-        self.self_attn = Attention(config, layer_id, qkv_bias, o_bias)
-        self.mlp = MLP(config.hidden_size, config.intermediate_size)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.self_attn = layers.attention(config, layer_id, qkv_bias, o_bias, f"{prefix}.self_attn")
+        self.mlp = layers.mlp(hidden, config.intermediate_size, f"{prefix}.mlp")
+        self.input_layernorm = layers.rms_norm(hidden, eps)
+        self.post_attention_layernorm = layers.rms_norm(hidden, eps)
 
     def forward(self, x, rope, backend, fb):
         x = x + self.self_attn(self.input_layernorm(x), rope, backend, fb)
@@ -132,7 +149,7 @@ class DecoderLayer(nn.Module):
 
 def run_in_order(layers: nn.ModuleList, x, rope, backend, fb) -> torch.Tensor:
     """The decoder layers one after another: x float [T, hidden] -> [T, hidden]. The
-    default `LlamaModel.run_layers` (`cpu_layout` installs a fused one for CPU decode)."""
+    plain layer runner (`LayerFactory.layer_runner`)."""
     for layer in layers:
         x = layer(x, rope, backend, fb)
     return x
@@ -140,17 +157,25 @@ def run_in_order(layers: nn.ModuleList, x, rope, backend, fb) -> torch.Tensor:
 
 class LlamaModel(nn.Module):
     """Embedding, decoder layers and final norm. `run_layers(layers, x, rope, backend, fb)`
-    is the strategy that runs the layers (`run_in_order`)."""
+    is what runs the layers: `run_in_order` until the weights are loaded, then the one
+    `layers.layer_runner` picks for the final layers (`process_weights_after_loading`)."""
 
-    def __init__(self, config, qkv_bias: bool, o_bias: bool = False):
+    def __init__(self, config, qkv_bias: bool, o_bias: bool, layers: LayerFactory):
         super().__init__()
         self.run_layers = run_in_order
+        self._layer_runner = layers.layer_runner
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, qkv_bias, o_bias) for i in range(config.num_hidden_layers)
+            layers.decoder_layer(config, i, qkv_bias, o_bias, f"model.layers.{i}")
+            for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = layers.rms_norm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
+
+    def process_weights_after_loading(self) -> None:
+        """Pick the layer runner once the layers hold their final weights (the loader calls
+        this after every layer's own post-load step)."""
+        self.run_layers = self._layer_runner(self.layers)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -158,6 +183,7 @@ class LlamaForCausalLM(nn.Module):
 
     Args:
         config: a transformers Llama/Mistral/Qwen2 config.
+        layers: the `LayerFactory` every block and the head come from.
     """
 
     qkv_bias_default = False
@@ -168,13 +194,13 @@ class LlamaForCausalLM(nn.Module):
     capture_hidden = False
     last_hidden: torch.Tensor | None = None
 
-    def __init__(self, config):
+    def __init__(self, config, layers: LayerFactory):
         super().__init__()
         self.config = config
         qkv_bias = getattr(config, "attention_bias", self.qkv_bias_default)
         o_bias = self.o_bias_with_attention_bias and bool(getattr(config, "attention_bias", False))
-        self.model = LlamaModel(config, qkv_bias, o_bias)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.model = LlamaModel(config, qkv_bias, o_bias, layers)
+        self.lm_head = layers.lm_head(config.hidden_size, config.vocab_size)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
 
