@@ -33,7 +33,7 @@ import radixlm  # noqa: F401  (before torch: it sets libgomp's wait policy, omp_
 import torch
 
 from radixlm import Engine
-from radixlm.runtime.executor.models.llama import run_in_order
+from radixlm.runtime.executor.layers.blocks import run_in_order
 
 VARIANTS = ("torch", "packed", "fused", "gguf")
 #: Variant -> the engine it runs on.

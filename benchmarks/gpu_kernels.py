@@ -219,7 +219,7 @@ def elementwise_rows(device: str, timer: Timer, copy_gbs: float) -> list[dict[st
     import torch.nn.functional as F
 
     from radixlm.kernels.triton import rms_norm, silu_and_mul
-    from radixlm.runtime.executor.models.llama import RMSNorm
+    from radixlm.runtime.executor.layers.blocks import RMSNorm
 
     dtype = torch.bfloat16
     hidden, ffn = SMOLLM2_SHAPE["hidden_size"], SMOLLM2_SHAPE["intermediate_size"]

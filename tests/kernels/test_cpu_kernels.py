@@ -14,7 +14,7 @@ import radixlm.kernels.cpu as cpu
 import radixlm.kernels.cpu.build as cpu_build
 import radixlm.kernels.cpu.weights as cpu_weights
 from radixlm.kernels.cpu import CpuKernels, pack_panels
-from radixlm.runtime.executor.models.llama import RMSNorm, apply_rotary
+from radixlm.runtime.executor.layers.blocks import RMSNorm, apply_rotary
 
 
 def test_pack_panels_layout():

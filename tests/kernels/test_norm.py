@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixlm.runtime.executor.models.llama import RMSNorm
+from radixlm.runtime.executor.layers.blocks import RMSNorm
 
 
 @pytest.mark.parametrize("hidden", [64, 96])

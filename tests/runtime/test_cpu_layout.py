@@ -14,9 +14,9 @@ from radixlm.runtime.executor.layers import (
     TorchLayers,
     cpu_layers,
 )
+from radixlm.runtime.executor.layers.cpu_linear import PackedHead, PackedLinear
 from radixlm.runtime.executor.layers.input_major import FEW_ROWS, FewRowsHead, InputMajorLinear
-from radixlm.runtime.executor.models import cpu_linear
-from radixlm.runtime.executor.models.cpu_linear import PackedHead, PackedLinear
+from radixlm.runtime.executor.layers import cpu_linear
 
 
 def _loaded(layers, module: nn.Module, state: dict) -> nn.Module:
@@ -121,7 +121,7 @@ def _tiny_layer(layer_id: int = 0, seed: int = 3):
     """A torch decoder layer with random weights (q/k/v biases), and its RoPE."""
     from types import SimpleNamespace
 
-    from radixlm.runtime.executor.models.llama import RotaryEmbedding
+    from radixlm.runtime.executor.layers.blocks import RotaryEmbedding
 
     cfg = SimpleNamespace(**_CFG)
     torch.manual_seed(seed)
@@ -189,8 +189,8 @@ def test_fused_decode_stack_equals_the_llama_layers(cpu_kernels, step, monkeypat
     output and the same K/V written in every layer as the llama layers in order on
     torch_native."""
     from radixlm.kernels import ForwardMode, create_attention_backend
+    from radixlm.runtime.executor.layers.blocks import run_in_order
     from radixlm.runtime.executor.layers.fused_stack import FusedDecodeStack
-    from radixlm.runtime.executor.models.llama import run_in_order
     from tests.kernels.cases import make_case
 
     mode, extend, fused = STEPS[step]

@@ -14,8 +14,8 @@ from torch import nn
 from radixlm import Engine
 from radixlm.kernels.cpu import quant
 from radixlm.runtime.executor import gguf_blocks
+from radixlm.runtime.executor.layers.cpu_linear import GgufPanels, PackedLinear, QuantLinear
 from radixlm.runtime.executor.model_registry import resolve_model_path
-from radixlm.runtime.executor.models.cpu_linear import GgufPanels, PackedLinear, QuantLinear
 from tests.kernels.test_quant_gemm import random_blocks
 from tests.runtime.conftest import MODEL, greedy
 

@@ -3,7 +3,7 @@
  * (the fp32 panel layout of packed_gemm.c, at 2 bytes a weight). Each weight is widened to
  * fp32 exactly (F16C `vcvtph2ps`) and multiplied and summed in fp32.
  *
- * It serves the greedy screen of the LM head (runtime/executor/models/head_screen.py): at a few
+ * It serves the greedy screen of the LM head (runtime/executor/layers/head_screen.py): at a few
  * rows the head's product is bound by the bytes it streams, and fp16 panels halve them.
  * The screen's error bound holds for any summation order, so the k loop keeps several
  * partial sums per column (independent FMA chains) and adds them at the end; the results
@@ -285,7 +285,7 @@ static inline __m256 radius8(__m256 m1, __m256 m2, const float *c1, const float 
                          pad);
 }
 
-/* The greedy screen's candidates (runtime/executor/models/head_screen.py): approx [M, V] logits;
+/* The greedy screen's candidates (runtime/executor/layers/head_screen.py): approx [M, V] logits;
  * each one's error radius is n1[b] c1[i] + n2[b] c2[i] + pad (c1, c2 [V] per vocabulary row,
  * n1, n2 [M] per row of x). Row b's floor is max_i (approx[b, i] - radius); vocabulary row
  * i is a candidate when approx[b, i] + radius >= floor_b for some b. Writes the candidates

@@ -1,5 +1,5 @@
 """The LM head greedy screen's kernels (`half_gemm.c`; used by
-`runtime/executor/models/head_screen.py`): the GEMM of a few rows over fp16 panels, over bfloat16
+`runtime/executor/layers/head_screen.py`): the GEMM of a few rows over fp16 panels, over bfloat16
 pair panels with AVX-512 BF16, and the candidate selection. `CpuKernels` inherits them."""
 
 from __future__ import annotations

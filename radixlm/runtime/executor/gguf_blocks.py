@@ -1,5 +1,5 @@
 """Read a GGUF file's quantized projection weights as raw blocks, under Hugging Face names,
-for the CPU layout that keeps them quantized (`models.cpu_linear.GgufPanels`).
+for the CPU layout that keeps them quantized (`layers.cpu_linear.GgufPanels`).
 
 Reading the file with the `gguf` package takes seconds (it parses the whole vocabulary), so
 the blocks are cached beside the fp32 conversion (`BLOCKS_FILE` under the converted

@@ -17,6 +17,7 @@ from radixlm.kernels import (
 )
 from radixlm.kernels.cpu import CpuKernels
 from radixlm.runtime.executor.layers import LayerFactory, TorchLayers, cpu_layers
+from radixlm.runtime.executor.layers.cpu_linear import FloatPanels, GgufPanels
 from radixlm.runtime.executor.memory import (
     KVPool,
     PagedAllocator,
@@ -26,7 +27,6 @@ from radixlm.runtime.executor.memory import (
     kv_capacity_tokens,
 )
 from radixlm.runtime.executor.model_registry import resolve_model_path
-from radixlm.runtime.executor.models.cpu_linear import FloatPanels, GgufPanels
 from radixlm.runtime.executor.weights import build_model, load_weights, weights_bytes
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from torch import nn
 
 from radixlm.kernels import ForwardBatch
 from radixlm.runtime.executor.layers import TorchLayers
-from radixlm.runtime.executor.models.llama import RotaryEmbedding
+from radixlm.runtime.executor.layers.blocks import RotaryEmbedding
 
 CONFIG_NAME = "eagle.json"
 WEIGHTS_NAME = "model.safetensors"

@@ -11,9 +11,9 @@ import torch
 
 from radixlm.kernels.cpu import CpuKernels
 from radixlm.runtime.executor.layers.base import LayerFactory, TorchLayers
+from radixlm.runtime.executor.layers.cpu_linear import FloatPanels
 from radixlm.runtime.executor.layers.input_major import InputMajorCpuLayers
 from radixlm.runtime.executor.layers.packed import PackedCpuLayers
-from radixlm.runtime.executor.models.cpu_linear import FloatPanels
 
 
 def cpu_layers(

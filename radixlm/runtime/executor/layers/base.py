@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from radixlm.runtime.executor.models.llama import (
+from radixlm.runtime.executor.layers.blocks import (
     MLP,
     Attention,
     DecoderLayer,
@@ -37,7 +37,7 @@ LayerRunner = Callable[..., torch.Tensor]
 
 class LayerFactory(abc.ABC):
     """Builds a model's layers. Subclasses give `linear` and `lm_head`; the default
-    attention, MLP, norm and decoder layer are the torch ones of `models.llama` built on
+    attention, MLP, norm and decoder layer are the torch ones of `layers.blocks` built on
     those projections, run in order.
 
     Module names passed in (`name`, `prefix`) are the HF module names, e.g.

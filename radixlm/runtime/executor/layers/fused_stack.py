@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from radixlm.kernels.cpu import CpuKernels, LayerSpec
-from radixlm.runtime.executor.models.llama import run_in_order
+from radixlm.runtime.executor.layers.blocks import run_in_order
 
 
 class FusedDecodeStack:

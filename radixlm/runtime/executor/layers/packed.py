@@ -24,14 +24,14 @@ from torch import nn
 
 from radixlm.kernels.cpu import CpuKernels, LayerSpec, into_huge_pages
 from radixlm.runtime.executor.layers.base import LayerFactory, LayerRunner
-from radixlm.runtime.executor.layers.fused_stack import FusedDecodeStack, fusable
-from radixlm.runtime.executor.models.cpu_linear import (
+from radixlm.runtime.executor.layers.blocks import DecoderLayer, RMSNorm, head_dim_of, run_in_order
+from radixlm.runtime.executor.layers.cpu_linear import (
     FloatPanels,
     PackedHead,
     PackedLinear,
     QuantLinear,
 )
-from radixlm.runtime.executor.models.llama import DecoderLayer, RMSNorm, _head_dim, run_in_order
+from radixlm.runtime.executor.layers.fused_stack import FusedDecodeStack, fusable
 
 
 class PackedAttention(nn.Module):
@@ -57,7 +57,7 @@ class PackedAttention(nn.Module):
         self.layer_id = layer_id
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = _head_dim(config)
+        self.head_dim = head_dim_of(config)
         hidden, q_out = config.hidden_size, self.num_heads * self.head_dim
         kv_out = self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(hidden, q_out, bias=qkv_bias)

@@ -15,7 +15,7 @@ from torch import nn
 
 from radixlm.kernels.cpu import CpuKernels, pack_panels, quant
 from radixlm.runtime.executor.gguf_blocks import RawBlocks
-from radixlm.runtime.executor.models.head_screen import ArgmaxScreen
+from radixlm.runtime.executor.layers.head_screen import ArgmaxScreen
 
 logger = logging.getLogger(__name__)
 
