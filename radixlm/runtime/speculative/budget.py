@@ -26,9 +26,10 @@ tree, so a timing-dependent tree would break "same seed, same output" (greedy ou
 the same for every budget). Clients that send a seed with every sampled request get the
 fixed budget for those requests.
 
-What this buys depends on the measured curve: on a 2-core CPU a batch-1 step costs
-about the same for 1 or 5 rows, so drafts pay even at modest acceptance; at batch 16-64
-each extra row costs its full compute and only well-accepted drafts pay. Approximations:
+What this buys depends on the measured curve: where a step is memory-bound (small
+batches) extra rows are nearly free and drafts pay even at modest acceptance; where it
+is compute-bound each extra row costs its full compute and only well-accepted drafts pay
+(docs/speculative.md). Approximations:
 tree drafts (--speculative-topk > 1) are priced by node as if each were the next link
 of a chain, and a drafter with its own forward (a draft model, EAGLE) costs per draft
 level rather than per row; the measured t includes that cost only as far as it shows

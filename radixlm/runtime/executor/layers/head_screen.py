@@ -2,7 +2,7 @@
 
 A greedy step needs only the argmax of each row's logits l = W x (W [V, K] fp32). The
 head's GEMM is a large share of a decode step (SmolLM2-135M: 113 MB of the 538 MB a
-batch-1 step streams; at batch 16, 15% of the step's time), so `ArgmaxScreen` first
+batch-1 step streams), so `ArgmaxScreen` first
 computes approximate logits a from a half-size copy of W (half the bytes; on AVX-512 BF16
 also twice the products per instruction), bounds each one's error, and computes exact
 logits only for the candidates the bound cannot rule out. The argmax equals the one over
@@ -87,10 +87,8 @@ class CopyProduct:
 class Fp16Product(CopyProduct):
     """The fp16 form: panels float16 [ceil(V / 16), K, 16] (`CpuKernels.hmm`).
 
-    Measured on the 2-core AMD EPYC (Zen 4), SmolLM2-135M's head (49152 x 576), medians
-    of 11 alternated calls: against the fp32 GEMM it takes 0.47x / 0.45x / 0.57x of the
-    time at 1 / 2 / 4 rows on 1 thread and 0.50x / 0.52x / 0.55x on 2; at 8 rows it is
-    slower (1.25x / 1.10x), so it serves at most `rows` = 4.
+    It is faster than the fp32 GEMM up to 4 rows and slower from 8, so it serves at most
+    `rows` = 4 (figures in docs/perf-notes.md, "The LM head's greedy screen").
     """
 
     rows = 4
@@ -113,10 +111,8 @@ class Bf16Product(CopyProduct):
     """The bfloat16 form: pair panels bfloat16 [ceil(V / 16), ceil(K / 2), 16, 2]
     (`CpuKernels.bmm`, AVX-512 BF16), x rounded to bfloat16 (nearest even).
 
-    Measured as `Fp16Product`'s: against the fp32 GEMM 0.56x / 0.58x / 0.57x / 0.61x /
-    0.73x at 1 / 2 / 4 / 8 / 16 rows on 1 thread, 0.51x / 0.52x / 0.52x / 0.58x / 0.75x on
-    2; it serves up to `rows` = 16. The copy's entries below 2^-40 in magnitude are zero
-    (`flush`).
+    It is faster than the fp32 GEMM up to 16 rows, so it serves up to `rows` = 16 (figures
+    in docs/perf-notes.md). The copy's entries below 2^-40 in magnitude are zero (`flush`).
     """
 
     rows = 16
