@@ -72,7 +72,7 @@ class LayerFactory(abc.ABC):
     def attention(
         self, config, layer_id: int, qkv_bias: bool, o_bias: bool, prefix: str
     ) -> nn.Module:
-        """GQA self-attention with RoPE (`models.llama.Attention`'s forward signature and
+        """GQA self-attention with RoPE (`blocks.Attention`'s forward signature and
         num_heads, num_kv_heads, head_dim, layer_id attributes)."""
         return Attention(config, layer_id, qkv_bias, o_bias, self, prefix)
 
@@ -83,7 +83,7 @@ class LayerFactory(abc.ABC):
     def decoder_layer(
         self, config, layer_id: int, qkv_bias: bool, o_bias: bool, prefix: str
     ) -> nn.Module:
-        """One pre-norm decoder block (`models.llama.DecoderLayer`)."""
+        """One pre-norm decoder block (`blocks.DecoderLayer`)."""
         return DecoderLayer(config, layer_id, qkv_bias, o_bias, self, prefix)
 
     def layer_runner(self, layers: nn.ModuleList) -> LayerRunner:
@@ -110,7 +110,7 @@ class LayerFactory(abc.ABC):
 
 
 class TorchLayers(LayerFactory):
-    """Plain torch modules (nn.Linear, `models.llama`'s blocks), run in order: the reference
+    """Plain torch modules (nn.Linear, `layers.blocks`), run in order: the reference
     implementation and the CUDA path. Nothing to do after loading."""
 
     def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> nn.Module:

@@ -23,8 +23,14 @@ import torch
 from torch import nn
 
 from radixlm.kernels.cpu import CpuKernels, LayerSpec, into_huge_pages
-from radixlm.runtime.executor.layers.base import LayerFactory, LayerRunner
-from radixlm.runtime.executor.layers.blocks import DecoderLayer, RMSNorm, head_dim_of, run_in_order
+from radixlm.runtime.executor.layers.base import LayerFactory, LayerRunner, TorchLayers
+from radixlm.runtime.executor.layers.blocks import (
+    MLP,
+    Attention,
+    DecoderLayer,
+    RMSNorm,
+    run_in_order,
+)
 from radixlm.runtime.executor.layers.cpu_linear import (
     FloatPanels,
     PackedHead,
@@ -34,8 +40,8 @@ from radixlm.runtime.executor.layers.cpu_linear import (
 from radixlm.runtime.executor.layers.fused_stack import FusedDecodeStack, fusable
 
 
-class PackedAttention(nn.Module):
-    """`models.llama.Attention` with q/k/v fused into one packed product (`qkv_proj`) and
+class PackedAttention(Attention):
+    """`blocks.Attention` with q/k/v fused into one packed product (`qkv_proj`) and
     RoPE applied in place by the C kernel. Same forward signature and result.
 
     Loads `q_proj`, `k_proj`, `v_proj`, `o_proj` (nn.Linear holders named as in the
@@ -53,17 +59,8 @@ class PackedAttention(nn.Module):
         source: FloatPanels,
         prefix: str,
     ):
-        super().__init__()
-        self.layer_id = layer_id
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = head_dim_of(config)
-        hidden, q_out = config.hidden_size, self.num_heads * self.head_dim
-        kv_out = self.num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(hidden, q_out, bias=qkv_bias)
-        self.k_proj = nn.Linear(hidden, kv_out, bias=qkv_bias)
-        self.v_proj = nn.Linear(hidden, kv_out, bias=qkv_bias)
-        self.o_proj = nn.Linear(q_out, hidden, bias=o_bias)
+        # nn.Linear holders under the checkpoint's names, packed after loading.
+        super().__init__(config, layer_id, qkv_bias, o_bias, TorchLayers(), prefix)
         self._kernels, self._source, self._prefix = kernels, source, prefix
 
     def process_weights_after_loading(self) -> None:
@@ -84,18 +81,15 @@ class PackedAttention(nn.Module):
         return self.o_proj(o.reshape(t, h * d))
 
 
-class PackedMLP(nn.Module):
-    """`models.llama.MLP` with gate/up fused into one packed product (`gate_up_proj`) and
+class PackedMLP(MLP):
+    """`blocks.MLP` with gate/up fused into one packed product (`gate_up_proj`) and
     silu(gate) * up in one C call. Loads `gate_proj`, `up_proj`, `down_proj` (nn.Linear
     holders); `process_weights_after_loading` packs them."""
 
     def __init__(
         self, hidden: int, intermediate: int, kernels: CpuKernels, source: FloatPanels, prefix: str
     ):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        super().__init__(hidden, intermediate, TorchLayers(), prefix)
         self._kernels, self._source, self._prefix = kernels, source, prefix
 
     def process_weights_after_loading(self) -> None:
@@ -140,7 +134,7 @@ class PackedProjection(nn.Module):
 
 
 class CpuRMSNorm(RMSNorm):
-    """`models.llama.RMSNorm` (same `weight`, `eps`) as one C call; fp32 [rows, dim]."""
+    """`blocks.RMSNorm` (same `weight`, `eps`) as one C call; fp32 [rows, dim]."""
 
     def __init__(self, dim: int, eps: float, kernels: CpuKernels):
         super().__init__(dim, eps)
@@ -151,7 +145,7 @@ class CpuRMSNorm(RMSNorm):
 
 
 class CpuDecoderLayer(DecoderLayer):
-    """`models.llama.DecoderLayer` of packed attention, MLP and C norms; forward calls the
+    """`blocks.DecoderLayer` of packed attention, MLP and C norms; forward calls the
     modules as the original does. Once loaded, `spec` (sizes, formats) and `weights()`
     describe the layer to the C decode stack (`FusedDecodeStack`), which takes it when
     `fused_decode` (shapes it supports)."""
