@@ -37,9 +37,9 @@ from compare_engines import RADIXLM_KV_TOKENS, build_workloads  # noqa: E402
 from report import print_table_and_save  # noqa: E402
 
 from radixlm.kernels.cpu import CpuKernels  # noqa: E402
+from radixlm.runtime.executor.layers import head_screen  # noqa: E402
 from radixlm.runtime.executor.layers.cpu_linear import PackedHead  # noqa: E402
 from radixlm.runtime.executor.model_registry import local_hf_dir  # noqa: E402
-from radixlm.runtime.executor.layers import head_screen  # noqa: E402
 
 MODEL = "smollm2-135m"
 

@@ -8,6 +8,19 @@ import torch
 torch.set_num_threads(1)
 
 
+def pytest_sessionstart(session):
+    """Convert the bundled GGUF model once, before any test runs: on a fresh machine the
+    conversion's progress bar would otherwise land in the output of whichever test loads
+    the model first (tests that check a command's exact stderr among them)."""
+    from radixlm.errors import ModelNotFoundError
+    from radixlm.runtime import local_hf_dir
+
+    try:
+        local_hf_dir("smollm2-135m")
+    except ModelNotFoundError:
+        pass  # the model package is not installed: the tests that need it skip or fail
+
+
 @pytest.fixture(scope="session")
 def cpu_kernels():
     """radixlm's compiled CPU kernels (`CpuKernels`); skips where they cannot be built."""

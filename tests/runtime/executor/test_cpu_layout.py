@@ -13,10 +13,10 @@ from radixlm.runtime.executor.layers import (
     PackedCpuLayers,
     TorchLayers,
     cpu_layers,
+    cpu_linear,
 )
 from radixlm.runtime.executor.layers.cpu_linear import PackedHead, PackedLinear
 from radixlm.runtime.executor.layers.input_major import FEW_ROWS, FewRowsHead, InputMajorLinear
-from radixlm.runtime.executor.layers import cpu_linear
 
 
 def _loaded(layers, module: nn.Module, state: dict) -> nn.Module:

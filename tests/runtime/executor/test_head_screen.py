@@ -13,9 +13,9 @@ from torch import nn
 
 from radixlm import Engine
 from radixlm.kernels.cpu import pack_pair_panels, pack_panels
+from radixlm.runtime.executor.layers import head_screen
 from radixlm.runtime.executor.layers.cpu_linear import PackedHead
 from radixlm.runtime.executor.layers.head_screen import ArgmaxScreen, Bf16Product, Fp16Product
-from radixlm.runtime.executor.layers import head_screen
 from tests.runtime.conftest import MODEL, greedy
 
 
