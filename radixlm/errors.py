@@ -64,4 +64,4 @@ class QueueFullError(RadixLMError, RuntimeError):
 
 
 class ServerError(RadixLMError, RuntimeError):
-    """A server process failed or the request could not be served (HTTP 500/503)."""
+    """A server process failed or the request could not be served (HTTP 503)."""

@@ -95,8 +95,7 @@ def from_exception(exc: BaseException) -> APIError:
     if isinstance(exc, RequestValidationError):
         return _from_validation_errors(list(exc.errors()))
     if isinstance(exc, ServerError):
-        status = getattr(exc, "status_code", None) or 503
-        return APIError(status, str(exc), type="server_error")
+        return APIError(503, str(exc), type="server_error")
     if isinstance(exc, EngineClosedError):
         return APIError(503, str(exc), type="server_error")
     if isinstance(exc, RadixLMError):

@@ -28,7 +28,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x: [..., N] (last dim contiguous); weight: [N]. Returns [..., N] in the dtype of
         `weight * x` (x's dtype when both match).
     Grid: (rows,); BLOCK = pow2(N) (one row per program; N up to ~64k).
-    Reference: `radixlm.runtime.executor.blocks.RMSNorm` (the Hugging Face formula).
+    Reference: `radixlm.runtime.executor.layers.blocks.RMSNorm` (the Hugging Face formula).
     """
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
@@ -56,7 +56,7 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, block: int = 1024) -> tor
     Args:
         gate, up: [..., N] with the same shape (last dim contiguous). Returns [..., N].
     Grid: (rows, cdiv(N, block)); block a power of two.
-    Reference: `F.silu(gate) * up` as in `radixlm.runtime.executor.blocks.MLP`.
+    Reference: `F.silu(gate) * up` as in `radixlm.runtime.executor.layers.blocks.MLP`.
     """
     n = gate.shape[-1]
     g2, u2 = gate.reshape(-1, n), up.reshape(-1, n)

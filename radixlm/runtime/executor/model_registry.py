@@ -90,8 +90,8 @@ def _gguf_cache_path(gguf: Path) -> Path:
 def convert_gguf(gguf: Path) -> Path:
     """Dequantize a GGUF file into a cached fp32 safetensors HF directory; return its path.
 
-    The first call takes 15-70 s for a 135M model (progress shown by a tqdm bar); later
-    calls return the cached directory at once. The directory is written to a temporary
+    The first call dequantizes every tensor (progress shown by a tqdm bar); later calls
+    return the cached directory at once. The directory is written to a temporary
     name and renamed, so an interrupted conversion never leaves a half-written cache.
     """
     out = _gguf_cache_path(gguf)

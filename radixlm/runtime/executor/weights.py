@@ -50,7 +50,7 @@ def load_weights(model: nn.Module, hf_dir: Path, config, dtype: torch.dtype, dev
     if missing or unexpected:
         raise RuntimeError(f"weights mismatch: missing={missing} unexpected={unexpected}")
     if tied:
-        model.lm_head.weight = model.model.embed_tokens.weight
+        model.tie_weights()
     return model.to(device).eval()
 
 

@@ -88,7 +88,7 @@ class GrammarCompiler:
         tokenizer_info: a ready `xgrammar.TokenizerInfo` to use instead of building one
             from `tokenizer` (tests use raw vocabularies).
 
-    The xgrammar `TokenizerInfo` (about 0.25 s for a 49k vocabulary) is built on the first
+    The xgrammar `TokenizerInfo` is built on the first
     compile, so a process that never sees a grammar never pays for it. Thread-safe.
     """
 
@@ -195,7 +195,7 @@ class GrammarCompiler:
             )
 
     def _get_compiler(self):
-        with self._lock:  # built once (about 0.25 s), by the first compile
+        with self._lock:  # built once, by the first compile
             if self._compiler is None:
                 import xgrammar as xgr
 

@@ -40,7 +40,8 @@ class DecodeResult:
         reasons: finish reason per request ("stop", "length", ...), None while it runs.
         logprobs: per-request logprob entry of its token, or None (speculative steps
             carry none).
-        decode_tokens: tokens computed for decoding requests this step (counted in
+        decode_tokens: tokens emitted by decoding requests this step (one per request on a
+            plain step, accepted drafts plus the bonus on a speculative one; counted in
             `SchedulerCounters.decode_tokens`).
     """
 

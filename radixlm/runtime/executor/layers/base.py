@@ -65,6 +65,10 @@ class LayerFactory(abc.ABC):
         """The output head x [rows, hidden] -> logits [rows, vocab], holding `weight`
         [vocab, hidden] (which a tied model replaces by the embedding's)."""
 
+    def embedding(self, vocab: int, hidden: int) -> nn.Module:
+        """The token embedding: int64 ids [T] -> [T, hidden], holding `weight` [vocab, hidden]."""
+        return nn.Embedding(vocab, hidden)
+
     def rms_norm(self, dim: int, eps: float) -> nn.Module:
         """RMSNorm over the last dimension, holding `weight` [dim]."""
         return RMSNorm(dim, eps)

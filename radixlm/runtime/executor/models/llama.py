@@ -31,7 +31,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.run_layers = run_in_order
         self._layer_runner = layers.layer_runner
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = layers.embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             layers.decoder_layer(config, i, qkv_bias, o_bias, f"model.layers.{i}")
             for i in range(config.num_hidden_layers)
@@ -68,7 +68,12 @@ class LlamaForCausalLM(nn.Module):
         o_bias = self.o_bias_with_attention_bias and bool(getattr(config, "attention_bias", False))
         self.model = LlamaModel(config, qkv_bias, o_bias, layers)
         self.lm_head = layers.lm_head(config.hidden_size, config.vocab_size)
-        if getattr(config, "tie_word_embeddings", False):
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the embedding's weight with the head when the config ties them; called at
+        build time and again after a load that assigned new parameter objects."""
+        if getattr(self.config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @torch.inference_mode()
