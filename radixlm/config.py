@@ -35,7 +35,19 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
 
 
 #: ServerArgs fields that only the HTTP server reads (`radixlm generate` has no flags for them).
-HTTP_ONLY_FIELDS = ("host", "port", "api_key", "served_model_name")
+HTTP_ONLY_FIELDS = (
+    "host",
+    "port",
+    "api_key",
+    "allowed_hosts",
+    "allow_origins",
+    "served_model_name",
+)
+
+
+def csv_entries(value: str | None) -> list[str]:
+    """The non-empty, stripped entries of a comma-separated flag value (none: [])."""
+    return [e.strip() for e in (value or "").split(",") if e.strip()]
 
 
 @dataclass(frozen=True)
@@ -156,6 +168,17 @@ class ServerArgs:
     api_key: str | None = _opt(
         None, "when set, requests must send 'Authorization: Bearer <key>' (else HTTP 401)"
     )
+    allowed_hosts: str | None = _opt(
+        None,
+        "comma-separated Host header names the HTTP server answers besides --host, localhost, "
+        "127.0.0.1 and ::1 (ports are not compared; '*': any); others get HTTP 400. Binding "
+        "all interfaces (0.0.0.0 or ::) answers any Host unless this is set",
+    )
+    allow_origins: str | None = _opt(
+        None,
+        "comma-separated browser origins allowed cross-origin requests (CORS), e.g. "
+        "'http://localhost:3000'; '*': any (none: CORS off, cross-origin POSTs get HTTP 403)",
+    )
     speculative_algorithm: str | None = _opt(
         None,
         "speculative decoding drafter (none: off); see runtime/speculative/",
@@ -227,6 +250,12 @@ class ServerArgs:
             raise ValueError(
                 f"--speculative-algorithm {self.speculative_algorithm} needs "
                 "--speculative-draft-path"
+            )
+        if any("/" in e for e in csv_entries(self.allowed_hosts)):
+            raise ValueError(f"allowed_hosts are host names, got {self.allowed_hosts!r}")
+        if any(e != "*" and "://" not in e for e in csv_entries(self.allow_origins)):
+            raise ValueError(
+                f"allow_origins are '*' or scheme://host[:port], got {self.allow_origins!r}"
             )
         if not 0 < self.mem_fraction < 1:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")

@@ -11,7 +11,8 @@ Routes:
     GET  /metrics                  Prometheus text format (metrics.py)
 
 With ``args.api_key`` set, every route but /health needs ``Authorization: Bearer <key>``
-(else 401). Errors are OpenAI error bodies (errors.py).
+(else 401). Errors are OpenAI error bodies (errors.py). Host, CORS, Content-Type and
+Origin checks: origin.py.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fastapi.responses import JSONResponse, Response
 from radixlm.config import ServerArgs
 from radixlm.frontend.errors import APIError, install_error_handlers
 from radixlm.frontend.metrics import CONTENT_TYPE, ServerMetrics
+from radixlm.frontend.origin import install_origin_checks
 from radixlm.frontend.serving_native import NativeServing
 from radixlm.frontend.serving_openai import OpenAIServing
 
@@ -55,6 +57,7 @@ def create_app(tm, args: ServerArgs) -> FastAPI:
     metrics = app.state.metrics = ServerMetrics()
     tm.observer = metrics
     install_error_handlers(app)
+    install_origin_checks(app, args)
     openai = OpenAIServing(tm)
     native = NativeServing(tm)
     created = int(time.time())
@@ -119,7 +122,7 @@ def create_app(tm, args: ServerArgs) -> FastAPI:
             "vocab_size": tm.vocab_size,
         }
 
-    @api.api_route("/flush_cache", methods=["POST", "GET"])
+    @api.post("/flush_cache")
     async def flush_cache() -> Response:
         ok, message = await tm.flush_cache()
         if not ok:

@@ -9,6 +9,7 @@ import pytest
 from .conftest import API_KEY, MODEL
 
 CMPL, CHAT = "/v1/completions", "/v1/chat/completions"
+JSON = {"Content-Type": "application/json"}
 USER = [{"role": "user", "content": "Hi"}]
 TOO_LONG = "hello " * 9000  # about 9,000 tokens; the context is 8,192
 HUGE = "a" * 4_000_000  # more characters than 8,192 tokens of the longest token can hold
@@ -130,7 +131,7 @@ def _assert_error(resp: httpx.Response, status: int) -> dict:
 def test_bad_input_is_400(http, case):
     route, body, param, code = case
     if isinstance(body, bytes):
-        resp = http.post(route, content=body, headers={"Content-Type": "application/json"})
+        resp = http.post(route, content=body, headers=JSON)
     else:
         resp = http.post(route, json=body)
     err = _assert_error(resp, 400)
@@ -143,7 +144,7 @@ def test_bad_input_is_400(http, case):
 
 def test_server_keeps_serving_after_errors(http, client):
     for _ in range(3):
-        _assert_error(http.post(CMPL, content=b"{"), 400)
+        _assert_error(http.post(CMPL, content=b"{", headers=JSON), 400)
     assert http.get("/health").status_code == 200
     resp = client.completions.create(model=MODEL, prompt="Hello", max_tokens=2, temperature=0)
     assert resp.usage.completion_tokens == 2
