@@ -50,7 +50,8 @@ _SHOWN = 100  # characters of a refused header value quoted in the error message
 def install_origin_checks(app: FastAPI, args: ServerArgs) -> None:
     """Add the checks above to `app` (before it starts), configured from
     ``args.host``, ``args.allowed_hosts`` and ``args.allow_origins``."""
-    origins = csv_entries(args.allow_origins)
+    # Browsers serialize Origin in lower case without a trailing slash.
+    origins = [o.rstrip("/").lower() for o in csv_entries(args.allow_origins)]
     app.add_middleware(UnsafeMethodCheck, origins=frozenset(origins))
     if origins:
         app.add_middleware(
@@ -127,12 +128,12 @@ class HostCheck:
 class UnsafeMethodCheck:
     """ASGI middleware for requests other than GET, HEAD, OPTIONS: 403
     ``origin_not_allowed`` for an Origin other than the server's own and not in `origins`
-    ('*' in it: any), then 415 ``unsupported_media_type`` for a body or Content-Type that
-    is not JSON."""
+    (lower case, no trailing slash, as browsers send them; '*' in it: any), then 415
+    ``unsupported_media_type`` for a body or Content-Type that is not JSON."""
 
     def __init__(self, app: ASGIApp, origins: frozenset[str]):
         self.app = app
-        self.origins = frozenset(o.rstrip("/").lower() for o in origins)
+        self.origins = origins
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] not in _SAFE_METHODS:

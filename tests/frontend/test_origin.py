@@ -159,7 +159,7 @@ def test_no_cors_headers_by_default():
 
 
 def test_allow_origins_answers_preflight():
-    client, _ = make_client(allow_origins="http://localhost:3000,https://app.example")
+    client, _ = make_client(allow_origins="http://LocalHost:3000/, https://app.example")
     origin = {"Origin": "http://localhost:3000"}
     preflight = client.options("/v1/chat/completions", headers={**origin, **PREFLIGHT})
     assert preflight.status_code == 200
