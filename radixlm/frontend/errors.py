@@ -6,7 +6,10 @@ Every error the HTTP server returns has the body
 
 and a status code: 400 for bad input (never FastAPI's default 422), 401 for a missing or
 wrong API key, 404 for an unknown route or model, 409 for a refused cache flush, 503 when
-the queue is full or the server cannot serve, 500 for bugs. The server keeps serving
+the queue is full or the server cannot serve, 500 for bugs. Every 400 has a code
+("invalid_value" unless a more specific one applies, such as "context_length_exceeded",
+"invalid_type", "unknown_parameter") and a param whenever one field is at fault. The
+server keeps serving
 after any of them. Exceptions map by their type and fields (`from_exception`), never by
 their text; a route renames the runtime's field names in `param` to its own (`renamed`).
 """
@@ -62,8 +65,15 @@ class APIError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
 
-def invalid_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    """A 400 `invalid_request_error`."""
+#: The code of a 400 whose cause has no more specific one (every 400 carries a code).
+DEFAULT_400_CODE = "invalid_value"
+
+
+def invalid_request(
+    message: str, param: str | None = None, code: str = DEFAULT_400_CODE
+) -> APIError:
+    """A 400 `invalid_request_error` (code "invalid_value" unless a more specific one is
+    given)."""
     return APIError(400, message, param=param, code=code)
 
 
@@ -79,13 +89,14 @@ def error_body(
 
 def from_exception(exc: BaseException) -> APIError:
     """Map an exception to an APIError by its type, never its text: InvalidRequestError
-    (and RequestTooLargeError) 400 with its own param and code, ModelNotFoundError 404,
+    (and RequestTooLargeError) 400 with its own param and code ("invalid_value" when it
+    has none), ModelNotFoundError 404,
     QueueFullError, ServerError and EngineClosedError 503, pydantic errors 400, other
     radixlm errors and unknown ones 500."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, InvalidRequestError):
-        return APIError(400, str(exc), param=exc.param, code=exc.code)
+        return invalid_request(str(exc), exc.param, exc.code or DEFAULT_400_CODE)
     if isinstance(exc, ModelNotFoundError):
         return APIError(404, str(exc), code="model_not_found")
     if isinstance(exc, QueueFullError):
@@ -111,7 +122,7 @@ def renamed(
     (`names[param]`, e.g. "max_tokens"; `default` for a param not in `names`), its
     message and code are kept."""
     param = names.get(exc.param, default) if exc.param is not None else default
-    return APIError(400, str(exc), param=param, code=exc.code)
+    return invalid_request(str(exc), param, exc.code or DEFAULT_400_CODE)
 
 
 def _short(value: Any, limit: int = 60) -> str:

@@ -23,11 +23,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixlm.frontend.errors import invalid_request
+from radixlm.runtime.sampling.sampler import MAX_REQUEST_INT
 
 logger = logging.getLogger(__name__)
 
-# 2**31 - 1: larger counts are nonsense for any model and would overflow int32 tables.
-_MAX_TOKENS_LIMIT = 2**31 - 1
+# Bounds of the int fields (the runtime's: SamplingParams / LogprobOptions.validate check
+# them again). Larger counts are nonsense for any model, would overflow int32 tables, and
+# an int of 2**64 or more cannot cross the process boundary (msgpack).
+_MAX_TOKENS_LIMIT = MAX_REQUEST_INT
+_MAX_SEED = 2**63 - 1
 
 # field -> values that mean "feature off". Any other value is refused (HTTP 400).
 NOT_YET_SUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -100,7 +104,7 @@ class SamplingFields(_Strict):
     max_tokens: int | None = Field(None, ge=1, le=_MAX_TOKENS_LIMIT)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=_MAX_SEED)
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -110,7 +114,7 @@ class SamplingFields(_Strict):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     # Extensions (SGLang / vLLM names).
-    top_k: int | None = None
+    top_k: int | None = Field(None, ge=-1, le=_MAX_TOKENS_LIMIT)  # 0 refused by SamplingParams
     min_p: float | None = None
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
@@ -200,6 +204,6 @@ class GenerateRequest(_Strict):
     stream: bool = False
     rid: str | list[str] | None = None
     return_logprob: bool | None = None
-    logprob_start_len: int | None = None
-    top_logprobs_num: int | None = None
+    logprob_start_len: int | None = Field(None, ge=-1, le=_MAX_TOKENS_LIMIT)
+    top_logprobs_num: int | None = Field(None, ge=0, le=_MAX_TOKENS_LIMIT)
     return_text_in_logprobs: bool | None = None

@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 _encoder = msgspec.json.Encoder()
 
+#: Longest request id a client may choose (characters); ids travel in every message.
+MAX_RID_CHARS = 256
+
 
 class NativeServing:
     """Handler of /generate over a TokenizerManager `tm`."""
@@ -77,7 +80,7 @@ class NativeServing:
         req = GenerateRequest.model_validate_json(body)
         check_supported(req)
         single, prompts = self._prompts(req)
-        params = self._params(req.sampling_params, len(prompts))
+        params = self._params(req.sampling_params, prompts)
         rids = self._rids(req.rid, len(prompts))
         lp = LogprobOptions(
             return_logprob=bool(req.return_logprob),
@@ -114,14 +117,20 @@ class NativeServing:
         except InvalidRequestError as e:
             raise renamed(e, {"prompt": "text"}) from None
 
-    def _params(self, value: dict | list | None, n: int) -> list[SamplingParams]:
-        """One SamplingParams per prompt; every error is a 400 on `sampling_params`."""
+    def _params(self, value: dict | list | None, prompts: list[list[int]]) -> list[SamplingParams]:
+        """One SamplingParams per prompt; every error is a 400 on `sampling_params`.
+
+        A params dict without max_new_tokens gets the default (128, SGLang's) capped at
+        what the context leaves after its prompt, so only an explicit max_new_tokens can
+        exceed the context (a 400, docs/serving.md "Limits")."""
+        n = len(prompts)
         if isinstance(value, list) and len(value) != n:
             raise invalid_request(
                 f"{len(value)} sampling_params for {n} prompts",
                 param="sampling_params",
                 code="invalid_value",
             )
+        raw = value if isinstance(value, list) else [value] * n
         try:
             if isinstance(value, list):
                 params = [SamplingParams.from_any(_sglang_compat(v)) for v in value]
@@ -129,9 +138,13 @@ class NativeServing:
                 params = [SamplingParams.from_any(_sglang_compat(value))] * n
             for p in params:
                 self.tm.grammars.validate(p)  # json_schema / regex / ebnf compile (cached)
-            return params
         except InvalidRequestError as e:
             raise renamed(e, {}, default="sampling_params") from None
+        ctx = self.tm.context_len
+        return [
+            p if v and "max_new_tokens" in v else _within_context(p, ctx - len(ids))
+            for p, v, ids in zip(params, raw, prompts)
+        ]
 
     @staticmethod
     def _rids(value: str | list[str] | None, n: int) -> list[str]:
@@ -139,8 +152,15 @@ class NativeServing:
             base = uuid.uuid4().hex
             return [base] if n == 1 else [f"{base}-{i}" for i in range(n)]
         rids = [value] if isinstance(value, str) else list(value)
-        if len(rids) != n or len(set(rids)) != n or not all(rids):
-            raise invalid_request(f"'rid' must give {n} distinct non-empty ids", param="rid")
+        if (
+            len(rids) != n
+            or len(set(rids)) != n
+            or not all(0 < len(r) <= MAX_RID_CHARS for r in rids)
+        ):
+            raise invalid_request(
+                f"'rid' must give {n} distinct non-empty ids of at most {MAX_RID_CHARS} characters",
+                param="rid",
+            )
         return rids
 
 
@@ -155,6 +175,17 @@ def _request_fields(prompt_param: str) -> dict[str, str]:
         **{name: name for name in same},
         "prompt": prompt_param,
     }
+
+
+def _within_context(params: SamplingParams, room: int) -> SamplingParams:
+    """`params` with max_new_tokens (and min_new_tokens) at most `room` (>= 0), the tokens
+    the context leaves after the prompt; generation would stop there anyway."""
+    cap = max(room, 0)
+    if params.max_new_tokens <= cap:
+        return params
+    return msgspec.structs.replace(
+        params, max_new_tokens=cap, min_new_tokens=min(params.min_new_tokens, cap)
+    )
 
 
 def _sglang_compat(params: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -270,23 +270,16 @@ class OpenAIServing:
         prompt_param: str,
         copies: int = 1,
     ) -> SamplingParams:
-        """SamplingParams for one prompt; 400 when the prompt or max_tokens exceed the context.
-        An unset max_tokens defaults to what `copies` completions of the prompt leave of
-        the context and the KV pool (at most `default`)."""
+        """SamplingParams for one prompt; 400 when the prompt fills the context (prompt +
+        max_tokens beyond it is refused by `tm.validate`, in `_job`). An unset max_tokens
+        defaults to what `copies` completions of the prompt leave of the context and the KV
+        pool (at most `default`)."""
         ctx = self.tm.context_len
         if prompt_len >= ctx:
             raise invalid_request(
                 f"This model's maximum context length is {ctx} tokens; the prompt has "
                 f"{prompt_len} tokens.",
                 param=prompt_param,
-                code="context_length_exceeded",
-            )
-        if requested is not None and prompt_len + requested > ctx:
-            raise invalid_request(
-                f"This model's maximum context length is {ctx} tokens. However, you requested "
-                f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} "
-                "for the completion). Please reduce the prompt or max_tokens.",
-                param=_tokens_param(req),
                 code="context_length_exceeded",
             )
         if requested is None:

@@ -182,16 +182,32 @@ class PagedAllocator:
 
 
 def check_fits(
-    prompt_len: int, max_new_tokens: int, *, context_len: int, total_tokens: int, page_size: int
+    prompt_len: int,
+    max_new_tokens: int,
+    *,
+    context_len: int,
+    total_tokens: int,
+    page_size: int,
+    cap_to_context: bool = True,
 ) -> None:
-    """Raise RequestTooLargeError (code "context_length_exceeded") unless the prompt is
-    shorter than the context (else param "prompt") and prompt + max_new_tokens (capped by
-    the context), rounded up to pages, fits the whole KV pool (else param
-    "max_new_tokens")."""
+    """Raise RequestTooLargeError (code "context_length_exceeded") unless the request can
+    run: the prompt is shorter than the context (else param "prompt"); without
+    `cap_to_context`, prompt + max_new_tokens is at most the context (else param
+    "max_new_tokens": the HTTP server's rule, docs/serving.md "Limits"); and prompt +
+    max_new_tokens, capped by the context (where generation stops anyway) and rounded up
+    to pages, fits the whole KV pool (else param "max_new_tokens"). Lengths in tokens."""
     if prompt_len >= context_len:
         raise RequestTooLargeError(
             f"prompt has {prompt_len} tokens; the context length is {context_len}",
             param="prompt",
+        )
+    if not cap_to_context and prompt_len + max_new_tokens > context_len:
+        raise RequestTooLargeError(
+            f"This model's maximum context length is {context_len} tokens. However, you "
+            f"requested {prompt_len + max_new_tokens} tokens ({prompt_len} in the prompt, "
+            f"{max_new_tokens} to generate). Please reduce the prompt or the tokens to "
+            "generate.",
+            param="max_new_tokens",
         )
     need = PagedAllocator.pages_needed(page_size, 0, min(prompt_len + max_new_tokens, context_len))
     if need * page_size > total_tokens:

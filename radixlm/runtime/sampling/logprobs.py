@@ -22,6 +22,9 @@ from typing import Any
 import msgspec
 import torch
 
+from radixlm.errors import InvalidRequestError
+from radixlm.runtime.sampling.sampler import MAX_REQUEST_INT
+
 
 class TokenLogprobs(msgspec.Struct, array_like=True):
     """Logprobs of consecutive tokens of one request (sent over IPC).
@@ -176,8 +179,9 @@ class LogprobOptions(msgspec.Struct, frozen=True):
         """Raise InvalidRequestError (param: the field at fault) for wrong types or
         out-of-range values; with `prompt_len` (tokens), also for prompt logprobs asked from
         past the prompt's last position (`logprob_start_len >= prompt_len` with
-        return_logprob, as SGLang refuses)."""
-        from radixlm.errors import InvalidRequestError
+        return_logprob, as SGLang refuses). Both ints are bounded whatever return_logprob
+        says (logprob_start_len by MAX_REQUEST_INT, top_logprobs_num by the vocabulary), so
+        validated options always cross the process boundary."""
 
         if not isinstance(self.return_logprob, bool):
             raise InvalidRequestError(
@@ -189,9 +193,10 @@ class LogprobOptions(msgspec.Struct, frozen=True):
                 raise InvalidRequestError(
                     f"{name} must be an int, got {value!r}", param=name, code="invalid_type"
                 )
-        if self.logprob_start_len < -1:
+        if not -1 <= self.logprob_start_len <= MAX_REQUEST_INT:
             raise InvalidRequestError(
-                f"logprob_start_len must be >= -1, got {self.logprob_start_len}",
+                f"logprob_start_len must be in [-1, {MAX_REQUEST_INT}], "
+                f"got {self.logprob_start_len}",
                 param="logprob_start_len",
                 code="invalid_value",
             )

@@ -24,6 +24,12 @@ from radixlm.runtime.sampling.random_draw import inverse_cdf_draw
 
 _GREEDY_TEMPERATURE = 1e-5
 
+#: Largest token count, top-k or token id a request may carry (int32). Larger values mean
+#: nothing for any model, and every int of a request crosses a process boundary, where
+#: msgpack cannot encode one of 2**64 or more: bounding them here makes such a value a
+#: 400 on its field instead of a failure after validation.
+MAX_REQUEST_INT = 2**31 - 1
+
 # Grammar constraints (runtime/sampling/grammar.py); a request sets at most one of them.
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
@@ -115,27 +121,30 @@ class SamplingParams(msgspec.Struct, kw_only=True):
 
     def validate(self) -> None:
         """Raise InvalidRequestError (param: the field at fault, code "invalid_value";
-        param None for two grammar fields set at once) when a value is out of range."""
+        param None for two grammar fields set at once) when a value is out of range.
+
+        Every int field is bounded (counts, top_k and token ids by MAX_REQUEST_INT, seed
+        below 2**63), so a validated SamplingParams always crosses the process boundary.
+        Token ids are checked against the model's vocabulary later (`check_request`)."""
         floats = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty")
         for name in (*floats, "repetition_penalty"):
             if not math.isfinite(getattr(self, name)):
                 _bad(name, f"{name} must be finite, got {getattr(self, name)}")
-        if self.max_new_tokens < 0:
-            _bad("max_new_tokens", f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        _check_range("max_new_tokens", self.max_new_tokens, 0)
         if self.temperature < 0:
             _bad("temperature", f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             _bad("top_p", f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            _bad("top_k", f"top_k must be -1 or >= 1, got {self.top_k}")
+        if self.top_k == 0 or not -1 <= self.top_k <= MAX_REQUEST_INT:
+            _bad("top_k", f"top_k must be -1 or in [1, {MAX_REQUEST_INT}], got {self.top_k}")
         if not 0 <= self.min_p < 1:
             _bad("min_p", f"min_p must be in [0, 1), got {self.min_p}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             _bad("seed", f"seed must be in [0, 2**63), got {self.seed}")
         if any(not s for s in self.stop):
             _bad("stop", "stop strings must be non-empty")
-        if any(not 0 <= t < 2**31 for t in self.stop_token_ids):
-            _bad("stop_token_ids", "stop_token_ids must be token ids >= 0")
+        for tok in self.stop_token_ids:
+            _check_range("stop_token_ids", tok, 0, what="stop_token_ids entries")
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 _bad(name, f"{name} must be in [-2, 2], got {getattr(self, name)}")
@@ -144,8 +153,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
                 "repetition_penalty",
                 f"repetition_penalty must be > 0, got {self.repetition_penalty}",
             )
-        if self.min_new_tokens < 0:
-            _bad("min_new_tokens", f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
+        _check_range("min_new_tokens", self.min_new_tokens, 0)
         if self.min_new_tokens > self.max_new_tokens:
             _bad(
                 "min_new_tokens",
@@ -153,8 +161,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
                 f"got {self.min_new_tokens}",
             )
         for tok, bias in (self.logit_bias or {}).items():
-            if not 0 <= tok < 2**31:
-                _bad("logit_bias", f"logit_bias keys must be token ids >= 0, got {tok}")
+            _check_range("logit_bias", tok, 0, what="logit_bias keys")
             if not (math.isfinite(bias) and -100 <= bias <= 100):
                 _bad("logit_bias", f"logit_bias values must be in [-100, 100], got {bias}")
         grammars = [f for f in GRAMMAR_FIELDS if getattr(self, f) is not None]
@@ -170,6 +177,13 @@ class SamplingParams(msgspec.Struct, kw_only=True):
 def _bad(param: str | None, message: str) -> NoReturn:
     """Raise the InvalidRequestError of an out-of-range value of field `param`."""
     raise InvalidRequestError(message, param=param, code="invalid_value")
+
+
+def _check_range(param: str, value: int, low: int, *, what: str | None = None) -> None:
+    """Raise the InvalidRequestError of field `param` unless low <= value <=
+    MAX_REQUEST_INT; `what` names the value in the message (default: `param`)."""
+    if not low <= value <= MAX_REQUEST_INT:
+        _bad(param, f"{what or param} must be in [{low}, {MAX_REQUEST_INT}], got {value}")
 
 
 def _int_keys(bias: dict) -> dict:

@@ -19,6 +19,7 @@ def check_request(
     context_len: int,
     max_total_tokens: int,
     page_size: int,
+    cap_to_context: bool = True,
 ) -> None:
     """Reject a request that can never run.
 
@@ -26,8 +27,10 @@ def check_request(
     outside [0, vocab_size), with param the field holding it ("prompt", "stop_token_ids",
     "logit_bias"); RequestTooLargeError (an InvalidRequestError, code
     "context_length_exceeded") for a prompt of context_len tokens or more (param
-    "prompt"), or prompt + max_new_tokens (capped by the context) needing more KV slots
-    than the whole pool holds (param "max_new_tokens"); see `check_fits`.
+    "prompt"), for prompt + max_new_tokens beyond the context unless `cap_to_context`
+    (param "max_new_tokens"; the HTTP server refuses it, the in-process Engine stops at
+    the context), or prompt + max_new_tokens (capped by the context) needing more KV
+    slots than the whole pool holds (param "max_new_tokens"); see `check_fits`.
     """
     if not ids:
         raise InvalidRequestError("empty prompt", param="prompt", code="invalid_value")
@@ -53,4 +56,5 @@ def check_request(
         context_len=context_len,
         total_tokens=max_total_tokens,
         page_size=page_size,
+        cap_to_context=cap_to_context,
     )

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -149,8 +150,10 @@ class TokenizerManager:
     def validate(
         self, input_ids: list[int], params: SamplingParams, logprobs: LogprobOptions | None = None
     ) -> None:
-        """Raise InvalidRequestError for a request that can never run (see check_request)
-        bad logprob options, or a grammar that does not compile."""
+        """Raise InvalidRequestError for a request that can never run (see check_request;
+        prompt + max_new_tokens beyond the context is refused, not capped: the server's
+        rule, docs/serving.md "Limits"), bad logprob options, or a grammar that does not
+        compile."""
         if logprobs is not None:
             logprobs.validate(self.vocab_size, len(input_ids))
         check_request(
@@ -160,6 +163,7 @@ class TokenizerManager:
             context_len=self.context_len,
             max_total_tokens=self.max_total_tokens,
             page_size=self.args.page_size,
+            cap_to_context=False,
         )
         self.grammars.validate(params)
 
@@ -195,13 +199,15 @@ class TokenizerManager:
             )
         if self._send is None:
             raise ServerError("the tokenizer manager is not started")
-        state = self._states[rid] = _ReqState()
-        try:
-            msg = GenerateReq(
+        data = _encode_request(
+            GenerateReq(
                 rid=rid, input_ids=input_ids, params=params, extra_key=extra_key, logprobs=lp
             )
+        )
+        state = self._states[rid] = _ReqState()
+        try:
             self.observer.on_submit(rid, time.perf_counter())
-            await self._send.send(encode(msg))
+            await self._send.send(data)
             while True:
                 await state.event.wait()
                 state.event.clear()
@@ -298,6 +304,19 @@ class TokenizerManager:
                     chunk["usage"]["spec_accept_length"] = b.spec_accept_lengths[i]
             state.chunks.append(chunk)
             state.event.set()
+
+
+def _encode_request(msg: GenerateReq) -> bytes:
+    """The wire bytes of `msg`. A value msgpack cannot hold (an int of 2**64 or more) is
+    the client's fault, so it raises InvalidRequestError (param None, code
+    "invalid_value") rather than a server error; validation bounds every int field, so
+    this is a backstop for a field it missed."""
+    try:
+        return encode(msg)
+    except (OverflowError, msgspec.EncodeError) as e:
+        raise InvalidRequestError(
+            f"the request holds a value out of range: {e}", code="invalid_value"
+        ) from None
 
 
 def _longest_token_chars(tokenizer) -> int:
