@@ -30,12 +30,20 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "int | None": (int, type(None)),
     "str | None": (str, type(None)),
     "float": (float, int),
+    "float | None": (float, int, type(None)),
     "bool": (bool,),
 }
 
 
 #: ServerArgs fields that only the HTTP server reads (`radixlm generate` has no flags for them).
-HTTP_ONLY_FIELDS = ("host", "port", "api_key", "served_model_name")
+HTTP_ONLY_FIELDS = (
+    "host",
+    "port",
+    "api_key",
+    "served_model_name",
+    "health_timeout",
+    "request_timeout",
+)
 
 
 @dataclass(frozen=True)
@@ -156,6 +164,16 @@ class ServerArgs:
     api_key: str | None = _opt(
         None, "when set, requests must send 'Authorization: Bearer <key>' (else HTTP 401)"
     )
+    health_timeout: float = _opt(
+        5.0,
+        "seconds without a heartbeat from the scheduler or detokenizer process (they beat "
+        "every 0.5 s, also during long steps) after which GET /health answers 503 (>= 1)",
+    )
+    request_timeout: float | None = _opt(
+        None,
+        "seconds a request may wait and run in all; a longer one is aborted (its KV freed) "
+        "and answered 504 request_timeout (none: no limit)",
+    )
     speculative_algorithm: str | None = _opt(
         None,
         "speculative decoding drafter (none: off); see runtime/speculative/",
@@ -228,6 +246,10 @@ class ServerArgs:
                 f"--speculative-algorithm {self.speculative_algorithm} needs "
                 "--speculative-draft-path"
             )
+        if self.health_timeout < 1:
+            raise ValueError(f"health_timeout must be >= 1 (seconds), got {self.health_timeout}")
+        if self.request_timeout is not None and self.request_timeout <= 0:
+            raise ValueError(f"request_timeout must be > 0 (seconds), got {self.request_timeout}")
         if not 0 < self.mem_fraction < 1:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
 
@@ -245,7 +267,9 @@ class ServerArgs:
             if f.type in ("bool", bool):
                 parser.add_argument(flag, action="store_true", help=help_text)
             else:
-                kind = {"int | None": int, "int": int, "float": float}.get(str(f.type), str)
+                kind = {"int | None": int, "int": int, "float": float, "float | None": float}.get(
+                    str(f.type), str
+                )
                 parser.add_argument(flag, type=kind, default=f.default, help=help_text, **meta)
 
     @classmethod
