@@ -38,7 +38,8 @@ CHILDREN = ("scheduler", "detokenizer")
 
 class HeartbeatThread(threading.Thread):
     """Sends `beat()` (a Heartbeat) to `endpoint` every HEARTBEAT_INTERVAL_S, from a
-    daemon thread with its own PUSH socket on `ctx` (ZMQ sockets are not thread-safe)."""
+    daemon thread with its own PUSH socket on `ctx` (ZMQ sockets are not thread-safe);
+    it closes the socket and ends when `ctx` is terminated."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, beat: Callable[[], Heartbeat]):
         super().__init__(name="heartbeat", daemon=True)
@@ -48,9 +49,12 @@ class HeartbeatThread(threading.Thread):
 
     def run(self) -> None:
         sock = push_socket(self._ctx, self._endpoint)
-        while True:
-            sock.send(encode(self._beat()))
-            time.sleep(HEARTBEAT_INTERVAL_S)
+        try:
+            while True:
+                sock.send(encode(self._beat()))
+                time.sleep(HEARTBEAT_INTERVAL_S)
+        except zmq.ContextTerminated:
+            sock.close()
 
 
 class Pacer:
