@@ -7,9 +7,9 @@ Every error the HTTP server returns has the body
 and a status code: 400 for bad input (never FastAPI's default 422), 401 for a missing or
 wrong API key, 404 for an unknown route or model, 409 for a refused cache flush, 503 when
 the queue is full or the server cannot serve, 504 for a request past --request-timeout,
-500 for bugs. The server keeps serving
-after any of them. Exceptions map by their type and fields (`from_exception`), never by
-their text; a route renames the runtime's field names in `param` to its own (`renamed`).
+500 for bugs. The server keeps serving after any of them. Exceptions map by their type and
+fields (`from_exception`), never by their text; a route renames the runtime's field names
+in `param` to its own (`renamed`).
 """
 
 from __future__ import annotations
