@@ -30,6 +30,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "int | None": (int, type(None)),
     "str | None": (str, type(None)),
     "float": (float, int),
+    "float | None": (float, int, type(None)),
     "bool": (bool,),
 }
 
@@ -42,6 +43,8 @@ HTTP_ONLY_FIELDS = (
     "allowed_hosts",
     "allow_origins",
     "served_model_name",
+    "health_timeout",
+    "request_timeout",
 )
 
 
@@ -179,6 +182,16 @@ class ServerArgs:
         "comma-separated browser origins allowed cross-origin requests (CORS), e.g. "
         "'http://localhost:3000'; '*': any (none: CORS off, cross-origin POSTs get HTTP 403)",
     )
+    health_timeout: float = _opt(
+        5.0,
+        "seconds without a heartbeat from the scheduler or detokenizer process (they beat "
+        "every 0.5 s, also during long steps) after which GET /health answers 503 (>= 1)",
+    )
+    request_timeout: float | None = _opt(
+        None,
+        "seconds a request may wait and run in all; a longer one is aborted (its KV freed) "
+        "and answered 504 request_timeout (none: no limit)",
+    )
     speculative_algorithm: str | None = _opt(
         None,
         "speculative decoding drafter (none: off); see runtime/speculative/",
@@ -257,6 +270,10 @@ class ServerArgs:
             raise ValueError(
                 f"allow_origins are '*' or scheme://host[:port], got {self.allow_origins!r}"
             )
+        if self.health_timeout < 1:
+            raise ValueError(f"health_timeout must be >= 1 (seconds), got {self.health_timeout}")
+        if self.request_timeout is not None and self.request_timeout <= 0:
+            raise ValueError(f"request_timeout must be > 0 (seconds), got {self.request_timeout}")
         if not 0 < self.mem_fraction < 1:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
 
@@ -274,7 +291,9 @@ class ServerArgs:
             if f.type in ("bool", bool):
                 parser.add_argument(flag, action="store_true", help=help_text)
             else:
-                kind = {"int | None": int, "int": int, "float": float}.get(str(f.type), str)
+                kind = {"int | None": int, "int": int, "float": float, "float | None": float}.get(
+                    str(f.type), str
+                )
                 parser.add_argument(flag, type=kind, default=f.default, help=help_text, **meta)
 
     @classmethod

@@ -65,3 +65,8 @@ class QueueFullError(RadixLMError, RuntimeError):
 
 class ServerError(RadixLMError, RuntimeError):
     """A server process failed or the request could not be served (HTTP 503)."""
+
+
+class RequestTimeoutError(RadixLMError, TimeoutError):
+    """A request waited and ran longer than `ServerArgs.request_timeout`; it was aborted
+    and its KV slots freed (HTTP 504, code "request_timeout")."""

@@ -1,7 +1,8 @@
 """The FastAPI application: OpenAI-compatible and native routes over a TokenizerManager.
 
 Routes:
-    GET  /health                   200 while the server is up (no API key needed)
+    GET  /health                   200 while every child process beats, else 503 "unhealthy"
+                                   (no API key needed)
     GET  /v1/models, /v1/models/{id}
     POST /v1/completions, /v1/chat/completions   (serving_openai.py)
     POST /generate                 SGLang's native route (serving_native.py)
@@ -26,7 +27,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixlm.config import ServerArgs
-from radixlm.frontend.errors import APIError, install_error_handlers
+from radixlm.frontend.errors import APIError, install_error_handlers, json_error
 from radixlm.frontend.metrics import CONTENT_TYPE, ServerMetrics
 from radixlm.frontend.origin import install_origin_checks
 from radixlm.frontend.serving_native import NativeServing
@@ -66,6 +67,9 @@ def create_app(tm, args: ServerArgs) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
+        problem = tm.health()
+        if problem is not None:  # logged by tm.health when it changes, not per probe
+            return json_error(APIError(503, problem, type="server_error", code="unhealthy"))
         return Response(status_code=200)
 
     def model_card() -> dict[str, Any]:

@@ -6,12 +6,12 @@ Every error the HTTP server returns has the body
 
 and a status code: 400 for bad input (never FastAPI's default 422), 401 for a missing or
 wrong API key, 404 for an unknown route or model, 409 for a refused cache flush, 503 when
-the queue is full or the server cannot serve, 500 for bugs. Every 400 has a code
-("invalid_value" unless a more specific one applies, such as "context_length_exceeded",
-"invalid_type", "unknown_parameter") and a param whenever one field is at fault. The
-server keeps serving
-after any of them. Exceptions map by their type and fields (`from_exception`), never by
-their text; a route renames the runtime's field names in `param` to its own (`renamed`).
+the queue is full or the server cannot serve, 504 for a request past --request-timeout,
+500 for bugs. Every 400 has a code ("invalid_value" unless a more specific one applies,
+such as "context_length_exceeded", "invalid_type", "unknown_parameter") and a param
+whenever one field is at fault. The server keeps serving after any of them. Exceptions map
+by their type and fields (`from_exception`), never by their text; a route renames the
+runtime's field names in `param` to its own (`renamed`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from radixlm.errors import (
     ModelNotFoundError,
     QueueFullError,
     RadixLMError,
+    RequestTimeoutError,
     ServerError,
 )
 
@@ -90,9 +91,9 @@ def error_body(
 def from_exception(exc: BaseException) -> APIError:
     """Map an exception to an APIError by its type, never its text: InvalidRequestError
     (and RequestTooLargeError) 400 with its own param and code ("invalid_value" when it
-    has none), ModelNotFoundError 404,
-    QueueFullError, ServerError and EngineClosedError 503, pydantic errors 400, other
-    radixlm errors and unknown ones 500."""
+    has none), ModelNotFoundError 404, QueueFullError, ServerError and EngineClosedError
+    503, RequestTimeoutError 504, pydantic errors 400, other radixlm errors and unknown
+    ones 500."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, InvalidRequestError):
@@ -109,6 +110,8 @@ def from_exception(exc: BaseException) -> APIError:
         return APIError(503, str(exc), type="server_error")
     if isinstance(exc, EngineClosedError):
         return APIError(503, str(exc), type="server_error")
+    if isinstance(exc, RequestTimeoutError):
+        return APIError(504, str(exc), type="server_error", code="request_timeout")
     if isinstance(exc, RadixLMError):
         return APIError(500, str(exc), type="server_error")
     return APIError(500, "internal server error", type="server_error")
@@ -202,8 +205,9 @@ def _from_validation_errors(errors: list[dict[str, Any]]) -> APIError:
 
 def log_failure(where: str, exc: BaseException, err: APIError) -> None:
     """Log a failed request: server faults (5xx) as errors with the traceback; expected
-    refusals (queue full, shutting down) as one warning line; client errors not at all."""
-    if isinstance(exc, QueueFullError | ServerError | EngineClosedError):
+    refusals (queue full, shutting down, request timeout) as one warning line; client
+    errors not at all."""
+    if isinstance(exc, QueueFullError | ServerError | EngineClosedError | RequestTimeoutError):
         logger.warning("%s: %s", where, exc)
     elif err.status >= 500:
         logger.error("%s failed: %r", where, exc, exc_info=exc)

@@ -16,6 +16,7 @@ from radixlm.errors import (
     ModelNotFoundError,
     QueueFullError,
     RadixLMError,
+    RequestTimeoutError,
     RequestTooLargeError,
     ServerError,
 )
@@ -65,6 +66,7 @@ def test_invalid_request_maps_to_its_own_param_and_code():
         (QueueFullError("the waiting queue is full"), 503, "server_error", "queue_full"),
         (ServerError("the server is shutting down"), 503, "server_error", None),
         (EngineClosedError("the engine was shut down"), 503, "server_error", None),
+        (RequestTimeoutError("past --request-timeout"), 504, "server_error", "request_timeout"),
         (ModelNotFoundError("no model 'x'"), 404, "invalid_request_error", "model_not_found"),
         (RadixLMError("odd"), 500, "server_error", None),
     ],

@@ -2,7 +2,9 @@
 
 Each `BatchTokenOut` becomes one `BatchStrOut` (UTF-8 safe, stop strings cut and held
 back, see `RequestDetokenizer`); every other message (control replies, request errors)
-is forwarded to the TokenizerManager unchanged.
+is forwarded to the TokenizerManager unchanged, the scheduler's heartbeats too. The loop
+beats for itself at most once per `HEARTBEAT_INTERVAL_S`, waking at that interval when
+no message comes (see heartbeat.py).
 """
 
 from __future__ import annotations
@@ -14,31 +16,52 @@ import zmq
 
 from radixlm.config import ServerArgs
 from radixlm.runtime.server.detokenizer import RequestDetokenizer
+from radixlm.runtime.server.heartbeat import HEARTBEAT_INTERVAL_S, Pacer
 from radixlm.runtime.server.ipc import IpcPaths, pull_socket, push_socket, run_child
-from radixlm.runtime.server.messages import BatchStrOut, BatchTokenOut, decode, encode
+from radixlm.runtime.server.messages import (
+    BatchStrOut,
+    BatchTokenOut,
+    Heartbeat,
+    decode,
+    encode,
+)
 from radixlm.runtime.server.stack import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
+_POLL_MS = int(HEARTBEAT_INTERVAL_S * 1000)
+
 
 class DetokenizerLoop:
-    """Keeps one RequestDetokenizer per running request (dropped when it finishes)."""
+    """Keeps one RequestDetokenizer per running request (dropped when it finishes).
+
+    steps: BatchTokenOut messages converted so far (reported in its heartbeats)."""
 
     def __init__(self, tokenizer, recv: zmq.Socket, send: zmq.Socket):
         self.tokenizer = tokenizer
         self.recv = recv
         self.send = send
         self.states: dict[str, RequestDetokenizer] = {}
+        self.steps = 0
+        self._pacer = Pacer()
 
     def run_forever(self) -> None:
         """Serve until the process is killed."""
         while True:
+            self.run_once()
+
+    def run_once(self) -> None:
+        """Handle the next message (waiting at most one heartbeat interval); beat if due."""
+        if self.recv.poll(_POLL_MS):
             data = self.recv.recv()
             msg = decode(data)
             if isinstance(msg, BatchTokenOut):
+                self.steps += 1
                 self.send.send(encode(self.convert(msg)))
             else:
                 self.send.send(data)
+        if self._pacer.due():
+            self.send.send(encode(Heartbeat("detokenizer", self.steps)))
 
     def convert(self, batch: BatchTokenOut) -> BatchStrOut:
         """Text deltas for one step's tokens."""

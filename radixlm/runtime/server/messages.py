@@ -6,6 +6,7 @@ No pickle. Flow (DESIGN §2):
     TokenizerManager --GenerateReq/AbortReq/FlushCacheReq/GetInfoReq--> Scheduler
     Scheduler --BatchTokenOut (one per step) / control replies--> Detokenizer
     Detokenizer --BatchStrOut / control replies (forwarded as is)--> TokenizerManager
+    Scheduler, Detokenizer --Heartbeat (every ~0.5 s, see heartbeat.py)--> TokenizerManager
 
 Token counts are in tokens; lists in a batch message are parallel (index i = request i).
 """
@@ -174,6 +175,20 @@ class ProcessFailed(msgspec.Struct, tag="failed"):
     error: str
 
 
+class Heartbeat(msgspec.Struct, tag="heartbeat"):
+    """A child process is alive (sent every `heartbeat.HEARTBEAT_INTERVAL_S`).
+
+    name: "scheduler" or "detokenizer". steps: loop steps run since start (scheduler
+    steps, detokenizer batches). turn_s: seconds the sender's main loop had been in its
+    current turn (a long forward step or a stuck loop shows here; an idle scheduler's
+    turn lasts up to its 1 s poll; 0 when the loop beats between turns).
+    """
+
+    name: str
+    steps: int
+    turn_s: float = 0.0
+
+
 Message = (
     GenerateReq
     | AbortReq
@@ -185,6 +200,7 @@ Message = (
     | BatchStrOut
     | ProcessReady
     | ProcessFailed
+    | Heartbeat
 )
 
 _encoder = msgspec.msgpack.Encoder()

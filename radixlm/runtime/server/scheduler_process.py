@@ -3,17 +3,21 @@
 Loop: drain every request message (blocking only while idle), then run one scheduler
 step and send its outputs to the detokenizer as one `BatchTokenOut`. Control requests
 (flush, info) are answered through the detokenizer, which forwards them unchanged.
+A heartbeat thread reports the loop's progress (`steps`, the age of the current turn)
+every half second, through the detokenizer too (see heartbeat.py for why a thread).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 import zmq
 
 from radixlm.config import ServerArgs
 from radixlm.errors import RadixLMError
 from radixlm.runtime.sched.request import Req, ReqOutput
+from radixlm.runtime.server.heartbeat import HeartbeatThread
 from radixlm.runtime.server.info import flush_cache, model_facts, server_info
 from radixlm.runtime.server.ipc import IpcPaths, pull_socket, push_socket, run_child
 from radixlm.runtime.server.messages import (
@@ -23,6 +27,7 @@ from radixlm.runtime.server.messages import (
     FlushCacheReq,
     GenerateReq,
     GetInfoReq,
+    Heartbeat,
     Message,
     ReqError,
     decode,
@@ -37,7 +42,11 @@ _GRAMMAR_POLL_MS = 5
 
 
 class SchedulerLoop:
-    """Feeds messages into a Scheduler and ships its per-step outputs."""
+    """Feeds messages into a Scheduler and ships its per-step outputs.
+
+    steps: scheduler steps run so far; turn_start: monotonic time the current
+    `run_once` began (both read by the heartbeat thread, see `heartbeat`).
+    """
 
     def __init__(self, args: ServerArgs, stack: ServingStack, recv: zmq.Socket, send: zmq.Socket):
         self.args = args
@@ -48,6 +57,12 @@ class SchedulerLoop:
         self._stops: dict[str, list[str]] = {}
         self._keep_stop: set[str] = set()
         self._after_failure = False
+        self.steps = 0
+        self.turn_start = time.monotonic()
+
+    def heartbeat(self) -> Heartbeat:
+        """This loop's liveness report (called from the heartbeat thread)."""
+        return Heartbeat("scheduler", self.steps, time.monotonic() - self.turn_start)
 
     def run_forever(self) -> None:
         """Serve until the process is killed."""
@@ -57,6 +72,7 @@ class SchedulerLoop:
     def run_once(self) -> None:
         """Handle waiting messages, then run one step (or wait for work while idle)."""
         sched = self.scheduler
+        self.turn_start = time.monotonic()
         idle = not (sched.has_work() or self._after_failure)
         # While grammars compile, step now and then to admit the compiled requests.
         wait_ms = _GRAMMAR_POLL_MS if sched.compiling else _IDLE_POLL_MS
@@ -69,6 +85,7 @@ class SchedulerLoop:
             except zmq.Again:
                 break
             self.handle(decode(data))
+        self.steps += 1
         try:
             outputs = sched.step()
         except Exception:  # the batch was aborted; its outputs come with the next step
@@ -148,6 +165,7 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, status_conn) -> None:
         send = push_socket(ctx, ipc.detokenizer)
         stack = build_stack(args)
         loop = SchedulerLoop(args, stack, recv, send)
+        HeartbeatThread(ctx, ipc.detokenizer, loop.heartbeat).start()
         ready(model_facts(stack))
         loop.run_forever()
 

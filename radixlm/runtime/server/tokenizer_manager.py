@@ -4,6 +4,13 @@ It validates and sends tokenized requests to the scheduler process, receives tex
 deltas from the detokenizer process, and hands them to the per-request async iterators
 that the HTTP routes stream from. Closing an iterator early (client disconnect) aborts
 its request in the scheduler, which frees its KV slots at once.
+
+Liveness: the scheduler's and the detokenizer's heartbeats are recorded here
+(`Liveness`, see heartbeat.py); `health()` names a child silent for longer than
+`args.health_timeout`. With `args.request_timeout` set, a request (or control call) that
+has waited and run longer is ended with RequestTimeoutError and aborted in the scheduler,
+as a client disconnect is; the deadline is checked only while waiting for output (an
+asyncio timeout), never in the scheduler.
 """
 
 from __future__ import annotations
@@ -20,10 +27,16 @@ import zmq
 import zmq.asyncio
 
 from radixlm.config import ServerArgs
-from radixlm.errors import InvalidRequestError, RequestTooLargeError, ServerError
+from radixlm.errors import (
+    InvalidRequestError,
+    RequestTimeoutError,
+    RequestTooLargeError,
+    ServerError,
+)
 from radixlm.runtime.sampling.grammar import GrammarCompiler
 from radixlm.runtime.sampling.logprobs import LogprobOptions
 from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.server.heartbeat import Liveness
 from radixlm.runtime.server.ipc import IpcPaths, pull_socket, push_socket
 from radixlm.runtime.server.messages import (
     AbortReq,
@@ -32,6 +45,7 @@ from radixlm.runtime.server.messages import (
     FlushCacheReq,
     GenerateReq,
     GetInfoReq,
+    Heartbeat,
     Message,
     ReqError,
     decode,
@@ -67,7 +81,8 @@ class TokenizerManager:
 
     Attributes: tokenizer (Hugging Face), model_name (served name), context_len,
     vocab_size, max_total_tokens (KV pool size in tokens), observer (a RequestObserver,
-    e.g. the server's Prometheus metrics; a no-op by default).
+    e.g. the server's Prometheus metrics; a no-op by default), liveness (when each child
+    process last beat, see heartbeat.py).
     """
 
     def __init__(self, args: ServerArgs, ipc: IpcPaths, facts: dict[str, int], tokenizer=None):
@@ -91,6 +106,8 @@ class TokenizerManager:
         self._control: dict[str, asyncio.Future] = {}
         self._task: asyncio.Task | None = None
         self.observer = RequestObserver()
+        self.liveness = Liveness(args.health_timeout, time.monotonic())
+        self._silent: frozenset[str] = frozenset()
 
     # ---- lifecycle --------------------------------------------------------------------
 
@@ -116,6 +133,20 @@ class TokenizerManager:
         for state in self._states.values():
             state.error = ServerError(message)
             state.event.set()
+
+    def health(self) -> str | None:
+        """None while every child process has beaten within `args.health_timeout` s, else
+        why not (logged once per change of the silent set)."""
+        silent = self.liveness.silent(time.monotonic())
+        if frozenset(silent) != self._silent:
+            self._silent = frozenset(silent)
+            if silent:
+                logger.warning("no heartbeat: %s", _describe(silent))
+            else:
+                logger.info("every child process beats again")
+        if not silent:
+            return None
+        return f"the server is not responding: {_describe(silent)}"
 
     # ---- requests ---------------------------------------------------------------------
 
@@ -186,8 +217,10 @@ class TokenizerManager:
 
         Raises InvalidRequestError (bad request, checked before anything is sent, or a
         duplicate rid, param "rid"), QueueFullError (scheduler queue full), ServerError
-        (shutdown); an error the scheduler process refused the request with is raised
-        again here with its type and fields (`ReqError`).
+        (shutdown), RequestTimeoutError (no last chunk within `args.request_timeout`
+        seconds of the call; the request is aborted); an error the scheduler process
+        refused the request with is raised again here with its type and fields
+        (`ReqError`).
         Closing the iterator before the last chunk aborts the request.
         """
         lp = logprobs or LogprobOptions()
@@ -205,11 +238,12 @@ class TokenizerManager:
             )
         )
         state = self._states[rid] = _ReqState()
+        deadline = self._deadline()
         try:
             self.observer.on_submit(rid, time.perf_counter())
             await self._send.send(data)
             while True:
-                await state.event.wait()
+                await self._wait(state.event.wait(), deadline, "request")
                 state.event.clear()
                 if state.error is not None:
                     raise state.error
@@ -233,9 +267,10 @@ class TokenizerManager:
             self._send.send(encode(AbortReq(rid)))
 
     async def get_server_info(self) -> dict[str, Any]:
-        """The scheduler's settings, capacity and counters (see info.server_info)."""
+        """The scheduler's settings, capacity and counters (see info.server_info), and
+        ``liveness``: each child's last heartbeat (see `Liveness.report`)."""
         resp = await self._control_call(GetInfoReq)
-        return resp.info
+        return {**resp.info, "liveness": self.liveness.report(time.monotonic())}
 
     async def flush_cache(self) -> tuple[bool, str]:
         """Drop the prefix cache; (False, reason) while requests run or wait."""
@@ -243,14 +278,39 @@ class TokenizerManager:
         return resp.ok, resp.message
 
     async def _control_call(self, kind) -> ControlResp:
+        """Send a control request and await its reply. Raises RequestTimeoutError after
+        `args.request_timeout` seconds (a frozen scheduler never answers)."""
         rid = uuid.uuid4().hex
         fut = asyncio.get_running_loop().create_future()
         self._control[rid] = fut
+        deadline = self._deadline()
         try:
             await self._send.send(encode(kind(rid)))
-            return await fut
+            return await self._wait(fut, deadline, "control request")
         finally:
             self._control.pop(rid, None)
+
+    def _deadline(self) -> float | None:
+        """Event-loop time by which a call started now must end (None: no limit)."""
+        if self.args.request_timeout is None:
+            return None
+        return asyncio.get_running_loop().time() + self.args.request_timeout
+
+    async def _wait(self, aw, deadline: float | None, what: str):
+        """Await `aw` until event-loop time `deadline` (None: without limit).
+
+        Raises RequestTimeoutError (naming `what`) when the deadline passes first.
+        """
+        if deadline is None:
+            return await aw
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await aw
+        except TimeoutError:
+            raise RequestTimeoutError(
+                f"the {what} did not finish within --request-timeout "
+                f"({self.args.request_timeout:g} s)"
+            ) from None
 
     # ---- results ----------------------------------------------------------------------
 
@@ -271,6 +331,8 @@ class TokenizerManager:
             if state is not None:
                 state.error = msg.error()
                 state.event.set()
+        elif isinstance(msg, Heartbeat):
+            self.liveness.record(msg, time.monotonic())
         elif isinstance(msg, ControlResp):
             fut = self._control.get(msg.rid)
             if fut is not None and not fut.done():
@@ -317,6 +379,11 @@ def _encode_request(msg: GenerateReq) -> bytes:
         raise InvalidRequestError(
             f"the request holds a value out of range: {e}", code="invalid_value"
         ) from None
+
+
+def _describe(silent: dict[str, float]) -> str:
+    """'scheduler process silent for 6.1 s, ...' for {child: seconds since its beat}."""
+    return ", ".join(f"{name} process silent for {s:.1f} s" for name, s in silent.items())
 
 
 def _longest_token_chars(tokenizer) -> int:

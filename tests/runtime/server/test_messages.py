@@ -17,6 +17,7 @@ SAMPLES = [
         extra_key="salt",
     ),
     m.AbortReq("a"),
+    m.Heartbeat("scheduler", 12, 0.25),
     m.FlushCacheReq("f"),
     m.GetInfoReq("i"),
     m.ControlResp("i", True, info={"memory": {"free": 3}}),
