@@ -7,7 +7,6 @@ benchmarks/soak.py is the longer version)."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import pytest
@@ -25,7 +24,7 @@ pytestmark = pytest.mark.slow
 POOL_ARGS = ("--max-total-tokens", "256", "--schedule-conservativeness", "0.3")
 NUM_REQUESTS = 60
 CONCURRENCY = 8
-SOAK_BUDGET_S = 90.0  # a hang, not a slow machine, should trip this (about 15-35 s here)
+SOAK_BUDGET_S = 90.0  # a hang, not a slow machine, should trip this (12-40 s on 2 shared cores)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +45,6 @@ def test_soak_leaves_the_server_idle_balanced_and_unchanged(soak_server):
             after = await greedy_probe(client, MODEL)
             return before, summarize_soak(plan, outcomes, wall), info, after
 
-    t0 = time.monotonic()
     before, summary, info, after = asyncio.run(main())
     assert summary["failed"] == 0, summary["failures"]
     assert summary["requests"] == NUM_REQUESTS
@@ -65,4 +63,3 @@ def test_soak_leaves_the_server_idle_balanced_and_unchanged(soak_server):
     assert state["retracted_total"] > 0  # the pool was small enough to matter
     assert state["aborted_total"] > 0  # the scheduler saw client aborts
     assert after == before and before
-    assert time.monotonic() - t0 < SOAK_BUDGET_S + 35
