@@ -42,6 +42,10 @@ class FakeTokenizerManager:
     async def get_server_info(self) -> dict:
         return {}
 
+    def health(self) -> str | None:
+        """Every child process beats (see TokenizerManager.health)."""
+        return None
+
 
 def make_client(**args) -> tuple[TestClient, FakeTokenizerManager]:
     tm = FakeTokenizerManager()
