@@ -10,6 +10,7 @@ Routes:
     GET  /get_model_info
     POST /flush_cache              409 while requests run or wait
     GET  /metrics                  Prometheus text format (metrics.py)
+    GET  /openapi.json, /docs      the OpenAPI document and its Swagger UI (openapi.py)
 
 With ``args.api_key`` set, every route but /health needs ``Authorization: Bearer <key>``
 (else 401). Errors are OpenAI error bodies (errors.py). Host, CORS, Content-Type and
@@ -29,6 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from radixlm.config import ServerArgs
 from radixlm.frontend.errors import APIError, install_error_handlers, json_error
 from radixlm.frontend.metrics import CONTENT_TYPE, ServerMetrics
+from radixlm.frontend.openapi import install_openapi
 from radixlm.frontend.origin import install_origin_checks
 from radixlm.frontend.serving_native import NativeServing
 from radixlm.frontend.serving_openai import OpenAIServing
@@ -53,6 +55,7 @@ def _api_key_check(api_key: str):
 
 def create_app(tm, args: ServerArgs) -> FastAPI:
     """Build the app serving `tm` (a started TokenizerManager). Units: tokens."""
+    # FastAPI's own /openapi.json and /docs would skip the API key: install_openapi serves them.
     app = FastAPI(title="radixlm", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.tm = tm
     metrics = app.state.metrics = ServerMetrics()
@@ -138,5 +141,6 @@ def create_app(tm, args: ServerArgs) -> FastAPI:
         info = await tm.get_server_info()
         return Response(metrics.render(info.get("scheduler")), media_type=CONTENT_TYPE)
 
+    install_openapi(app, api, secured=bool(args.api_key))
     app.include_router(api)
     return app

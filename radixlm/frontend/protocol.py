@@ -12,7 +12,8 @@ Real OpenAI fields that do not change radixlm's output (`IGNORED`: audio output,
 predicted outputs, reasoning effort, web search, storage and billing options, ...) are
 accepted and ignored; `check_supported` logs one warning per request naming them.
 
-Response bodies are plain dicts built in `serving_openai.py` / `serving_native.py`.
+Response bodies are plain dicts built in `serving_openai.py` / `serving_native.py`; their
+documented schemas (for /openapi.json) are in `response_types.py`.
 """
 
 from __future__ import annotations
