@@ -35,7 +35,13 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
 
 
 #: ServerArgs fields that only the HTTP server reads (`radixlm generate` has no flags for them).
-HTTP_ONLY_FIELDS = ("host", "port", "api_key", "served_model_name")
+HTTP_ONLY_FIELDS = (
+    "host",
+    "port",
+    "api_key",
+    "served_model_name",
+    "allow_special_tokens_in_content",
+)
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,12 @@ class ServerArgs:
     )
     served_model_name: str | None = _opt(
         None, "model name reported by /v1/models and accepted in requests (none: --model)"
+    )
+    allow_special_tokens_in_content: bool = _opt(
+        False,
+        "tokenize special-token text inside chat messages (contents, tool calls, tools) as "
+        "special tokens, as the chat template's own markers are; for trusted clients only "
+        "(off: such text is ordinary text, so a message cannot forge a turn)",
     )
 
     def __post_init__(self) -> None:
