@@ -45,6 +45,7 @@ HTTP_ONLY_FIELDS = (
     "served_model_name",
     "health_timeout",
     "request_timeout",
+    "allow_special_tokens_in_content",
 )
 
 
@@ -218,6 +219,12 @@ class ServerArgs:
     )
     served_model_name: str | None = _opt(
         None, "model name reported by /v1/models and accepted in requests (none: --model)"
+    )
+    allow_special_tokens_in_content: bool = _opt(
+        False,
+        "tokenize special-token text inside chat messages (contents, tool calls, tools) as "
+        "special tokens, as the chat template's own markers are; for trusted clients only "
+        "(off: such text is ordinary text, so a message cannot forge a turn)",
     )
 
     def __post_init__(self) -> None:

@@ -6,7 +6,8 @@ checked (``{"id", "type": "function", "function": {"name", "arguments": str}}``)
 every message needs its content except an assistant turn that carries tool_calls or a
 refusal (as the OpenAI API requires). Tools are rendered by `tool_prompt.render_chat`.
 The template writes BOS itself when the model has one; no special tokens are added on
-top (no double BOS).
+top (no double BOS). Special-token text in the client's strings is tokenized as text
+unless the server allows it (`ChatPrompts`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from radixlm.frontend.errors import invalid_request
 from radixlm.frontend.protocol import ChatMessage
+from radixlm.frontend.special_text import SpecialText
 from radixlm.frontend.tool_prompt import ToolSetup, render_chat, template_knows_tools
 
 
@@ -32,19 +34,43 @@ def rendered_chars(messages: list[dict[str, Any]], setup: ToolSetup) -> int:
     return n + (len(json.dumps(setup.tools)) if setup.active else 0)
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict[str, Any]], setup: ToolSetup) -> list[int]:
-    """Token ids of the rendered chat with the assistant turn opened.
+class ChatPrompts:
+    """Token ids of chats rendered by one tokenizer's chat template.
 
-    Raises APIError (400) when the template refuses the messages.
+    Args:
+        tokenizer: a transformers tokenizer with a chat template.
+        special_in_content: parse special-token text inside the client's strings (message
+            contents, tool calls, tool definitions) as special tokens, as the template's
+            own markers are (``--allow-special-tokens-in-content``, for trusted clients).
+            Off: that text is tokenized as ordinary text (`special_text.SpecialText`).
     """
-    rendered, extra = render_chat(messages, setup, template_knows_tools(tokenizer))
-    try:
-        ids = tokenizer.apply_chat_template(
-            rendered, add_generation_prompt=True, tokenize=True, return_dict=False, **extra
-        )
-    except Exception as e:  # jinja errors: the template refused these messages
-        raise invalid_request(f"the chat template failed: {e}", param="messages") from None
-    return list(ids)
+
+    def __init__(self, tokenizer, special_in_content: bool = False):
+        self.tokenizer = tokenizer
+        self._special = None if special_in_content else SpecialText(tokenizer)
+
+    def ids(self, messages: list[dict[str, Any]], setup: ToolSetup) -> list[int]:
+        """Token ids of the rendered chat with the assistant turn opened.
+
+        Args:
+            messages: `normalise_messages` output. setup: the request's tools.
+        Raises APIError (400) when the template refuses the messages.
+        """
+        special = self._special
+        if special is None or not (special.found(messages) or special.found(setup.tools)):
+            return list(self._apply(messages, setup, tokenize=True))
+        key = special.new_key()
+        masked = ToolSetup(special.masked(setup.tools, key), setup.forced, setup.parallel)
+        return special.encode(self._apply(special.masked(messages, key), masked, False), key)
+
+    def _apply(self, messages: list[dict[str, Any]], setup: ToolSetup, tokenize: bool):
+        rendered, extra = render_chat(messages, setup, template_knows_tools(self.tokenizer))
+        try:
+            return self.tokenizer.apply_chat_template(
+                rendered, add_generation_prompt=True, tokenize=tokenize, return_dict=False, **extra
+            )
+        except Exception as e:  # jinja errors: the template refused these messages
+            raise invalid_request(f"the chat template failed: {e}", param="messages") from None
 
 
 def _message(index: int, m: ChatMessage) -> dict[str, Any]:

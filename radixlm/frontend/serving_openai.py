@@ -28,7 +28,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from radixlm.errors import InvalidRequestError
-from radixlm.frontend.chat_template import chat_prompt_ids, normalise_messages, rendered_chars
+from radixlm.frontend.chat_template import ChatPrompts, normalise_messages, rendered_chars
 from radixlm.frontend.errors import (
     APIError,
     from_exception,
@@ -107,6 +107,7 @@ class OpenAIServing:
     def __init__(self, tm):
         self.tm = tm
         self.texts = TokenTexts(tm.tokenizer)
+        self.chats = ChatPrompts(tm.tokenizer, tm.args.allow_special_tokens_in_content)
 
     # ---- routes -----------------------------------------------------------------------
 
@@ -240,7 +241,7 @@ class OpenAIServing:
             self.tm.check_chars(rendered_chars(rendered, tools))
         except InvalidRequestError as e:
             raise renamed(e, {"prompt": "messages"}) from None
-        return chat_prompt_ids(self.tm.tokenizer, rendered, tools)
+        return self.chats.ids(rendered, tools)
 
     def _chat_grammar(self, req: ChatCompletionRequest, tools: ToolSetup) -> dict[str, str]:
         """Grammar fields from response_format, regex / ebnf or the tools (see

@@ -1,5 +1,11 @@
 """ZMQ plumbing shared by the server processes: per-instance ipc:// endpoints and the
-child-process setup (signals, parent-death watch, start-up handshake)."""
+child-process setup (signals, parent-death watch, start-up handshake).
+
+Each server instance keeps its socket files in a private ``radixlm-*`` directory under
+the temporary directory, with its main process's pid in an ``owner.pid`` file. A server
+killed with SIGKILL cannot remove its directory, so `IpcPaths.create` first removes the
+directories whose owner is gone (`remove_stale_dirs`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -23,6 +30,8 @@ from radixlm.runtime.server.messages import ProcessFailed, ProcessReady, encode
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+_PREFIX = "radixlm-"
+_OWNER_FILE = "owner.pid"
 
 
 @dataclass(frozen=True)
@@ -40,13 +49,60 @@ class IpcPaths:
 
     @classmethod
     def create(cls) -> IpcPaths:
-        """Fresh endpoints in a new private temporary directory (unique per instance)."""
-        d = tempfile.mkdtemp(prefix="radixlm-")
+        """Fresh endpoints in a new private temporary directory (unique per instance),
+        owned by this process (its pid in ``owner.pid``); stale directories of dead
+        servers are removed first."""
+        remove_stale_dirs(tempfile.gettempdir())
+        d = tempfile.mkdtemp(prefix=_PREFIX)
+        # Written whole then renamed in, so a concurrent cleanup never reads half a pid.
+        part = os.path.join(d, _OWNER_FILE + ".part")
+        with open(part, "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(part, os.path.join(d, _OWNER_FILE))
         return cls(d, f"ipc://{d}/tokenizer", f"ipc://{d}/scheduler", f"ipc://{d}/detokenizer")
 
     def remove(self) -> None:
         """Delete the socket files' directory."""
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def remove_stale_dirs(root: str) -> list[str]:
+    """Remove the socket directories in `root` left by servers whose process is gone.
+
+    A directory is removed only when it is a real directory (not a link) named
+    ``radixlm-*``, owned by this user, and holds an ``owner.pid`` naming a process that
+    no longer exists. Anything else is kept: a live (or unknown-state) owner, a directory
+    still being created (no pid file yet), one radixlm did not make. A reused pid keeps
+    its directory (safe side). Returns the removed paths.
+    """
+    removed = []
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if name.startswith(_PREFIX) and _owner_gone(path):
+            shutil.rmtree(path, ignore_errors=True)
+            logger.info("removed the socket directory %s of a server that is gone", path)
+            removed.append(path)
+    return removed
+
+
+def _owner_gone(path: str) -> bool:
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            return False
+        with open(os.path.join(path, _OWNER_FILE)) as f:
+            pid = int(f.read())
+    except (OSError, ValueError):
+        return False
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        pass
+    return False
 
 
 def pull_socket(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
