@@ -15,7 +15,7 @@ import time
 import zmq
 
 from radixlm.config import ServerArgs
-from radixlm.errors import RadixLMError
+from radixlm.errors import RadixLMError, ServerError
 from radixlm.runtime.sched.request import Req, ReqOutput
 from radixlm.runtime.server.heartbeat import HeartbeatThread
 from radixlm.runtime.server.info import flush_cache, model_facts, server_info
@@ -112,7 +112,9 @@ class SchedulerLoop:
 
     def _add_request(self, msg: GenerateReq) -> None:
         """Queue `msg` in the scheduler, or send its refusal (ReqError 503: queue full,
-        400: any other RadixLMError); remember its stop strings for the detokenizer."""
+        400: any other RadixLMError, 503 server_error: an unexpected exception, logged, so
+        one bad request never ends this process or leaves its client waiting); remember
+        its stop strings for the detokenizer."""
         try:
             req = Req.new(
                 msg.rid, msg.input_ids, msg.params, extra_key=msg.extra_key, logprobs=msg.logprobs
@@ -120,6 +122,11 @@ class SchedulerLoop:
             self.scheduler.add_request(req)
         except RadixLMError as e:  # refused (queue full, too large, bad grammar)
             self.send.send(encode(ReqError.of(msg.rid, e)))
+            return
+        except Exception:
+            logger.exception("request %s could not be queued", msg.rid)
+            error = ServerError("the scheduler could not queue the request")
+            self.send.send(encode(ReqError.of(msg.rid, error)))
             return
         if msg.params.stop:
             self._stops[msg.rid] = msg.params.stop
