@@ -62,7 +62,7 @@ def create_app(tm, args: ServerArgs) -> FastAPI:
     tm.observer = metrics
     install_error_handlers(app)
     install_origin_checks(app, args)
-    openai = OpenAIServing(tm)
+    openai = OpenAIServing(tm, args.allow_special_tokens_in_content)
     native = NativeServing(tm)
     created = int(time.time())
     auth = [Depends(_api_key_check(args.api_key))] if args.api_key else []

@@ -12,6 +12,7 @@ unless the server allows it (`ChatPrompts`).
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -47,7 +48,12 @@ class ChatPrompts:
 
     def __init__(self, tokenizer, special_in_content: bool = False):
         self.tokenizer = tokenizer
-        self._special = None if special_in_content else SpecialText(tokenizer)
+        self._guard = not special_in_content
+
+    @functools.cached_property
+    def _special(self) -> SpecialText | None:
+        """The tokenizer's special strings, read on the first chat (None: not guarded)."""
+        return SpecialText(self.tokenizer) if self._guard else None
 
     def ids(self, messages: list[dict[str, Any]], setup: ToolSetup) -> list[int]:
         """Token ids of the rendered chat with the assistant turn opened.

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixlm.frontend.errors import invalid_request
-from radixlm.runtime.sampling.sampler import MAX_REQUEST_INT
+from radixlm.runtime.sampling.sampler import MAX_REQUEST_INT, MAX_TOP_K
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class SamplingFields(_Strict):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     # Extensions (SGLang / vLLM names).
-    top_k: int | None = Field(None, ge=-1, le=_MAX_TOKENS_LIMIT)  # 0 refused by SamplingParams
+    top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K)  # 0 refused by SamplingParams
     min_p: float | None = None
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None

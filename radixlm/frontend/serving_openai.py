@@ -102,12 +102,16 @@ class _Job:
 
 
 class OpenAIServing:
-    """Handlers of the OpenAI routes over a TokenizerManager `tm` (see runtime docs)."""
+    """Handlers of the OpenAI routes over a TokenizerManager `tm` (see runtime docs).
 
-    def __init__(self, tm):
+    special_in_content: parse special-token text in chat message content as control
+    tokens (`--allow-special-tokens-in-content`; off: it is ordinary text).
+    """
+
+    def __init__(self, tm, special_in_content: bool = False):
         self.tm = tm
         self.texts = TokenTexts(tm.tokenizer)
-        self.chats = ChatPrompts(tm.tokenizer, tm.args.allow_special_tokens_in_content)
+        self.chats = ChatPrompts(tm.tokenizer, special_in_content)
 
     # ---- routes -----------------------------------------------------------------------
 

@@ -51,7 +51,7 @@ def _serving(tokenizer, allow: bool) -> OpenAIServing:
     args = ServerArgs(model=MODEL, allow_special_tokens_in_content=allow)
     facts = {"vocab_size": 49152, "context_length": 2048, "max_total_tokens": 4096}
     ipc = IpcPaths("/nonexistent", "ipc://a", "ipc://b", "ipc://c")
-    return OpenAIServing(TokenizerManager(args, ipc, facts, tokenizer=tokenizer))
+    return OpenAIServing(TokenizerManager(args, ipc, facts, tokenizer=tokenizer), allow)
 
 
 @pytest.fixture(scope="module")

@@ -24,11 +24,14 @@ from radixlm.runtime.sampling.random_draw import inverse_cdf_draw
 
 _GREEDY_TEMPERATURE = 1e-5
 
-#: Largest token count, top-k or token id a request may carry (int32). Larger values mean
+#: Largest token count or token id a request may carry (int32). Larger values mean
 #: nothing for any model, and every int of a request crosses a process boundary, where
 #: msgpack cannot encode one of 2**64 or more: bounding them here makes such a value a
 #: 400 on its field instead of a failure after validation.
 MAX_REQUEST_INT = 2**31 - 1
+#: Largest top_k (int64): any larger k means the whole vocabulary, as top_k is clamped
+#: to it when sampling, so every int64 is accepted.
+MAX_TOP_K = 2**63 - 1
 
 # Grammar constraints (runtime/sampling/grammar.py); a request sets at most one of them.
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
@@ -123,8 +126,9 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         """Raise InvalidRequestError (param: the field at fault, code "invalid_value";
         param None for two grammar fields set at once) when a value is out of range.
 
-        Every int field is bounded (counts, top_k and token ids by MAX_REQUEST_INT, seed
-        below 2**63), so a validated SamplingParams always crosses the process boundary.
+        Every int field is bounded (counts and token ids by MAX_REQUEST_INT, top_k by
+        MAX_TOP_K, seed below 2**63), so a validated SamplingParams always crosses the
+        process boundary.
         Token ids are checked against the model's vocabulary later (`check_request`)."""
         floats = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty")
         for name in (*floats, "repetition_penalty"):
@@ -135,8 +139,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             _bad("temperature", f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             _bad("top_p", f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or not -1 <= self.top_k <= MAX_REQUEST_INT:
-            _bad("top_k", f"top_k must be -1 or in [1, {MAX_REQUEST_INT}], got {self.top_k}")
+        if self.top_k == 0 or not -1 <= self.top_k <= MAX_TOP_K:
+            _bad("top_k", f"top_k must be -1 or in [1, 2**63 - 1], got {self.top_k}")
         if not 0 <= self.min_p < 1:
             _bad("min_p", f"min_p must be in [0, 1), got {self.min_p}")
         if self.seed is not None and not 0 <= self.seed < 2**63:

@@ -9,7 +9,7 @@ import pytest
 from radixlm.errors import InvalidRequestError, RequestTooLargeError
 from radixlm.runtime.executor.memory import check_fits
 from radixlm.runtime.sampling.logprobs import LogprobOptions
-from radixlm.runtime.sampling.sampler import MAX_REQUEST_INT, SamplingParams
+from radixlm.runtime.sampling.sampler import MAX_REQUEST_INT, MAX_TOP_K, SamplingParams
 from radixlm.runtime.server.messages import GenerateReq, decode, encode
 
 HUGE = 2**64
@@ -19,7 +19,7 @@ BEYOND = [
     ({"max_new_tokens": HUGE}, "max_new_tokens"),
     ({"max_new_tokens": MAX_REQUEST_INT + 1}, "max_new_tokens"),
     ({"top_k": HUGE}, "top_k"),
-    ({"top_k": MAX_REQUEST_INT + 1}, "top_k"),
+    ({"top_k": MAX_TOP_K + 1}, "top_k"),
     ({"top_k": -HUGE}, "top_k"),
     ({"seed": HUGE}, "seed"),
     ({"seed": 2**63}, "seed"),
@@ -49,7 +49,7 @@ def test_values_at_the_bounds_are_accepted_and_encode():
         {
             "max_new_tokens": MAX_REQUEST_INT,
             "min_new_tokens": MAX_REQUEST_INT,
-            "top_k": MAX_REQUEST_INT,
+            "top_k": MAX_TOP_K,
             "seed": 2**63 - 1,
             "stop_token_ids": [0, MAX_REQUEST_INT],
             "logit_bias": {str(MAX_REQUEST_INT): 1.0},
