@@ -88,12 +88,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ---- server --------------------------------------------------------------------------
 
 
-def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    """`radixlm serve` on a free loopback port; returns (process, URL) once it answers."""
+def start_server(
+    args: argparse.Namespace, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, str]:
+    """`radixlm serve` (with `extra` flags) on a free loopback port; returns (process, URL)
+    once it answers."""
     cmd = [
         sys.executable, "-m", "radixlm", "serve", "--model", args.model, "--port", "0",
         "--num-threads", str(args.num_threads), "--max-total-tokens", str(args.max_total_tokens),
-        "--log-level", "warning",
+        "--log-level", "warning", *extra,
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     for line in proc.stdout:

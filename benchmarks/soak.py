@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from typing import Any
 import httpx
 from engine_throughput import machine_info
 from report import save_report
-from serve_latency import stop_server
+from serve_latency import start_server, stop_server
 
 from radixlm.bench.server_checks import greedy_probe, settled_report, wait_settled
 from radixlm.bench.soak import format_soak, run_soak, soak_plan, summarize_soak
@@ -65,21 +64,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.num_requests < 1 or args.concurrency < 1 or not 0 <= args.abort_rate <= 1:
         p.error("--num-requests and --concurrency must be >= 1, --abort-rate in [0, 1]")
     return args
-
-
-def start_server(args: argparse.Namespace):
-    """`radixlm serve` with a small pool on a free loopback port; (process, URL)."""
-    cmd = [
-        sys.executable, "-m", "radixlm", "serve", "--model", args.model, "--port", "0",
-        "--num-threads", str(args.num_threads), "--max-total-tokens", str(args.max_total_tokens),
-        "--schedule-conservativeness", str(args.schedule_conservativeness),
-        "--log-level", "warning",
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if line.startswith("radixlm serving on "):
-            return proc, line.split()[-1]
-    raise SystemExit(f"the server exited with status {proc.wait()} before it was ready")
 
 
 async def soak(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -120,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     proc, url = None, args.base_url
     if url is None:
         print("starting radixlm serve ...", file=sys.stderr)
-        proc, url = start_server(args)
+        pool = ("--schedule-conservativeness", str(args.schedule_conservativeness))
+        proc, url = start_server(args, pool)
     load_before = os.getloadavg()
     try:
         result = asyncio.run(soak(url.rstrip("/"), args))
