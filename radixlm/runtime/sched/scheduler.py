@@ -31,20 +31,14 @@ import random
 import time
 from concurrent.futures import Future
 
-import torch
-
 from radixlm.config import ServerArgs
 from radixlm.errors import QueueFullError, RequestTooLargeError
-from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.radix import make_prefix_cache
 from radixlm.radix.policy import make_policy
-from radixlm.runtime.executor.batch import extend_batch
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.sampling.grammar import GrammarBackend, GrammarCompiler
 from radixlm.runtime.sampling.logprobs import (
-    LogitsSelection,
     initial_input_logprobs,
-    output_logprobs,
 )
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sched.admission import Added, Plan, PrefillAdder
@@ -55,6 +49,7 @@ from radixlm.runtime.sched.decode import (
     NormalDecode,
 )
 from radixlm.runtime.sched.finish import FinishReason
+from radixlm.runtime.sched.forward_step import ForwardStep
 from radixlm.runtime.sched.kv_ledger import KVLedger
 from radixlm.runtime.sched.request import Req, ReqOutput
 from radixlm.runtime.sched.retraction import NewTokenRatio, retraction_order
@@ -110,6 +105,9 @@ class Scheduler:
         self.grammars = GrammarBackend(GrammarCompiler(tokenizer, vocab, eos_token_ids))
         self.decoder: DecodeStrategy = decoder if decoder is not None else NormalDecode()
         self._decode_ctx = DecodeContext(self.kv, self.stop, self._plain_decode)
+        self.forward_step = ForwardStep(
+            runner, self.kv, self.sampler, self.grammars, self.stop, self._after_forward
+        )
         self.waiting: list[Req] = []
         #: Requests whose grammar compiles on a worker thread, with its future; they join
         #: `waiting` at the first step after it is done (`_admit_compiled`).
@@ -290,7 +288,7 @@ class Scheduler:
         Commits its result, then caches the prefilled prompts (or chunks)."""
         batch = [r for r, _ in plan] + decodes
         try:
-            result = self._forward(plan, decodes)
+            result = self.forward_step.run(plan, decodes)
         except Exception:
             self._fail(batch)
             raise
@@ -321,58 +319,13 @@ class Scheduler:
             logger.info("decode: %s", self._log_line())
         return self._commit(result)
 
+    def _after_forward(self, fb, batch: list[Req], next_ids: dict[Req, int]) -> None:
+        """Tell the decode strategy (whichever is set now) about a forward this ran."""
+        self.decoder.after_forward(fb, batch, next_ids)
+
     def _plain_decode(self, reqs: list[Req]) -> DecodeResult:
         """The plain decode step (`DecodeContext.plain_decode`): one token per request."""
-        return self._forward([], reqs)
-
-    def _forward(self, plan: Plan, decodes: list[Req]) -> DecodeResult:
-        """One forward: the planned prefill chunks (EXTEND; decodes ride along in mixed
-        steps) or, with an empty plan, one token for each of `decodes` (DECODE); samples
-        and appends the next token of every request whose prompt is complete. Changes only
-        the batch's requests and their KV slots; the caller commits the result (or fails
-        the batch when this raises)."""
-        mode = ForwardMode.EXTEND if plan else ForwardMode.DECODE
-        batch = [r for r, _ in plan] + decodes
-        ids, positions, locs, ext_lens, pre_lens = [], [], [], [], []
-        select = LogitsSelection(plan + [(r, 1) for r in decodes])
-        for req, n in plan:
-            start = req.kv_len
-            locs.append(self.kv.alloc(req, start, n))
-            ids.extend(req.all_ids[start : start + n])
-            positions.extend(range(start, start + n))
-            ext_lens.append(n)
-            pre_lens.append(start)
-        if decodes:  # one token each: one slot allocation for all of them
-            locs.append(self.kv.alloc_decode(decodes))
-            ids.extend(r.output_ids[-1] for r in decodes)
-            pre_lens.extend(r.kv_len for r in decodes)
-            positions.extend(pre_lens[len(plan) :])
-            ext_lens.extend([1] * len(decodes))
-        fb = self._forward_batch(mode, batch, ids, positions, locs, pre_lens, ext_lens)
-        fb.logits_indices = select.indices
-        fb.argmax_only = all(r.argmax_only for r in batch)
-        out = self.runner.forward(fb)
-        select.collect_prompt_logprobs(out)
-        # Rows whose prompt is complete sample a token; a partial chunk samples nothing.
-        done = [i for i, r in enumerate(batch) if r.kv_len == r.seq_len]
-        rows = [select.last_rows[i] for i in done]
-        # A decode step samples every row in order: use the logits without a copy.
-        logits = out if rows == list(range(out.shape[0])) else out[rows]
-        sampled = [batch[i] for i in done]
-        next_ids, logprobs = self._sample(logits, sampled)
-        self.decoder.after_forward(fb, batch, dict(zip(sampled, next_ids)))
-        return self._emit(sampled, next_ids, logprobs, decode_tokens=len(decodes))
-
-    def _sample(self, logits: torch.Tensor, reqs: list[Req]) -> tuple[list[int], list]:
-        """Next token of each request, and its logprobs (None unless return_logprob) from
-        the raw logits: a grammar mask (applied in place) must not reach them."""
-        if not reqs:
-            return [], []
-        masked_logprobs = any(r.return_logprob and r.grammar is not None for r in reqs)
-        raw = logits.clone() if masked_logprobs else logits
-        self.grammars.apply(logits, reqs)
-        next_ids = self.sampler.sample(logits, reqs)
-        return next_ids.tolist(), output_logprobs(raw, next_ids, reqs)
+        return self.forward_step.run([], reqs)
 
     def _fail(self, batch: list[Req]) -> None:
         """A step raised: abort its requests and free their slots without caching them
@@ -415,38 +368,7 @@ class Scheduler:
         self.waiting.insert(0, req)
         self.counters.retracted += 1
 
-    # ---- batches and outputs ------------------------------------------------------------
-
-    def _forward_batch(self, mode, batch, ids, positions, locs, pre_lens, ext_lens) -> ForwardBatch:
-        """The step's batch (see `extend_batch`); each request's kv_len advances by its
-        new tokens."""
-        for req, n in zip(batch, ext_lens):
-            req.kv_len += n
-        rows = [r.row for r in batch]
-        return extend_batch(mode, self.table, rows, ids, positions, locs, pre_lens, ext_lens)
-
-    def _emit(
-        self, reqs: list[Req], next_ids: list[int], logprobs: list, decode_tokens: int
-    ) -> DecodeResult:
-        """Append each request's sampled token and run the grammar and stop checks; a
-        request with max_new_tokens == 0 finishes ("length") without one."""
-        result = DecodeResult(decode_tokens=decode_tokens)
-        for req, tok, lp in zip(reqs, next_ids, logprobs):
-            result.reqs.append(req)
-            if req.params.max_new_tokens == 0:
-                result.new_ids.append([])
-                result.reasons.append(FinishReason.LENGTH)
-                result.logprobs.append(None)
-                continue
-            req.output_ids.append(tok)
-            grammar_done = self.grammars.accept(req, tok)
-            reason = self.stop.check(req, tok)
-            if grammar_done:
-                reason = FinishReason.STOP
-            result.new_ids.append([tok])
-            result.reasons.append(reason)
-            result.logprobs.append(lp)
-        return result
+    # ---- outputs ------------------------------------------------------------------------
 
     def _commit(self, result: DecodeResult) -> list[ReqOutput]:
         """Apply a step's result to the scheduler: the pending abort events come first,
