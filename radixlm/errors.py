@@ -15,6 +15,11 @@ class UnsupportedModelError(RadixLMError, ValueError):
     """The model exists but its architecture is not implemented."""
 
 
+class WeightsMismatchError(RadixLMError, ValueError):
+    """A checkpoint's tensors do not match its config: a tensor is missing, extra, or of
+    the wrong shape. The message names every such tensor."""
+
+
 class InvalidRequestError(RadixLMError, ValueError):
     """A request is malformed (empty prompt, prompt beyond the context, bad sampling value).
 

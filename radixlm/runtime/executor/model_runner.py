@@ -121,10 +121,11 @@ class ModelRunner:
         self.backend = create_attention_backend(
             self.attention_backend,
             self.kv_pool,
-            attn.head_dim**-0.5,
+            attn.scaling,
             num_heads=attn.num_heads,
             page_size=args.page_size,
             dtype=self.dtype,
+            sliding_windows=[layer.self_attn.sliding_window for layer in self.model.model.layers],
         )
         self.graph_runner = None
         if self._use_cuda_graph():

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from radixlm.errors import WeightsMismatchError
 from radixlm.runtime.executor.layers import LayerFactory, TorchLayers
 from radixlm.runtime.executor.models import get_model_class
 
@@ -32,8 +33,10 @@ def load_weights(model: nn.Module, hf_dir: Path, config, dtype: torch.dtype, dev
     """Load every *.safetensors in `hf_dir` into `model` (from `build_model`), cast to
     `dtype`, and move it to `device`; returns it in eval mode, before any post-load step.
 
-    A tied lm_head (absent from the files) shares the embedding. Raises FileNotFoundError
-    without files, RuntimeError naming missing or unexpected tensors.
+    The checkpoint's names pass through the family's `adapt_checkpoint` (split fused
+    tensors, renamed experts). A tied lm_head (absent from the files) shares the
+    embedding. Raises FileNotFoundError without files, WeightsMismatchError naming every
+    missing, unexpected or wrongly shaped tensor.
     """
     state: dict[str, torch.Tensor] = {}
     files = sorted(Path(hf_dir).glob("*.safetensors"))
@@ -41,17 +44,38 @@ def load_weights(model: nn.Module, hf_dir: Path, config, dtype: torch.dtype, dev
         raise FileNotFoundError(f"no *.safetensors files in {hf_dir}")
     for f in files:
         state.update(load_file(f, device="cpu"))
+    state = type(model).adapt_checkpoint(state, config)
     state = {k: v.to(dtype) for k, v in state.items()}
     tied = getattr(config, "tie_word_embeddings", False)
     if tied:
         state.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    missing = [m for m in missing if not (tied and m == "lm_head.weight")]
-    if missing or unexpected:
-        raise RuntimeError(f"weights mismatch: missing={missing} unexpected={unexpected}")
+    check_state(model, state, skip={"lm_head.weight"} if tied else set())
+    model.load_state_dict(state, strict=False, assign=True)
     if tied:
         model.tie_weights()
     return model.to(device).eval()
+
+
+def check_state(model: nn.Module, state: dict[str, torch.Tensor], skip: set[str]) -> None:
+    """Raise WeightsMismatchError naming the tensors of `state` that `model` lacks, the
+    parameters and buffers `state` lacks (except `skip`), and those of the wrong shape."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in skip}
+    missing = sorted(k for k in expected if k not in state)
+    unexpected = sorted(k for k in state if k not in expected)
+    wrong = [
+        f"{k}: checkpoint {tuple(state[k].shape)}, config expects {shape}"
+        for k, shape in sorted(expected.items())
+        if k in state and tuple(state[k].shape) != shape
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing tensors {missing}")
+    if unexpected:
+        problems.append(f"unexpected tensors {unexpected}")
+    if wrong:
+        problems.append(f"wrong shapes [{'; '.join(wrong)}]")
+    if problems:
+        raise WeightsMismatchError("checkpoint does not match its config: " + ", ".join(problems))
 
 
 def load_model(

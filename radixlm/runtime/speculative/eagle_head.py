@@ -25,7 +25,7 @@ from torch import nn
 
 from radixlm.kernels import ForwardBatch
 from radixlm.runtime.executor.layers import TorchLayers
-from radixlm.runtime.executor.layers.blocks import RotaryEmbedding
+from radixlm.runtime.executor.layers.blocks import AttentionOptions, RotaryEmbedding
 
 CONFIG_NAME = "eagle.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -83,7 +83,8 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * h, h, bias=True)
         bias = getattr(layer_cfg, "attention_bias", False)
         # Plain torch modules: the head is trained as such and loads by their names.
-        self.layer = TorchLayers().decoder_layer(layer_cfg, 0, bias, False, "layer")
+        opts = AttentionOptions(qkv_bias=bool(bias))
+        self.layer = TorchLayers().decoder_layer(layer_cfg, 0, opts, "layer")
         self.rotary = RotaryEmbedding(layer_cfg)
         # Shared with the target; kept out of the state dict.
         object.__setattr__(self, "embed", embed)

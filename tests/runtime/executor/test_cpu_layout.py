@@ -15,6 +15,7 @@ from radixlm.runtime.executor.layers import (
     cpu_layers,
     cpu_linear,
 )
+from radixlm.runtime.executor.layers.blocks import AttentionOptions
 from radixlm.runtime.executor.layers.cpu_linear import PackedHead, PackedLinear
 from radixlm.runtime.executor.layers.input_major import FEW_ROWS, FewRowsHead, InputMajorLinear
 
@@ -125,7 +126,8 @@ def _tiny_layer(layer_id: int = 0, seed: int = 3):
 
     cfg = SimpleNamespace(**_CFG)
     torch.manual_seed(seed)
-    layer = TorchLayers().decoder_layer(cfg, layer_id, True, False, f"model.layers.{layer_id}")
+    opts = AttentionOptions(qkv_bias=True)
+    layer = TorchLayers().decoder_layer(cfg, layer_id, opts, f"model.layers.{layer_id}")
     for p in layer.parameters():
         p.data.normal_(0, 0.2)
     return layer, RotaryEmbedding(cfg)
@@ -136,8 +138,9 @@ def _packed_layer(layer, cpu_kernels) -> nn.Module:
     from types import SimpleNamespace
 
     layers = PackedCpuLayers(cpu_kernels)
+    opts = AttentionOptions(qkv_bias=True)
     packed = layers.decoder_layer(
-        SimpleNamespace(**_CFG), layer.self_attn.layer_id, True, False, "model.layers.0"
+        SimpleNamespace(**_CFG), layer.self_attn.layer_id, opts, "model.layers.0"
     )
     return _loaded(layers, packed, layer.state_dict())
 

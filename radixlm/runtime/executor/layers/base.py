@@ -26,6 +26,7 @@ from torch import nn
 from radixlm.runtime.executor.layers.blocks import (
     MLP,
     Attention,
+    AttentionOptions,
     DecoderLayer,
     RMSNorm,
     run_in_order,
@@ -69,26 +70,31 @@ class LayerFactory(abc.ABC):
         """The token embedding: int64 ids [T] -> [T, hidden], holding `weight` [vocab, hidden]."""
         return nn.Embedding(vocab, hidden)
 
-    def rms_norm(self, dim: int, eps: float) -> nn.Module:
-        """RMSNorm over the last dimension, holding `weight` [dim]."""
-        return RMSNorm(dim, eps)
+    def rms_norm(self, dim: int, eps: float, unit_offset: bool = False) -> nn.Module:
+        """RMSNorm over the last dimension, holding `weight` [dim] (scale 1 + weight with
+        `unit_offset`, Gemma's)."""
+        return RMSNorm(dim, eps, unit_offset)
 
-    def attention(
-        self, config, layer_id: int, qkv_bias: bool, o_bias: bool, prefix: str
-    ) -> nn.Module:
+    def attention(self, config, layer_id: int, opts: AttentionOptions, prefix: str) -> nn.Module:
         """GQA self-attention with RoPE (`blocks.Attention`'s forward signature and
-        num_heads, num_kv_heads, head_dim, layer_id attributes)."""
-        return Attention(config, layer_id, qkv_bias, o_bias, self, prefix)
+        num_heads, num_kv_heads, head_dim, layer_id, sliding_window, scaling attributes)."""
+        return Attention(config, layer_id, opts, self, prefix)
 
-    def mlp(self, hidden: int, intermediate: int, prefix: str) -> nn.Module:
-        """The SwiGLU feed-forward block."""
-        return MLP(hidden, intermediate, self, prefix)
+    def mlp(self, hidden: int, intermediate: int, prefix: str, activation: str = "silu"):
+        """The gated feed-forward block (`blocks.MLP`; SwiGLU or GeGLU)."""
+        return MLP(hidden, intermediate, self, prefix, activation)
 
     def decoder_layer(
-        self, config, layer_id: int, qkv_bias: bool, o_bias: bool, prefix: str
+        self,
+        config,
+        layer_id: int,
+        opts: AttentionOptions,
+        prefix: str,
+        mlp: nn.Module | None = None,
     ) -> nn.Module:
-        """One pre-norm decoder block (`blocks.DecoderLayer`)."""
-        return DecoderLayer(config, layer_id, qkv_bias, o_bias, self, prefix)
+        """One pre-norm decoder block (`blocks.DecoderLayer`); `mlp` replaces the dense
+        feed-forward block (a mixture of experts)."""
+        return DecoderLayer(config, layer_id, opts, self, prefix, mlp)
 
     def layer_runner(self, layers: nn.ModuleList) -> LayerRunner:
         """What runs these (loaded, final) layers each step: in order by default."""

@@ -1,20 +1,25 @@
-"""Plain-torch building blocks shared by the model families: RMSNorm, RoPE (with the
-config's scaling), GQA attention through the attention backend, the SwiGLU MLP, the
-pre-norm decoder layer, and the plain layer runner. `TorchLayers` hands them out; the CPU
-factories subclass or wrap them. Parameter names equal the Hugging Face ones.
+"""Plain-torch building blocks shared by the model families: RMSNorm (plain or Gemma's
+unit-offset), RoPE (with the config's scaling, full or partial rotation), GQA attention
+through the attention backend (optional per-head q/k norm, sliding window, custom scale),
+the gated MLP (SwiGLU or GeGLU), the pre-norm decoder layer, and the plain layer runner.
+`TorchLayers` hands them out; the CPU factories subclass or wrap them. Parameter names
+equal the Hugging Face ones.
 
 References: Zhang & Sennrich 2019 (RMSNorm), Su et al. 2021 (RoPE), Ainslie et al. 2023
-(GQA), Shazeer 2020 (SwiGLU), Touvron et al. 2023 (Llama 2's pre-norm block).
+(GQA), Shazeer 2020 (GLU variants: SwiGLU, GeGLU), Touvron et al. 2023 (Llama 2's
+pre-norm block), Beltagy et al. 2020 (sliding-window attention).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.errors import UnsupportedModelError
 from radixlm.kernels import AttentionBackend
 
 if TYPE_CHECKING:
@@ -22,12 +27,23 @@ if TYPE_CHECKING:
 
 
 class RMSNorm(nn.Module):
-    """y = w * x / sqrt(mean(x^2) + eps), computed in fp32 like the HF reference."""
+    """y = w * x / sqrt(mean(x^2) + eps), computed in fp32 like the HF reference.
 
-    def __init__(self, dim: int, eps: float):
+    With `unit_offset` (Gemma) the checkpoint's `weight` holds w - 1: the scale is
+    (1 + weight), and `process_weights_after_loading` adds the 1 once, in fp32, so every
+    implementation (this one, the C kernel) multiplies by the same stored w.
+    """
+
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.unit_offset = unit_offset
+
+    def process_weights_after_loading(self) -> None:
+        if self.unit_offset:
+            self.weight.data = self.weight.data.float().add_(1.0).to(self.weight.dtype)
+            self.unit_offset = False  # the stored weight is now the scale itself
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
@@ -36,32 +52,65 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+#: RoPE types whose frequencies depend only on the config (transformers'
+#: `ROPE_INIT_FUNCTIONS` computes them once). "dynamic" and "longrope" change with the
+#: sequence length of the batch, which per-request serving cannot reproduce.
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
+
+
+def rope_parameters(config, layer_type: str | None = None) -> dict:
+    """The config's RoPE parameters (transformers 5 `rope_parameters`, one dict per layer
+    type where the config keeps several). Raises UnsupportedModelError naming the field
+    for a RoPE type outside `STATIC_ROPE_TYPES`."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if layer_type is not None and layer_type in params:
+        params = params[layer_type]
+    rope_type = params.get("rope_type", "default")
+    if rope_type not in STATIC_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"rope_parameters.rope_type {rope_type!r} is not supported; "
+            f"supported: {list(STATIC_ROPE_TYPES)}"
+        )
+    return params
+
+
 class RotaryEmbedding(nn.Module):
-    """RoPE with the config's theta and scaling (inv_freq from transformers' rope utilities).
+    """RoPE with the config's theta and scaling (inv_freq from transformers' rope utilities),
+    rotating the first `rotary_dim` = head_dim * partial_rotary_factor dims of each head.
 
     Applied to q [T, H, D] and k [T, Hkv, D] at int64 positions [T] (rotate-half layout).
+
+    Args:
+        config: the transformers config.
+        layer_type: which of the config's per-layer-type RoPE dicts to use (Gemma 3's
+            "sliding_attention" / "full_attention"); None for configs with one.
+    Raises UnsupportedModelError for a RoPE type outside `STATIC_ROPE_TYPES`.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, layer_type: str | None = None):
         super().__init__()
-        params = getattr(config, "rope_parameters", None) or {}
+        params = rope_parameters(config, layer_type)
         rope_type = params.get("rope_type", "default")
         head_dim = head_dim_of(config)
+        factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+        self.rotary_dim = int(head_dim * (factor or 1.0))
         # Real CPU tensors even when the model is built under a meta-device context.
         with torch.device("cpu"):
             if rope_type == "default":
                 theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-                exponent = torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim
+                dim = self.rotary_dim
+                exponent = torch.arange(0, dim, 2, dtype=torch.float) / dim
                 inv_freq, scale = 1.0 / (theta**exponent), 1.0
             else:
                 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-                inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+                kwargs = {"layer_type": layer_type} if layer_type is not None else {}
+                inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", **kwargs)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.attention_scaling = scale
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """cos, sin tables [T, 1, head_dim] for int64 positions [T] (computed once per step)."""
+        """cos, sin tables [T, 1, rotary_dim] for int64 positions [T] (once per step)."""
         freqs = positions[:, None].float() * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.attention_scaling).to(dtype)[:, None, :]
@@ -70,8 +119,13 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, heads, head_dim] by the per-token angles (rotate-half layout)."""
-    return x * cos + _rotate_half(x) * sin
+    """Rotate x [T, heads, head_dim] by the per-token angles (rotate-half layout) over its
+    first cos.shape[-1] dims (all of them unless the rotation is partial)."""
+    rot = cos.shape[-1]
+    if rot == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    head, tail = x[..., :rot], x[..., rot:]
+    return torch.cat((head * cos + _rotate_half(head) * sin, tail), dim=-1)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -84,61 +138,137 @@ def head_dim_of(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+@dataclass(frozen=True)
+class AttentionOptions:
+    """How one layer's attention differs between families.
+
+    Attributes:
+        qkv_bias: biases on q/k/v (Qwen2, Llama's attention_bias).
+        o_bias: a bias on o_proj (Llama's attention_bias).
+        qk_norm: per-head RMSNorm of q and k (`q_norm`, `k_norm` [head_dim]) before RoPE
+            (Qwen3, Gemma 3).
+        unit_offset_norm: those norms scale by (1 + weight) (Gemma).
+        sliding_window: keys older than this many positions are masked (Mistral, Gemma 3's
+            local layers), None for full causal attention.
+        scaling: the softmax scale; None for head_dim ** -0.5.
+    """
+
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    unit_offset_norm: bool = False
+    sliding_window: int | None = None
+    scaling: float | None = None
+
+
 class Attention(nn.Module):
-    """GQA self-attention: q/k/v projections, RoPE, backend attention, output projection.
-    The projections are `layers.linear` modules named `{prefix}.q_proj` etc."""
+    """GQA self-attention: q/k/v projections, optional q/k norm, RoPE, backend attention,
+    output projection. The projections are `layers.linear` modules named
+    `{prefix}.q_proj` etc.; the norms `layers.rms_norm` modules `{prefix}.q_norm`/`k_norm`.
+
+    `sliding_window` and `scaling` are read by the model runner, which hands them to the
+    attention backend (windows per layer, one scale per model).
+    """
 
     def __init__(
-        self, config, layer_id: int, qkv_bias: bool, o_bias: bool, layers: LayerFactory, prefix: str
+        self, config, layer_id: int, opts: AttentionOptions, layers: LayerFactory, prefix: str
     ):
         super().__init__()
         self.layer_id = layer_id
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = head_dim_of(config)
+        self.sliding_window = opts.sliding_window
+        self.scaling = opts.scaling if opts.scaling is not None else self.head_dim**-0.5
         hidden, q_out = config.hidden_size, self.num_heads * self.head_dim
         kv_out = self.num_kv_heads * self.head_dim
-        self.q_proj = layers.linear(f"{prefix}.q_proj", hidden, q_out, qkv_bias)
-        self.k_proj = layers.linear(f"{prefix}.k_proj", hidden, kv_out, qkv_bias)
-        self.v_proj = layers.linear(f"{prefix}.v_proj", hidden, kv_out, qkv_bias)
-        self.o_proj = layers.linear(f"{prefix}.o_proj", q_out, hidden, o_bias)
+        self.q_proj = layers.linear(f"{prefix}.q_proj", hidden, q_out, opts.qkv_bias)
+        self.k_proj = layers.linear(f"{prefix}.k_proj", hidden, kv_out, opts.qkv_bias)
+        self.v_proj = layers.linear(f"{prefix}.v_proj", hidden, kv_out, opts.qkv_bias)
+        self.o_proj = layers.linear(f"{prefix}.o_proj", q_out, hidden, opts.o_bias)
+        self.q_norm = self.k_norm = None
+        if opts.qk_norm:
+            eps, offset = config.rms_norm_eps, opts.unit_offset_norm
+            self.q_norm = layers.rms_norm(self.head_dim, eps, unit_offset=offset)
+            self.k_norm = layers.rms_norm(self.head_dim, eps, unit_offset=offset)
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], backend: AttentionBackend, fb):
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         o = backend.forward(q, k, v, self.layer_id, fb)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
 
-class MLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)) (Shazeer 2020), of `layers.linear`
-    projections named `{prefix}.gate_proj` etc."""
+#: Gate activations of the gated MLP by the config's `hidden_act` / `hidden_activation`.
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+}
 
-    def __init__(self, hidden: int, intermediate: int, layers: LayerFactory, prefix: str):
+
+def activation_of(config) -> str:
+    """The config's gate activation name (`hidden_activation`, else `hidden_act`).
+    Raises UnsupportedModelError naming the field when it is not in `ACTIVATIONS`."""
+    name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+    if name not in ACTIVATIONS:
+        raise UnsupportedModelError(
+            f"hidden_act {name!r} is not supported; supported: {sorted(ACTIVATIONS)}"
+        )
+    return name
+
+
+class MLP(nn.Module):
+    """Gated feed-forward: down(act(gate(x)) * up(x)), SwiGLU for act = silu and GeGLU for
+    gelu (Shazeer 2020), of `layers.linear` projections named `{prefix}.gate_proj` etc."""
+
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        layers: LayerFactory,
+        prefix: str,
+        activation: str = "silu",
+    ):
         super().__init__()
+        self.activation = activation
+        self._act = ACTIVATIONS[activation]
         self.gate_proj = layers.linear(f"{prefix}.gate_proj", hidden, intermediate, False)
         self.up_proj = layers.linear(f"{prefix}.up_proj", hidden, intermediate, False)
         self.down_proj = layers.linear(f"{prefix}.down_proj", intermediate, hidden, False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self._act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)); its attention, MLP and
-    norms come from `layers` (named under `prefix`, e.g. "model.layers.0")."""
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)); its attention and norms
+    come from `layers` (named under `prefix`, e.g. "model.layers.0"), its feed-forward
+    block is `mlp` when given (a mixture of experts) else `layers.mlp` of the config's
+    intermediate size and activation."""
 
     def __init__(
-        self, config, layer_id: int, qkv_bias: bool, o_bias: bool, layers: LayerFactory, prefix: str
+        self,
+        config,
+        layer_id: int,
+        opts: AttentionOptions,
+        layers: LayerFactory,
+        prefix: str,
+        mlp: nn.Module | None = None,
     ):
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
-        self.self_attn = layers.attention(config, layer_id, qkv_bias, o_bias, f"{prefix}.self_attn")
-        self.mlp = layers.mlp(hidden, config.intermediate_size, f"{prefix}.mlp")
+        self.self_attn = layers.attention(config, layer_id, opts, f"{prefix}.self_attn")
+        if mlp is None:
+            inter, act = config.intermediate_size, activation_of(config)
+            mlp = layers.mlp(hidden, inter, f"{prefix}.mlp", act)
+        self.mlp = mlp
         self.input_layernorm = layers.rms_norm(hidden, eps)
         self.post_attention_layernorm = layers.rms_norm(hidden, eps)
 

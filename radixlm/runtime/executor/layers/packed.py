@@ -25,10 +25,13 @@ from torch import nn
 from radixlm.kernels.cpu import CpuKernels, LayerSpec, into_huge_pages
 from radixlm.runtime.executor.layers.base import LayerFactory, LayerRunner, TorchLayers
 from radixlm.runtime.executor.layers.blocks import (
+    ACTIVATIONS,
     MLP,
     Attention,
+    AttentionOptions,
     DecoderLayer,
     RMSNorm,
+    apply_rotary,
     run_in_order,
 )
 from radixlm.runtime.executor.layers.cpu_linear import (
@@ -42,7 +45,8 @@ from radixlm.runtime.executor.layers.fused_stack import FusedDecodeStack, fusabl
 
 class PackedAttention(Attention):
     """`blocks.Attention` with q/k/v fused into one packed product (`qkv_proj`) and
-    RoPE applied in place by the C kernel. Same forward signature and result.
+    RoPE applied in place by the C kernel (by torch for a partial rotation, after the q/k
+    norms where the family has them). Same forward signature and result.
 
     Loads `q_proj`, `k_proj`, `v_proj`, `o_proj` (nn.Linear holders named as in the
     checkpoint); `process_weights_after_loading` replaces them by `qkv_proj` and `o_proj`
@@ -53,14 +57,13 @@ class PackedAttention(Attention):
         self,
         config,
         layer_id: int,
-        qkv_bias: bool,
-        o_bias: bool,
+        opts: AttentionOptions,
         kernels: CpuKernels,
         source: FloatPanels,
         prefix: str,
     ):
-        # nn.Linear holders under the checkpoint's names, packed after loading.
-        super().__init__(config, layer_id, qkv_bias, o_bias, TorchLayers(), prefix)
+        # nn.Linear holders under the checkpoint's names, packed after loading; C norms.
+        super().__init__(config, layer_id, opts, _HolderLayers(kernels), prefix)
         self._kernels, self._source, self._prefix = kernels, source, prefix
 
     def process_weights_after_loading(self) -> None:
@@ -73,9 +76,17 @@ class PackedAttention(Attention):
     def forward(self, x, rope, backend, fb):
         t, h, hkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)  # [t, (h + 2 hkv) d]
-        self._kernels.rope_(qkv, h + hkv, d, *rope)
-        q = qkv[:, : h * d].view(t, h, d)
-        k = qkv[:, h * d : (h + hkv) * d].view(t, hkv, d)
+        if self.q_norm is None and rope[0].shape[-1] == d:
+            self._kernels.rope_(qkv, h + hkv, d, *rope)
+            q = qkv[:, : h * d].view(t, h, d)
+            k = qkv[:, h * d : (h + hkv) * d].view(t, hkv, d)
+        else:
+            q = qkv[:, : h * d].reshape(t * h, d)
+            k = qkv[:, h * d : (h + hkv) * d].reshape(t * hkv, d)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q = apply_rotary(q.view(t, h, d), *rope)
+            k = apply_rotary(k.view(t, hkv, d), *rope)
         v = qkv[:, (h + hkv) * d :].view(t, hkv, d)
         o = backend.forward(q, k, v, self.layer_id, fb)
         return self.o_proj(o.reshape(t, h * d))
@@ -83,13 +94,19 @@ class PackedAttention(Attention):
 
 class PackedMLP(MLP):
     """`blocks.MLP` with gate/up fused into one packed product (`gate_up_proj`) and
-    silu(gate) * up in one C call. Loads `gate_proj`, `up_proj`, `down_proj` (nn.Linear
-    holders); `process_weights_after_loading` packs them."""
+    silu(gate) * up in one C call (other activations by torch). Loads `gate_proj`,
+    `up_proj`, `down_proj` (nn.Linear holders); `process_weights_after_loading` packs them."""
 
     def __init__(
-        self, hidden: int, intermediate: int, kernels: CpuKernels, source: FloatPanels, prefix: str
+        self,
+        hidden: int,
+        intermediate: int,
+        kernels: CpuKernels,
+        source: FloatPanels,
+        prefix: str,
+        activation: str = "silu",
     ):
-        super().__init__(hidden, intermediate, TorchLayers(), prefix)
+        super().__init__(hidden, intermediate, TorchLayers(), prefix, activation)
         self._kernels, self._source, self._prefix = kernels, source, prefix
 
     def process_weights_after_loading(self) -> None:
@@ -102,7 +119,11 @@ class PackedMLP(MLP):
         del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self._kernels.silu_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        if self.activation == "silu":
+            return self.down_proj(self._kernels.silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.down_proj(ACTIVATIONS[self.activation](gate) * up)
 
 
 class PackedProjection(nn.Module):
@@ -134,10 +155,11 @@ class PackedProjection(nn.Module):
 
 
 class CpuRMSNorm(RMSNorm):
-    """`blocks.RMSNorm` (same `weight`, `eps`) as one C call; fp32 [rows, dim]."""
+    """`blocks.RMSNorm` (same `weight`, `eps`, `unit_offset`) as one C call; fp32
+    [rows, dim]."""
 
-    def __init__(self, dim: int, eps: float, kernels: CpuKernels):
-        super().__init__(dim, eps)
+    def __init__(self, dim: int, eps: float, kernels: CpuKernels, unit_offset: bool = False):
+        super().__init__(dim, eps, unit_offset)
         self._kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -172,12 +194,19 @@ class CpuDecoderLayer(DecoderLayer):
             down_fmt=mlp.down_proj.fmt,
             eps=self.input_layernorm.eps,
         )  # fmt: skip
-        # The C layer needs whole 8-float vectors per head and whole query groups, and
-        # has no output-projection bias (Llama's attention_bias).
+        # The C layer needs whole 8-float vectors per head and whole query groups; it has
+        # no output-projection bias (Llama's attention_bias), q/k norm, sliding window,
+        # partial rotation, custom scale or activation other than SwiGLU, and a dense MLP.
         self.fused_decode = (
-            attn.head_dim % 8 == 0
+            isinstance(attn, PackedAttention)
+            and isinstance(mlp, PackedMLP)
+            and attn.head_dim % 8 == 0
             and attn.num_heads % attn.num_kv_heads == 0
             and attn.o_proj.bias is None
+            and attn.q_norm is None
+            and attn.sliding_window is None
+            and attn.scaling == attn.head_dim**-0.5
+            and mlp.activation == "silu"
         )
 
     def weights(self) -> tuple[torch.Tensor | None, ...]:
@@ -189,6 +218,17 @@ class CpuDecoderLayer(DecoderLayer):
             attn.qkv_proj.panels, attn.qkv_proj.bias, attn.o_proj.panels,
             mlp.gate_up_proj.panels, mlp.down_proj.panels,
         )  # fmt: skip
+
+
+class _HolderLayers(TorchLayers):
+    """nn.Linear holders (packed by their owner after loading) and C norms: what
+    `PackedAttention` is built of before it packs."""
+
+    def __init__(self, kernels: CpuKernels):
+        self.kernels = kernels
+
+    def rms_norm(self, dim: int, eps: float, unit_offset: bool = False) -> nn.Module:
+        return CpuRMSNorm(dim, eps, self.kernels, unit_offset)
 
 
 class PackedCpuLayers(LayerFactory):
@@ -224,23 +264,24 @@ class PackedCpuLayers(LayerFactory):
     def lm_head(self, hidden: int, vocab: int, bias: bool = False) -> nn.Module:
         return PackedHead(hidden, vocab, bias, self.kernels, self.source, self.lm_head_screen)
 
-    def rms_norm(self, dim: int, eps: float) -> nn.Module:
-        return CpuRMSNorm(dim, eps, self.kernels)
+    def rms_norm(self, dim: int, eps: float, unit_offset: bool = False) -> nn.Module:
+        return CpuRMSNorm(dim, eps, self.kernels, unit_offset)
 
-    def attention(
-        self, config, layer_id: int, qkv_bias: bool, o_bias: bool, prefix: str
-    ) -> nn.Module:
-        return PackedAttention(
-            config, layer_id, qkv_bias, o_bias, self.kernels, self.source, prefix
-        )
+    def attention(self, config, layer_id: int, opts: AttentionOptions, prefix: str) -> nn.Module:
+        return PackedAttention(config, layer_id, opts, self.kernels, self.source, prefix)
 
-    def mlp(self, hidden: int, intermediate: int, prefix: str) -> nn.Module:
-        return PackedMLP(hidden, intermediate, self.kernels, self.source, prefix)
+    def mlp(self, hidden: int, intermediate: int, prefix: str, activation: str = "silu"):
+        return PackedMLP(hidden, intermediate, self.kernels, self.source, prefix, activation)
 
     def decoder_layer(
-        self, config, layer_id: int, qkv_bias: bool, o_bias: bool, prefix: str
+        self,
+        config,
+        layer_id: int,
+        opts: AttentionOptions,
+        prefix: str,
+        mlp: nn.Module | None = None,
     ) -> nn.Module:
-        return CpuDecoderLayer(config, layer_id, qkv_bias, o_bias, self, prefix)
+        return CpuDecoderLayer(config, layer_id, opts, self, prefix, mlp)
 
     def layer_runner(self, layers: nn.ModuleList) -> LayerRunner:
         """`FusedDecodeStack` where the layers allow (`fusable`), else in order."""

@@ -1,21 +1,29 @@
-"""Model architectures by the `architectures` name in a Hugging Face config."""
+"""Model architectures by the `architectures` name in a Hugging Face config.
+
+One module per family; adding a family is a new module plus its entries here.
+"""
 
 from __future__ import annotations
 
-from torch import nn
-
 from radixlm.errors import UnsupportedModelError
-from radixlm.runtime.executor.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
+from radixlm.runtime.executor.models.decoder import CausalLM
+from radixlm.runtime.executor.models.llama import (
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Qwen2ForCausalLM,
+)
 
-MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+#: config.architectures[i] -> the class implementing it.
+MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
 }
 
 
-def get_model_class(config) -> type[nn.Module]:
-    """Class implementing `config.architectures[0]`. Raises UnsupportedModelError."""
+def get_model_class(config) -> type[CausalLM]:
+    """Class implementing `config.architectures`. Raises UnsupportedModelError listing
+    the supported architectures."""
     for arch in getattr(config, "architectures", None) or []:
         if arch in MODEL_REGISTRY:
             return MODEL_REGISTRY[arch]
