@@ -25,3 +25,53 @@ def save_random_model(config, path: Path, hf_dir: Path):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(hf_dir / name, path / name)
     return model
+
+
+#: Shapes every tiny family config shares: the bundled tokenizer's vocabulary, GQA with
+#: two query heads per KV head, a few layers.
+TINY_SHAPE = dict(
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    eos_token_id=2,
+    bos_token_id=1,
+)
+
+#: Tokens a tiny sliding-window layer sees: small enough that the test prompts cross it.
+TINY_WINDOW = 8
+
+
+def tiny_config(family: str):
+    """A tiny transformers config of `family` (one of `TINY_FAMILIES`), built with the
+    family's own config class."""
+    return TINY_FAMILIES[family]()
+
+
+def _llama():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**TINY_SHAPE, tie_word_embeddings=True)
+
+
+def _qwen2():
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**TINY_SHAPE, tie_word_embeddings=False)
+
+
+def _mistral():
+    from transformers import MistralConfig
+
+    return MistralConfig(**TINY_SHAPE, tie_word_embeddings=False, sliding_window=TINY_WINDOW)
+
+
+#: family name -> builder of its tiny config.
+TINY_FAMILIES = {
+    "llama": _llama,
+    "qwen2": _qwen2,
+    "mistral": _mistral,
+}
