@@ -116,3 +116,9 @@ def test_grammar_constrains_every_family(family):
         b = e2.generate(input_ids=PROMPTS[2], sampling_params=params)
     assert re.fullmatch("(ab|cd)+x", a["text"]) or re.fullmatch("(ab|cd)+", a["text"])
     assert a["output_ids"] == b["output_ids"]
+
+
+def test_an_eagle_head_for_another_model_is_refused_at_start(family):
+    _, path, _, _ = family
+    with pytest.raises(ValueError, match="trained for 'smollm2-135m'.*hidden_size=576"):
+        Engine(path, speculative_algorithm="eagle", speculative_draft_path="smollm2-135m")

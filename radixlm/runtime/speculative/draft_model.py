@@ -72,8 +72,7 @@ class DraftModelDrafter(ModelTreeDrafter):
                 f"({runner.config.vocab_size}); the draft must share the tokenizer"
             )
         model = load_model(hf_dir, config, runner.dtype, runner.device, TorchLayers())
-        attn = model.model.layers[0].self_attn
-        pool, backend = draft_kv(args, runner, config.num_hidden_layers, attn)
+        pool, backend = draft_kv(args, runner, [la.self_attn for la in model.model.layers])
         logger.info(
             "draft model %s: %d layers, KV %d bytes/token",
             args.speculative_draft_path,

@@ -51,20 +51,53 @@ def load_eagle_head(path: str | Path, target) -> EagleHead:
     """Load a head saved by `radixlm train-eagle` (or a bundled head's name) for the
     radixlm model `target`.
 
-    Raises FileNotFoundError (no eagle.json / weights) or ValueError (shape mismatch).
+    Raises FileNotFoundError (no eagle.json / weights) or ValueError when the head was
+    trained for a target of another shape (hidden size, attention heads, head_dim, norm
+    eps) or the target's family is not a plain pre-norm one the head's layer mirrors.
     """
     from safetensors.torch import load_file
 
     path = resolve_head_path(path)
     cfg = EagleConfig.read(path)
-    tcfg = target.config
-    if cfg.hidden_size != tcfg.hidden_size:
-        raise ValueError(f"EAGLE head hidden size {cfg.hidden_size} != target's {tcfg.hidden_size}")
-    head = EagleHead(cfg, tcfg, target.model.embed_tokens, target.lm_head)
+    check_head_fits(cfg, target, path)
+    head = EagleHead(cfg, target.config, target.model.embed_tokens, target.lm_head)
     dtype = target.lm_head.weight.dtype
     state = {k: v.to(dtype) for k, v in load_file(path / WEIGHTS_NAME).items()}
     head.load_state_dict(state, strict=False)
     return head.to(target.lm_head.weight.device, dtype).eval()
+
+
+def check_head_fits(cfg: EagleConfig, target, path: Path) -> None:
+    """Raise ValueError naming every field where the head at `path` (trained for
+    `cfg.base_model`) differs from the radixlm model `target`, or when the target's layers
+    are not the pre-norm blocks the head's one layer copies (a mixture of experts,
+    Gemma's four-norm block)."""
+    from radixlm.runtime.executor.layers.blocks import MLP, DecoderLayer
+
+    layer = target.model.layers[0]
+    attn = layer.self_attn
+    target_shape = {
+        "hidden_size": target.config.hidden_size,
+        "num_attention_heads": attn.num_heads,
+        "num_key_value_heads": attn.num_kv_heads,
+        "head_dim": attn.head_dim,
+        "rms_norm_eps": target.config.rms_norm_eps,
+    }
+    diffs = [
+        f"{k}={getattr(cfg, k)} (target {v})"
+        for k, v in target_shape.items()
+        if getattr(cfg, k) != v
+    ]
+    if diffs:
+        raise ValueError(
+            f"the EAGLE head at {path} was trained for {cfg.base_model!r} and does not fit "
+            f"this model: {', '.join(diffs)}"
+        )
+    if not isinstance(layer, DecoderLayer) or not isinstance(layer.mlp, MLP):
+        raise ValueError(
+            f"EAGLE heads need a target of plain pre-norm layers with a dense MLP; "
+            f"{type(target).__name__} has {type(layer).__name__} layers"
+        )
 
 
 class EagleDrafter(ModelTreeDrafter):
@@ -92,7 +125,7 @@ class EagleDrafter(ModelTreeDrafter):
         """Load the head at --speculative-draft-path for the runner's model."""
         head = load_eagle_head(args.speculative_draft_path, runner.model)
         attn = head.layer.self_attn
-        pool, backend = draft_kv(args, runner, 1, attn)
+        pool, backend = draft_kv(args, runner, [attn])
         logger.info("EAGLE head %s loaded", args.speculative_draft_path)
         return cls(head, pool, backend, args.speculative_num_steps, args.speculative_topk)
 

@@ -23,19 +23,20 @@ from radixlm.runtime.executor.memory import KVPool
 from radixlm.runtime.speculative.base import DraftContext, Drafter, DraftTree
 
 
-def draft_kv(args, runner, num_layers: int, attn) -> tuple[KVPool, object]:
+def draft_kv(args, runner, attns: list) -> tuple[KVPool, object]:
     """A drafter's own K/V pool, slot-aligned with the target's, and its attention backend.
 
     Args:
         args: ServerArgs (page_size).
         runner: the target's ModelRunner (pool size, KV dtype, device, backend name).
-        num_layers: the drafter's attention layers.
-        attn: one drafter attention module (num_heads, num_kv_heads, head_dim).
+        attns: the drafter's attention modules, one per layer (num_heads, num_kv_heads,
+            head_dim, scaling, sliding_window; the first one's shape for all).
 
     Returns:
         (pool, backend): a KVPool with as many slots as the target's, and an attention
-        backend over it with scale head_dim**-0.5.
+        backend over it with the drafter's scale and sliding windows.
     """
+    attn, num_layers = attns[0], len(attns)
     pool = KVPool(
         runner.kv_pool.k_buffer[0].shape[0],
         num_layers,
@@ -48,10 +49,11 @@ def draft_kv(args, runner, num_layers: int, attn) -> tuple[KVPool, object]:
     backend = create_attention_backend(
         runner.attention_backend,
         pool,
-        attn.head_dim**-0.5,
+        attn.scaling,
         num_heads=attn.num_heads,
         page_size=args.page_size,
         dtype=runner.dtype,
+        sliding_windows=[a.sliding_window for a in attns],
     )
     return pool, backend
 
