@@ -2,8 +2,8 @@
 documented semantics (NHD paged cache, CSR page table, bottom-right causal alignment, flat
 row-major custom mask), with its keyword names, so the FlashInfer backend's plumbing can
 be tested on CPU. `window_left` w >= 0 hides from the query at (bottom-right aligned)
-position i the keys before i - w. It checks the layout it is given; it says nothing about FlashInfer's
-kernels themselves (the gpu-marked tests do)."""
+position i the keys before i - w. It checks the layout it is given; it says nothing about
+FlashInfer's kernels themselves (the gpu-marked tests do)."""
 
 from __future__ import annotations
 

@@ -127,6 +127,44 @@ def test_windowed_and_full_layers_match_dense_reference(setup, mode, page_size, 
     torch.testing.assert_close(outs[1], plain[1], atol=0, rtol=0)
 
 
+LONG = {
+    "extend": (ForwardMode.EXTEND, [0, 70, 3], [130, 40, 1], 50),
+    "decode": (ForwardMode.DECODE, [300, 5, 129], [1, 1, 1], 100),
+    "verify": (ForwardMode.TARGET_VERIFY, [0, 5, 100], [4, 6, 5], 50),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(LONG))
+def test_triton_windows_at_gpu_tile_sizes(mode, device):
+    """The GPU launch configuration (64-wide tiles, 16 splits) with windows that start
+    inside a request's keys, past its first tiles."""
+    from radixlm.kernels.triton import decode_attention, extend_attention
+
+    fmode, prefix_lens, extend_lens, window = LONG[mode]
+    case = make_case(fmode, prefix_lens, extend_lens, page_size=16, group=3, device=device)
+    if fmode is ForwardMode.TARGET_VERIFY:
+        tree_positions(case)
+    pool = case.clone_pool()
+    fb = case.fb
+    pool.set_kv(0, fb.out_cache_loc, case.k, case.v)
+    k_buf, v_buf = pool.k_buffer[0], pool.v_buffer[0]
+    if fmode is ForwardMode.DECODE:
+        out = decode_attention(
+            case.q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.seq_lens,
+            case.scaling, num_splits=16, block_n=64, window=window,
+        )  # fmt: skip
+    else:
+        lens = fb.extend_seq_lens
+        qo_indptr = torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)])
+        out = extend_attention(
+            case.q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.seq_lens,
+            fb.extend_prefix_lens, qo_indptr, int(lens.max()), case.scaling,
+            fb.custom_mask, fb.mask_indptr, block_m=64, block_n=64, window=window,
+            positions=fb.positions,
+        )  # fmt: skip
+    torch.testing.assert_close(out.cpu().double(), dense(case, 0, window), atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("head_dim,page_size", [(16, 1), (64, 16), (128, 4)])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("half", [False, True])
@@ -179,6 +217,25 @@ def test_cpu_decode_window_over_a_shared_prefix(gemm_isa):
     for layer, window in enumerate(windows):
         torch.testing.assert_close(
             outs[layer].double(), dense(case, layer, window), atol=2e-5, rtol=1e-5
+        )
+
+
+def test_flashinfer_graph_decode_keeps_a_wrapper_per_window(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashinfer", fake_flashinfer.module())
+    fmode, prefix_lens, extend_lens = CASES["decode"]
+    case = make_case(fmode, prefix_lens, extend_lens, page_size=16, group=3, num_layers=3)
+    windows = [W, None, W]
+    backend = create_attention_backend(
+        "flashinfer", case.clone_pool(), case.scaling, num_heads=6, page_size=16,
+        sliding_windows=windows,
+    )  # fmt: skip
+    backend.init_cuda_graph_state(8, case.fb.req_to_token.shape[1])
+    backend.init_forward_metadata_cuda_graph(case.fb)
+    assert sorted(backend._graph_decode[case.fb.batch_size], key=str) == [8, None]
+    outs = run_layers(backend, case)
+    for layer, window in enumerate(windows):
+        torch.testing.assert_close(
+            outs[layer].double(), dense(case, layer, window), atol=1e-5, rtol=1e-5
         )
 
 

@@ -9,8 +9,8 @@ Stage 1 (`_decode_split_kernel`), grid (B, num_kv_heads, num_splits): program (b
 handles the `group = H // Hkv` query heads sharing KV head g (padded to BLOCK_H >= 16 rows
 so `tl.dot` maps to tensor cores) over keys [lo + s * chunk, min(lo + (s + 1) * chunk,
 seq_len)), chunk = cdiv(cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N, in
-BLOCK_N-key tiles with an online softmax. It writes the split's normalised output and log-sum-exp (natural log);
-an empty split writes lse = -inf and output 0.
+BLOCK_N-key tiles with an online softmax. It writes the split's normalised output and
+log-sum-exp (natural log); an empty split writes lse = -inf and output 0.
 Stage 2 (`_decode_merge_kernel`), grid (B, H): softmax-weights the splits by their lse.
 
 Reference: `TorchNativeBackend.forward_decode` (softmax(q K^T * scale) V over the gathered
