@@ -14,27 +14,29 @@ from radixlm.kernels.forward_batch import ForwardBatch, ForwardMode
 ATTENTION_BACKENDS: dict[str, Callable[..., AttentionBackend]] = {}
 
 
-def _torch_native(kv_pool, scaling: float, **_) -> AttentionBackend:
+def _torch_native(kv_pool, scaling: float, sliding_windows=None, **_) -> AttentionBackend:
     from radixlm.kernels.torch_native import TorchNativeBackend
 
-    return TorchNativeBackend(kv_pool, scaling)
+    return TorchNativeBackend(kv_pool, scaling, sliding_windows)
 
 
-def _cpu(kv_pool, scaling: float, num_heads: int | None = None, **_) -> AttentionBackend:
+def _cpu(
+    kv_pool, scaling: float, num_heads: int | None = None, sliding_windows=None, **_
+) -> AttentionBackend:
     from radixlm.kernels.cpu import CpuKernels
     from radixlm.kernels.cpu_native import CpuNativeBackend, supports_pool
     from radixlm.kernels.torch_native import TorchNativeBackend
 
     kernels = CpuKernels.load()
     if kernels is None or not supports_pool(kv_pool, num_heads):
-        return TorchNativeBackend(kv_pool, scaling)
-    return CpuNativeBackend(kv_pool, scaling, kernels)
+        return TorchNativeBackend(kv_pool, scaling, sliding_windows)
+    return CpuNativeBackend(kv_pool, scaling, kernels, sliding_windows)
 
 
-def _triton(kv_pool, scaling: float, **_) -> AttentionBackend:
+def _triton(kv_pool, scaling: float, sliding_windows=None, **_) -> AttentionBackend:
     from radixlm.kernels.triton.backend import TritonBackend
 
-    return TritonBackend(kv_pool, scaling)
+    return TritonBackend(kv_pool, scaling, sliding_windows)
 
 
 def _flashinfer(kv_pool, scaling: float, **model_info) -> AttentionBackend:
@@ -100,7 +102,8 @@ def create_attention_backend(name: str, kv_pool, scaling: float, **model_info) -
     """Build the backend registered as `name`. Raises ValueError for an unknown name.
 
     `model_info` (num_heads, page_size, dtype) is passed on to factories that plan ahead
-    (flashinfer); the others ignore it.
+    (flashinfer); the others ignore it, except `sliding_windows` (one window or None per
+    layer, `AttentionBackend`), which every factory passes on to its backend.
     """
     try:
         factory = ATTENTION_BACKENDS[name]

@@ -14,11 +14,13 @@ the graph, with the graph's static batch.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
 from radixlm.kernels.forward_batch import ForwardBatch, ForwardMode
+from radixlm.kernels.sliding_window import layer_windows
 
 
 class FusedLayerTables(NamedTuple):
@@ -49,14 +51,24 @@ class AttentionBackend(abc.ABC):
         kv_pool: object exposing per-layer `k_buffer[l]`, `v_buffer[l]`
             ([num_slots, num_kv_heads, head_dim]) and `set_kv(layer, loc, k, v)`.
         scaling: softmax scale, normally head_dim ** -0.5.
+        sliding_windows: one entry per layer (len(kv_pool.k_buffer)): the layer's
+            sliding window W (the query at position i sees keys i - W + 1 .. i;
+            `radixlm.kernels.sliding_window`) or None for full causal attention; None
+            means no window anywhere. Raises ValueError on a wrong length or W < 1.
     """
 
     #: Whether decode steps may be captured in CUDA graphs (metadata without host syncs).
     supports_cuda_graph: bool = False
 
-    def __init__(self, kv_pool, scaling: float):
+    def __init__(
+        self, kv_pool, scaling: float, sliding_windows: Sequence[int | None] | None = None
+    ):
         self.kv_pool = kv_pool
         self.scaling = scaling
+        #: tuple[int | None, ...], one window per layer (None: full causal attention).
+        self.sliding_windows = layer_windows(sliding_windows, len(kv_pool.k_buffer))
+        #: Whether any layer has a window.
+        self.has_windows = any(w is not None for w in self.sliding_windows)
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:  # noqa: B027
         """Prepare per-step metadata once, before the layers run (default: nothing)."""

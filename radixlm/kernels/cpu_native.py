@@ -34,15 +34,19 @@ def supports_pool(kv_pool, num_heads: int | None) -> bool:
 class CpuNativeBackend(TorchNativeBackend):
     """TorchNativeBackend whose `forward_decode` and `forward_extend` run the C attention
     kernels (extend: when head_dim % 16 == 0, chosen once here) and whose `set_kv` copies
-    the new K/V rows in one C call.
+    the new K/V rows in one C call. Sliding windows go to the kernels as their `window`
+    argument (0 for a layer without one); verify runs torch_native's masks.
 
     Args:
-        kv_pool, scaling: as `AttentionBackend`; the pool's buffers float32 or float16.
+        kv_pool, scaling, sliding_windows: as `AttentionBackend`; the pool's buffers
+            float32 or float16.
         kernels: the loaded `CpuKernels`.
     """
 
-    def __init__(self, kv_pool, scaling: float, kernels: CpuKernels):
-        super().__init__(kv_pool, scaling)
+    def __init__(self, kv_pool, scaling: float, kernels: CpuKernels, sliding_windows=None):
+        super().__init__(kv_pool, scaling, sliding_windows)
+        #: Each layer's window as the kernels take it (0: none).
+        self._windows = [w or 0 for w in self.sliding_windows]
         self.kernels = kernels
         #: Whether extend attention runs the C kernel (head_dim % 16 == 0).
         self.extend_kernel = kv_pool.k_buffer[0].shape[2] % 16 == 0
@@ -58,8 +62,9 @@ class CpuNativeBackend(TorchNativeBackend):
         """forward_extend by the C kernel: q [T, H, D] -> [T, H, D] in q's dtype."""
         k_buf, v_buf = self._layer_kv(layer_id)
         out = self.kernels.extend_attention(
-            q.float(), k_buf, v_buf, self._slots, self._lens, self._ext, self.scaling
-        )
+            q.float(), k_buf, v_buf, self._slots, self._lens, self._ext, self.scaling,
+            self._windows[layer_id],
+        )  # fmt: skip
         return out.to(q.dtype)
 
     def _layer_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,7 +79,10 @@ class CpuNativeBackend(TorchNativeBackend):
         """Tables for `CpuKernels.decode_layers`: every DECODE step, and every causal
         EXTEND or TARGET_VERIFY step (`causal_step`) when extend attention runs the C
         kernel (`ext_lens` None when each request has one new token: the decode kernel
-        serves it). None otherwise (tree-masked verifies, head_dim % 16 != 0)."""
+        serves it). None otherwise (tree-masked verifies, head_dim % 16 != 0, and every
+        step when a layer has a sliding window: the fused stack has no window argument)."""
+        if self.has_windows:
+            return None
         if fb.mode is ForwardMode.DECODE:
             ext_lens = None
         elif self.extend_kernel and causal_step(fb):
@@ -94,8 +102,9 @@ class CpuNativeBackend(TorchNativeBackend):
     def forward_decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         k_buf, v_buf = self._layer_kv(layer_id)
         out = self.kernels.decode_attention(
-            q.float(), k_buf, v_buf, self._slots, self._lens, self.scaling
-        )
+            q.float(), k_buf, v_buf, self._slots, self._lens, self.scaling,
+            self._windows[layer_id],
+        )  # fmt: skip
         return out.to(q.dtype)
 
 

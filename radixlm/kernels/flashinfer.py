@@ -10,6 +10,13 @@ cache [num_slots / page_size, page_size, Hkv, D]; request b's pages are
 req_to_token[row_b, 0 : seq_len_b : page_size] // page_size, valid because the allocator
 puts position p at offset p % page_size of its page. `flashinfer` is imported only when
 the backend is built, so this module imports without it and without CUDA.
+
+Sliding windows: a wrapper is planned with one `window_left` (W - 1: the query at
+position i sees keys i - W + 1 .. i; -1 for none), so the backend keeps one wrapper per
+distinct window among the layers (Gemma 3: two) and each layer runs the wrapper of its
+own. Tree verification folds the window into the custom mask instead
+(`sliding_window.verify_window_mask`, by the tokens' positions), as FlashInfer would
+place the drafts by their index.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import torch
 
 from radixlm.kernels.base import AttentionBackend
 from radixlm.kernels.forward_batch import ForwardBatch, ForwardMode
+from radixlm.kernels.sliding_window import verify_window_mask
 
 #: Float workspace shared by the wrappers (FlashInfer's examples use 128 MB).
 WORKSPACE_BYTES = 256 * 1024 * 1024
@@ -55,7 +63,7 @@ class FlashInferBackend(AttentionBackend):
     """Attention through FlashInfer's paged prefill/decode wrappers.
 
     Args:
-        kv_pool, scaling: as `AttentionBackend`.
+        kv_pool, scaling, sliding_windows: as `AttentionBackend`.
         num_heads: query heads. page_size: slots per KV page. dtype: query dtype.
     Raises ImportError when flashinfer is missing (the registry checks first).
     """
@@ -69,10 +77,11 @@ class FlashInferBackend(AttentionBackend):
         num_heads: int,
         page_size: int = 1,
         dtype: torch.dtype | None = None,
+        sliding_windows=None,
     ):
         import flashinfer
 
-        super().__init__(kv_pool, scaling)
+        super().__init__(kv_pool, scaling, sliding_windows)
         k0 = kv_pool.k_buffer[0]
         self.page_size = page_size
         self.num_heads = num_heads
@@ -84,10 +93,17 @@ class FlashInferBackend(AttentionBackend):
         self._tensor_cores = num_heads // self.num_kv_heads not in (1, 2, 4)
         self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=k0.device)
         self._fi = flashinfer
-        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
-        self._eager_decode = self._new_decode_wrapper()
+        #: The layers' distinct windows (None: full attention): one wrapper of each kind
+        #: per window, all sharing the workspace (they run one after another).
+        self._windows = list(dict.fromkeys(self.sliding_windows))
+        self._prefill = {
+            w: flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")
+            for w in self._windows
+        }
+        self._eager_decode = {w: self._new_decode_wrapper() for w in self._windows}
         self._decode = self._eager_decode
-        self._graph_decode: dict[int, object] = {}
+        #: batch size -> window -> graph decode wrapper (the windows' share the buffers).
+        self._graph_decode: dict[int, dict] = {}
 
     def _new_decode_wrapper(self, **graph_buffers):
         return self._fi.BatchDecodeWithPagedKVCacheWrapper(
@@ -115,32 +131,39 @@ class FlashInferBackend(AttentionBackend):
         qo_indptr = torch.zeros(lens.numel() + 1, dtype=torch.int32, device=lens.device)
         torch.cumsum(lens, 0, out=qo_indptr[1:])
         verify = fb.mode is ForwardMode.TARGET_VERIFY
-        self._prefill.plan(
-            qo_indptr,
-            *layout,
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.page_size,
-            custom_mask=fb.custom_mask if verify else None,
-            causal=not verify,
-            sm_scale=self.scaling,
-            q_data_type=self.q_dtype,
-            kv_data_type=self.kv_dtype,
-        )
+        for window, wrapper in self._prefill.items():
+            mask = None
+            if verify:
+                mask = fb.custom_mask if window is None else verify_window_mask(fb, window)
+            wrapper.plan(
+                qo_indptr,
+                *layout,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                self.page_size,
+                custom_mask=mask,
+                causal=not verify,
+                sm_scale=self.scaling,
+                window_left=_window_left(None if verify else window),
+                q_data_type=self.q_dtype,
+                kv_data_type=self.kv_dtype,
+            )
 
-    def _plan_decode(self, wrapper, layout) -> None:
-        wrapper.plan(
-            *layout,
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.page_size,
-            pos_encoding_mode="NONE",
-            sm_scale=self.scaling,
-            q_data_type=self.q_dtype,
-            kv_data_type=self.kv_dtype,
-        )
+    def _plan_decode(self, wrappers: dict, layout) -> None:
+        for window, wrapper in wrappers.items():
+            wrapper.plan(
+                *layout,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                self.page_size,
+                pos_encoding_mode="NONE",
+                window_left=_window_left(window),
+                sm_scale=self.scaling,
+                q_data_type=self.q_dtype,
+                kv_data_type=self.kv_dtype,
+            )
 
     def init_cuda_graph_state(self, max_bs: int, max_context_len: int) -> None:
         device = self._workspace.device
@@ -151,25 +174,33 @@ class FlashInferBackend(AttentionBackend):
 
     def init_forward_metadata_cuda_graph(self, fb: ForwardBatch) -> None:
         bs = fb.batch_size
-        wrapper = self._graph_decode.get(bs)
-        if wrapper is None:
-            wrapper = self._new_decode_wrapper(
+        wrappers = self._graph_decode.get(bs)
+        if wrappers is None:
+            buffers = dict(
                 paged_kv_indptr_buffer=self._g_indptr[: bs + 1],
                 paged_kv_indices_buffer=self._g_indices,
                 paged_kv_last_page_len_buffer=self._g_last[:bs],
             )
-            self._graph_decode[bs] = wrapper
-        self._decode = wrapper
+            wrappers = {w: self._new_decode_wrapper(**buffers) for w in self._windows}
+            self._graph_decode[bs] = wrappers
+        self._decode = wrappers
         self._plan_decode(
-            wrapper,
+            wrappers,
             paged_kv_layout(fb.req_to_token, fb.req_pool_indices, fb.seq_lens, self.page_size),
         )
 
     def forward_decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
-        return self._decode.run(q.contiguous(), self._kv_cache(layer_id))
+        wrapper = self._decode[self.sliding_windows[layer_id]]
+        return wrapper.run(q.contiguous(), self._kv_cache(layer_id))
 
     def forward_extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
-        return self._prefill.run(q.contiguous(), self._kv_cache(layer_id))
+        wrapper = self._prefill[self.sliding_windows[layer_id]]
+        return wrapper.run(q.contiguous(), self._kv_cache(layer_id))
 
     def forward_verify(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
-        return self._prefill.run(q.contiguous(), self._kv_cache(layer_id))
+        return self.forward_extend(q, layer_id, fb)
+
+
+def _window_left(window: int | None) -> int:
+    """FlashInfer's `window_left` for a sliding window of `window` keys (-1: none)."""
+    return -1 if window is None else window - 1

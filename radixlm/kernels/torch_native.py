@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from radixlm.kernels.base import AttentionBackend
 from radixlm.kernels.forward_batch import ForwardBatch
+from radixlm.kernels.sliding_window import causal_window_mask, verify_window_mask, window_keep
 
 
 class TorchNativeBackend(AttentionBackend):
@@ -16,6 +17,10 @@ class TorchNativeBackend(AttentionBackend):
     prefix, or the request's block of the custom tree mask); decode gathers every request's
     K/V into a padded [B, L] block and runs one masked SDPA. Grouped-query attention uses
     SDPA's `enable_gqa`. The Triton and FlashInfer backends must match this one.
+
+    A layer with a sliding window (`sliding_windows`) adds the window to those masks: one
+    mask per window, built on the first layer of the step that needs it and kept for the
+    step's other layers of that window; layers without one build nothing.
     """
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -31,6 +36,9 @@ class TorchNativeBackend(AttentionBackend):
         slots = fb.req_to_token[rows, :max_len].to(torch.int64)
         self._slots = torch.where(valid, slots, 0)
         self._decode_mask = self._padding_mask(valid, max_len)
+        self._valid = valid
+        #: (mode, window) -> the step's mask for the layers of that window.
+        self._window_masks: dict[tuple[str, int], object] = {}
 
     def _padding_mask(self, valid: torch.Tensor, max_len: int) -> torch.Tensor | None:
         """Additive float mask [B, 1, 1, L] for the decode SDPA, built once per step (SDPA
@@ -41,13 +49,29 @@ class TorchNativeBackend(AttentionBackend):
         return mask.masked_fill_(~valid, float("-inf"))[:, None, None, :]
 
     def forward_extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
-        return self._per_request(q, layer_id, lambda i, n, s, p: _causal_mask(n, s, p, q.device))
+        window = self.sliding_windows[layer_id]
+        if window is None:
+            return self._per_request(
+                q, layer_id, lambda i, n, s, p: _causal_mask(n, s, p, q.device)
+            )
+        masks = self._window_masks.get(("extend", window))
+        if masks is None:
+            lens = zip(self._ext_lens, self._seq_lens, self._pre_lens)
+            masks = [causal_window_mask(n, s, p, window, q.device) for n, s, p in lens]
+            self._window_masks["extend", window] = masks
+        return self._per_request(q, layer_id, lambda i, n, s, p: masks[i])
 
     def forward_verify(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         offsets = fb.mask_indptr.tolist()
+        window = self.sliding_windows[layer_id]
+        flat = fb.custom_mask
+        if window is not None:
+            flat = self._window_masks.get(("verify", window))
+            if flat is None:
+                flat = self._window_masks["verify", window] = verify_window_mask(fb, window)
 
         def tree_mask(i: int, n: int, s: int, p: int) -> torch.Tensor:
-            return fb.custom_mask[offsets[i] : offsets[i + 1]].view(n, s)
+            return flat[offsets[i] : offsets[i + 1]].view(n, s)
 
         return self._per_request(q, layer_id, tree_mask)
 
@@ -83,13 +107,29 @@ class TorchNativeBackend(AttentionBackend):
         k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
         k = k_buf.index_select(0, flat).view(shape).to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
         v = v_buf.index_select(0, flat).view(shape).to(q.dtype).transpose(1, 2)
-        mask = self._decode_mask
-        if mask is not None and mask.dtype != q.dtype:  # once per step (first layer)
-            mask = self._decode_mask = mask.to(q.dtype)
+        window = self.sliding_windows[layer_id]
+        if window is None:
+            mask = self._decode_mask
+            if mask is not None and mask.dtype != q.dtype:  # once per step (first layer)
+                mask = self._decode_mask = mask.to(q.dtype)
+        else:
+            mask = self._window_masks.get(("decode", window))
+            if mask is None:
+                mask = self._window_masks["decode", window] = self._decode_window_mask(
+                    window, q.dtype
+                )
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), k, v, attn_mask=mask, scale=self.scaling, enable_gqa=True
         )  # [B, H, 1, D]
         return o.squeeze(2)
+
+    def _decode_window_mask(self, window: int, dtype: torch.dtype) -> torch.Tensor:
+        """Additive mask [B, 1, 1, L] in `dtype` for a decode layer of window `window`:
+        request b's one query (position seq_len - 1) sees its last `window` keys."""
+        last = torch.tensor(self._seq_lens, device=self._valid.device) - 1
+        keep = self._valid & window_keep(last, self._valid.shape[1], window)
+        mask = torch.zeros(keep.shape, dtype=dtype, device=keep.device)
+        return mask.masked_fill_(~keep, float("-inf"))[:, None, None, :]
 
 
 def _causal_mask(n: int, s: int, p: int, device) -> torch.Tensor | None:

@@ -1,8 +1,9 @@
 """A torch stand-in for the two FlashInfer wrappers radixlm uses, written from FlashInfer's
 documented semantics (NHD paged cache, CSR page table, bottom-right causal alignment, flat
 row-major custom mask), with its keyword names, so the FlashInfer backend's plumbing can
-be tested on CPU. It checks the layout it is given; it says nothing about FlashInfer's
-kernels themselves (the gpu-marked tests do)."""
+be tested on CPU. `window_left` w >= 0 hides from the query at (bottom-right aligned)
+position i the keys before i - w. It checks the layout it is given; it says nothing about
+FlashInfer's kernels themselves (the gpu-marked tests do)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class _Paged:
         self.qo_indptr = None
         self.mask = None
         self.causal = False
+        self.window_left = -1
 
     def _plan_kv(self, indptr, indices, last, heads, kv_heads, head_dim, page_size, scale):
         for t in (indptr, indices, last):
@@ -67,13 +69,16 @@ class _Paged:
             lo, hi = qo_indptr[b], qo_indptr[b + 1]
             n = hi - lo
             scores = torch.einsum("nhd,khd->hnk", q[lo:hi].float(), keys) * self.scale
+            keys, pos = torch.arange(kv_len), kv_len - n + torch.arange(n)
+            visible = torch.ones(n, kv_len, dtype=torch.bool)
             if self.mask is not None:
                 visible = self.mask[mask_at : mask_at + n * kv_len].view(n, kv_len)
                 mask_at += n * kv_len
-                scores = scores.masked_fill(~visible[None], float("-inf"))
             elif self.causal:
-                visible = torch.arange(kv_len)[None, :] <= kv_len - n + torch.arange(n)[:, None]
-                scores = scores.masked_fill(~visible[None], float("-inf"))
+                visible = keys[None, :] <= pos[:, None]
+            if self.window_left >= 0:
+                visible = visible & (keys[None, :] >= pos[:, None] - self.window_left)
+            scores = scores.masked_fill(~visible[None], float("-inf"))
             out[lo:hi] = torch.einsum("hnk,khd->nhd", scores.softmax(-1), vals).to(q.dtype)
         return out
 
@@ -100,6 +105,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Paged):
         non_blocking=True,
     ):
         assert pos_encoding_mode == "NONE"
+        self.window_left = window_left
         self._plan_kv(
             indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
             sm_scale,
@@ -143,6 +149,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Paged):
         self.qo_indptr = qo_indptr.tolist()
         self.mask = None if custom_mask is None else custom_mask.to(torch.bool)
         self.causal = causal
+        self.window_left = window_left
 
     def run(self, q, paged_kv_cache):
         return self._attend(q, paged_kv_cache, self.qo_indptr)

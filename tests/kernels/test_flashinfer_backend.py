@@ -51,3 +51,4 @@ def test_flashinfer_graph_decode_wrappers(fake):
         got = backend.forward(case.q, case.k, case.v, 0, case.fb)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert list(backend._graph_decode) == [case.fb.batch_size]
+    assert list(backend._graph_decode[case.fb.batch_size]) == [None]

@@ -55,6 +55,30 @@ def test_half_precision_matches_torch_native(backend, mode, page_size, group, co
     torch.testing.assert_close(got, want, atol=5e-3, rtol=5e-3)
 
 
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+def test_half_precision_sliding_windows_match_torch_native(backend, mode, page_size, compiled):
+    """A windowed (64 keys) and a full layer in one pool, in the compiled kernels."""
+    if backend == "flashinfer":
+        pytest.importorskip("flashinfer")
+    fmode, prefix_lens, extend_lens = MODES[mode]
+    case = make_case(
+        fmode, prefix_lens, extend_lens, page_size=page_size, group=3, head_dim=64,
+        dtype=torch.float16, device="cuda", num_layers=2,
+    )  # fmt: skip
+    info = dict(num_heads=case.q.shape[1], page_size=page_size, dtype=torch.float16)
+    outs = []
+    for name in ("torch_native", backend):
+        attn = create_attention_backend(
+            name, case.clone_pool(), case.scaling, sliding_windows=[64, None], **info
+        )
+        attn.init_forward_metadata(case.fb)
+        outs.append([attn.forward(case.q, case.k, case.v, i, case.fb) for i in range(2)])
+    for want, got in zip(*outs):
+        torch.testing.assert_close(got, want, atol=5e-3, rtol=5e-3)
+
+
 @pytest.fixture(scope="module")
 def tiny_llama64(tmp_path_factory, hf_dir):
     return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama64"), hf_dir, head_dim=64)

@@ -88,9 +88,9 @@ class CpuKernels(ScreenKernels):
         self._qgemm = _bind(lib.radixlm_quant_gemm, [p, i64, p, i32, p, i64, i64, i64, i32])
         self._dequant = _bind(lib.radixlm_quant_dequant, [i32, p, i64, p])
         self._bind_screen(lib)
-        attn_args = [p, i64, p, p, i32, p, i64, p, p, i64, i64, i64, i64, f32, i32]
+        attn_args = [p, i64, p, p, i32, p, i64, p, p, i64, i64, i64, i64, f32, i64, i32]
         self._attn = _bind(lib.radixlm_decode_attention, attn_args, ctypes.c_int)
-        ext_args = [p, i64, p, p, i32, p, i64, p, p, p, i64, i64, i64, i64, f32, i32]
+        ext_args = [p, i64, p, p, i32, p, i64, p, p, p, i64, i64, i64, i64, f32, i64, i32]
         self._ext_attn = _bind(lib.radixlm_extend_attention, ext_args, ctypes.c_int)
         self._norm = _bind(lib.radixlm_rms_norm, [p, i64, p, p, i64, i64, f32, i32])
         self._silu_mul = _bind(lib.radixlm_silu_mul, [p, p, i64, i64, i32])
@@ -187,6 +187,7 @@ class CpuKernels(ScreenKernels):
         seq_lens: torch.Tensor,
         ext_lens: torch.Tensor,
         scale: float,
+        window: int = 0,
     ) -> torch.Tensor:
         """Causal softmax(scale * q K^T) V of every new token of an extend step.
 
@@ -198,9 +199,11 @@ class CpuKernels(ScreenKernels):
             slots: int64 [B, >= max(seq_lens)]; row b's first seq_lens[b] entries are the
                 request's KV slots in order (cached prefix, then the new tokens).
             seq_lens: int64 [B]; ext_lens: int64 [B], 1 <= ext_lens[b] <= seq_lens[b].
+            window: sliding window, 0 for none.
         Returns:
-            float32 [T, H, D]: new token j of request b (position seq_lens[b] -
-            ext_lens[b] + j) attends over keys 0..that position. Raises ValueError on
+            float32 [T, H, D]: new token j of request b (position i = seq_lens[b] -
+            ext_lens[b] + j) attends over keys 0..i, or max(0, i - window + 1)..i with a
+            window > 0. Raises ValueError on
             shapes or dtypes outside the above, MemoryError when the kernel cannot
             allocate its buffers.
         """
@@ -210,12 +213,13 @@ class CpuKernels(ScreenKernels):
         b = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
         q, slots, seq_lens, f16 = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
         _check_extend(ext_lens, seq_lens, t, d)
+        _check_window(window)
         ext_lens = ext_lens.contiguous()
         out = torch.empty(t, h, d, dtype=torch.float32)
         rc = self._ext_attn(
             q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(), f16, slots.data_ptr(),
             slots.shape[1], seq_lens.data_ptr(), ext_lens.data_ptr(), out.data_ptr(), b, h,
-            k_buf.shape[1], d, scale, torch.get_num_threads(),
+            k_buf.shape[1], d, scale, window, torch.get_num_threads(),
         )  # fmt: skip
         if rc != 0:
             raise MemoryError("CPU extend attention could not allocate its buffers")
@@ -229,8 +233,10 @@ class CpuKernels(ScreenKernels):
         slots: torch.Tensor,
         seq_lens: torch.Tensor,
         scale: float,
+        window: int = 0,
     ) -> torch.Tensor:
-        """Softmax(scale * q K^T) V of one new token per request over its sequence.
+        """Softmax(scale * q K^T) V of one new token per request over its sequence (with a
+        sliding window > 0: over its last `window` keys; 0 for none).
 
         Args:
             q: float32 [B, H, D], rows may be strided (else it is copied); D a multiple of 8.
@@ -246,11 +252,13 @@ class CpuKernels(ScreenKernels):
         Requests whose slot lists start with the same >= 32 slots (a prefix the radix
         cache shares) read those keys once for all of them: cascade attention, the
         partial softmaxes merged by their maxima (Hydragen, Juravsky et al. 2024). The
-        result equals the per-request one up to float rounding.
+        result equals the per-request one up to float rounding. (Not under a window, where
+        each request's keys start at its own place.)
         """
         b, h, d = q.shape
         hkv = k_buf.shape[1]
         q, slots, seq_lens, f16 = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
+        _check_window(window)
         out = torch.empty(b, h, d, dtype=torch.float32)
         rc = self._attn(
             q.data_ptr(),
@@ -267,6 +275,7 @@ class CpuKernels(ScreenKernels):
             hkv,
             d,
             scale,
+            window,
             torch.get_num_threads(),
         )
         if rc != 0:
@@ -481,6 +490,12 @@ def _check_extend(ext_lens: torch.Tensor, seq_lens: torch.Tensor, t: int, head_d
         raise ValueError("ext_lens must be int64 [B]")
     if int(ext_lens.sum()) != t or bool(((ext_lens < 1) | (ext_lens > seq_lens)).any()):
         raise ValueError("ext_lens must be in [1, seq_lens] and sum to the new token count")
+
+
+def _check_window(window: int) -> None:
+    """A sliding window is an int >= 0 (0: none)."""
+    if not isinstance(window, int) or window < 0:
+        raise ValueError(f"window must be an int >= 0 (0: none), got {window!r}")
 
 
 def _check_rows(name: str, *tensors: torch.Tensor) -> None:

@@ -68,6 +68,12 @@ static ZW_INLINE __m256 zsum8(const __m512 *a) {
     return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, p));
 }
 
+/* The first key a query at position len - 1 sees under a sliding window of `window` keys
+ * (0: no window, every key from 0). */
+static inline int64_t window_start(int64_t len, int64_t window) {
+    return window > 0 && len > window ? len - window : 0;
+}
+
 /* Cascade groups: shortest shared prefix given its own pass (keys), shared keys per task,
  * and distinct prefixes looked for per call. */
 #define CASCADE_MIN 32
@@ -233,15 +239,18 @@ static ZW void softmax_cols(float *st, int64_t L, int64_t ld, int64_t R, float *
 
 /* q [B, H, D] with row stride ldq (floats), out [B, H, D] contiguous; k_buf, v_buf
  * [slots, Hkv, D] of float32 (kv_f16 0) or float16 (kv_f16 1, IEEE binary16); slots
- * [B, ld_slots] (int64, the first seq_lens[b] entries valid); D a multiple of 8. Returns
- * 0, or -1 when out of memory. */
+ * [B, ld_slots] (int64, the first seq_lens[b] entries valid); D a multiple of 8. window
+ * > 0: request b attends over its last `window` keys only, [max(0, seq_lens[b] - window),
+ * seq_lens[b]) (sliding-window attention); 0: over all of them. Returns 0, or -1 when out
+ * of memory. */
 int radixlm_decode_attention(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
                              int kv_f16, const int64_t *slots, int64_t ld_slots,
                              const int64_t *seq_lens, float *out, int64_t B, int64_t H,
-                             int64_t Hkv, int64_t D, float scale, int num_threads) {
+                             int64_t Hkv, int64_t D, float scale, int64_t window,
+                             int num_threads) {
     if (kv_f16)
         return decode_attention_f16(q, ldq, k_buf, v_buf, slots, ld_slots, seq_lens, out, B, H,
-                                    Hkv, D, scale, num_threads);
+                                    Hkv, D, scale, window, num_threads);
     return decode_attention_f32(q, ldq, k_buf, v_buf, slots, ld_slots, seq_lens, out, B, H, Hkv,
-                                D, scale, num_threads);
+                                D, scale, window, num_threads);
 }

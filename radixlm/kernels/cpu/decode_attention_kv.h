@@ -413,13 +413,20 @@ static ZW void KV_FN(zcascade_part)(const cascade_group *gr, const int64_t *memb
 static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_buf,
                                     const KV_T *v_buf, const int64_t *slots, int64_t ld_slots,
                                     const int64_t *seq_lens, float *out, int64_t B, int64_t H,
-                                    int64_t Hkv, int64_t D, float scale, int num_threads) {
+                                    int64_t Hkv, int64_t D, float scale, int64_t window,
+                                    int num_threads) {
     const int64_t G = H / Hkv;
-    /* Cascade groups (decode_attention.c): group[b], the groups' rows, their partials. */
+    /* Cascade groups (decode_attention.c): group[b], the groups' rows, their partials. A
+     * sliding window (window > 0) starts each request's keys at its own place, so no
+     * prefix is shared: no groups. */
     int64_t *group = malloc((size_t)(2 * B) * sizeof(int64_t)), *members = group + B;
     if (!group) return -1;
     cascade_group gs[CASCADE_GROUPS];
-    const int64_t ng = cascade_groups(slots, ld_slots, seq_lens, B, Hkv, group, members, gs);
+    int64_t ng = 0;
+    if (window > 0)
+        for (int64_t b = 0; b < B; ++b) group[b] = -1;
+    else
+        ng = cascade_groups(slots, ld_slots, seq_lens, B, Hkv, group, members, gs);
     int64_t shared_tasks = 0, part_floats = 0, max_rows = 0, max_len = 1;
     for (int64_t j = 0; j < ng; ++j) {
         shared_tasks += Hkv * gs[j].chunks;
@@ -427,7 +434,8 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
         max_rows = gs[j].count * G > max_rows ? gs[j].count * G : max_rows;
     }
     for (int64_t b = 0; b < B; ++b) {
-        const int64_t own = seq_lens[b] - (group[b] < 0 ? 0 : gs[group[b]].prefix);
+        const int64_t own =
+            seq_lens[b] - (group[b] < 0 ? window_start(seq_lens[b], window) : gs[group[b]].prefix);
         max_len = own > max_len ? own : max_len;
     }
     float *part = ng ? malloc((size_t)part_floats * sizeof(float)) : NULL;
@@ -479,7 +487,8 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
             if (!scores) continue;
             const int64_t b = task / (Hkv / nh), h = task % (Hkv / nh) * nh;
             const cascade_group *gr = group[b] < 0 ? NULL : gs + group[b];
-            const int64_t P = gr ? gr->prefix : 0, L = seq_lens[b] - P;
+            const int64_t P = gr ? gr->prefix : window_start(seq_lens[b], window);
+            const int64_t L = seq_lens[b] - P;
             const int64_t *sl = slots + b * ld_slots + P;
             const float *qb = q + b * ldq + h * G * D;
             float *acc = scores + R * stride, *rmax = acc + R * D;

@@ -29,8 +29,9 @@ typedef struct {
 /* x [T, hidden] is updated in place; cos, sin [T, D]; scratch holds at least
  * T * (2 hidden + (H + 2 Hkv) D + H D + 3 inter) floats. B requests: ext_lens NULL for a
  * decode step (T == B, decode attention), else int64 [B] new tokens per request summing
- * to T (causal extend attention, D % 16 == 0). Needs D % 8 == 0 and H % Hkv == 0
- * (checked by the caller). Returns 0, -1 when attention could not allocate. */
+ * to T (causal extend attention, D % 16 == 0). Attention is over every key (no sliding
+ * window: windowed layers are not fused). Needs D % 8 == 0 and H % Hkv == 0 (checked by
+ * the caller). Returns 0, -1 when attention could not allocate. */
 static int decode_layer(const radixlm_layer *L, float *x, int64_t T, const float *cos,
                          const float *sin, void *k_buf, void *v_buf, int kv_f16,
                          const int64_t *loc, const int64_t *slots, int64_t ld_slots,
@@ -51,9 +52,9 @@ static int decode_layer(const radixlm_layer *L, float *x, int64_t T, const float
                      Hkv * D, nt);
     int rc = ext_lens ? radixlm_extend_attention(qkv, nqkv, k_buf, v_buf, kv_f16, slots, ld_slots,
                                                  seq_lens, ext_lens, attn, B, H, Hkv, D,
-                                                 L->scale, nt)
+                                                 L->scale, 0, nt)
                       : radixlm_decode_attention(qkv, nqkv, k_buf, v_buf, kv_f16, slots, ld_slots,
-                                                 seq_lens, attn, T, H, Hkv, D, L->scale, nt);
+                                                 seq_lens, attn, T, H, Hkv, D, L->scale, 0, nt);
     if (rc) return -1;
     radixlm_weight_gemm(L->o_fmt, attn, L->o, proj, T, H * D, hid, nt);
     for (int64_t i = 0; i < T * hid; ++i) x[i] += proj[i];

@@ -3,7 +3,8 @@
  *
  * Request b has ext_lens[b] new tokens at positions p .. seq_lens[b] - 1 (p, its cached
  * prefix); new token j attends causally over keys 0 .. p + j, read through the request's
- * slot list. The work splits into tasks of (request, KV head, block of new tokens; a
+ * slot list, or with a sliding window of W > 0 keys over p + j - W + 1 .. p + j (a task
+ * then walks only the keys its tokens' windows cover). The work splits into tasks of (request, KV head, block of new tokens; a
  * request's blocks are of equal size); a task holds its G = H / Hkv query heads x its
  * tokens as one block of rows and walks the keys in blocks of KB, with the online softmax
  * of FlashAttention (Dao et al. 2022):
@@ -55,7 +56,8 @@ static __attribute__((target("avx512f"))) void zscale(float *o, int64_t D, float
 
 static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *k_buf,
                      const void *v_buf, int kv_f16, const int64_t *sl, int64_t p, int64_t q_row0,
-                     float *out, int64_t H, int64_t Hkv, int64_t D, float scale, float *buf) {
+                     float *out, int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window,
+                     float *buf) {
     const int64_t G = H / Hkv, h = tk->h, nq = tk->j1 - tk->j0, R = nq * G;
     const int wide = radixlm_gemm_isa(-1);
     float *Q = buf, *O = Q + R * D, *S = O + R * D, *kp = S + R * KB, *vp = kp + KB * D;
@@ -73,7 +75,9 @@ static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *
     for (int64_t r = 0; r < R; ++r) m[r] = -INFINITY, l[r] = 0.0f;
 
     const int64_t kmax = p + tk->j1; /* keys the last token sees */
-    for (int64_t t0 = 0; t0 < kmax; t0 += KB) {
+    /* The first key the first token sees (window > 0: p + j0 - window + 1). */
+    const int64_t kmin = window > 0 && p + tk->j0 + 1 > window ? p + tk->j0 + 1 - window : 0;
+    for (int64_t t0 = kmin; t0 < kmax; t0 += KB) {
         const int64_t nk = kmax - t0 < KB ? kmax - t0 : KB, npan = (nk + 15) / 16;
         /* K block transposed into key panels kp[c][d][16]; V block into column panels
          * vp[dp][t][16]; keys past nk are zero (their scores are masked below). */
@@ -102,15 +106,18 @@ static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *
             }
         }
         radixlm_gemm_panels(R, 0, Q, D, kp, npan, D * 16, D, S, KB);
-        /* Causal mask, online softmax; P overwrites S. */
+        /* Causal mask (and window), online softmax; P overwrites S. */
         for (int64_t r = 0; r < R; ++r) {
             float *s = S + r * KB;
             int64_t last = p + tk->j0 + r / G - t0; /* last visible key of this block */
             int64_t vis = last + 1 < nk ? last + 1 : nk;
-            if (vis <= 0) { /* the whole block is in this token's future: P = 0 */
+            /* First visible key of this block: the window's start (none: 0). */
+            const int64_t first = window > 0 && last + 1 > window ? last + 1 - window : 0;
+            if (vis <= 0 || first >= nk) { /* the block is outside this token's keys: P = 0 */
                 memset(s, 0, (size_t)(npan * 16) * sizeof(float));
                 continue;
             }
+            for (int64_t t = 0; t < first; ++t) s[t] = -INFINITY;
             for (int64_t t = vis; t < npan * 16; ++t) s[t] = -INFINITY;
             __m256 vmax = _mm256_set1_ps(m[r]);
             for (int64_t t = 0; t < npan * 16; t += 8)
@@ -152,13 +159,14 @@ static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *
  * requests' new tokens in order; k_buf, v_buf [slots, Hkv, D] of float32 (kv_f16 0) or
  * float16 (kv_f16 1); slots [B, ld_slots]
  * (int64, the first seq_lens[b] valid, the new tokens' K/V already stored);
- * 1 <= ext_lens[b] <= seq_lens[b]. D % 16 == 0, H % Hkv == 0. Returns 0, or -1 when out
- * of memory. */
+ * 1 <= ext_lens[b] <= seq_lens[b]. D % 16 == 0, H % Hkv == 0. window > 0: each new token
+ * sees its last `window` positions only (sliding-window attention); 0: all of them.
+ * Returns 0, or -1 when out of memory. */
 int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
                              int kv_f16, const int64_t *slots, int64_t ld_slots,
                              const int64_t *seq_lens, const int64_t *ext_lens, float *out,
                              int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,
-                             int num_threads) {
+                             int64_t window, int num_threads) {
     /* A trailing run of one-token requests (the decodes that ride along in a mixed step)
      * goes to the decode kernel, which reads each K / V row once for all query heads;
      * here each would pack its whole key range per KV head for G query rows
@@ -170,7 +178,7 @@ int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, con
         int rc = radixlm_decode_attention(q + rows1 * ldq, ldq, k_buf, v_buf, kv_f16,
                                           slots + B1 * ld_slots, ld_slots, seq_lens + B1,
                                           out + rows1 * H * D, B - B1, H, Hkv, D, scale,
-                                          num_threads);
+                                          window, num_threads);
         if (rc != 0 || B1 == 0) return rc;
         B = B1;
     }
@@ -210,7 +218,7 @@ int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, con
             const task_t *tk = tasks + i;
             const int64_t p = seq_lens[tk->b] - ext_lens[tk->b];
             run_task(tk, q, ldq, k_buf, v_buf, kv_f16, slots + tk->b * ld_slots, p, row0[tk->b],
-                     out, H, Hkv, D, scale, buf);
+                     out, H, Hkv, D, scale, window, buf);
         }
         free(buf);
     }

@@ -39,16 +39,18 @@ int radixlm_has_bf16(void);
 int64_t radixlm_screen_select(const float *approx, const float *c1, const float *c2, const float *n1,
                               const float *n2, float pad, int64_t M, int64_t V, int64_t *ids,
                               int num_threads);
-/* KV pool buffers (k_buf, v_buf) hold float32, or IEEE float16 when kv_f16 is 1. */
+/* KV pool buffers (k_buf, v_buf) hold float32, or IEEE float16 when kv_f16 is 1; window
+ * > 0 is a sliding window (each query sees its last `window` positions), 0 none. */
 int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
                              int kv_f16, const int64_t *slots, int64_t ld_slots,
                              const int64_t *seq_lens, const int64_t *ext_lens, float *out,
                              int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,
-                             int num_threads);
+                             int64_t window, int num_threads);
 int radixlm_decode_attention(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
                              int kv_f16, const int64_t *slots, int64_t ld_slots,
                              const int64_t *seq_lens, float *out, int64_t B, int64_t H,
-                             int64_t Hkv, int64_t D, float scale, int num_threads);
+                             int64_t Hkv, int64_t D, float scale, int64_t window,
+                             int num_threads);
 /* y = x W^T for a weight in format fmt: 0 fp32 panels (radixlm_packed_gemm), 1 Q4_1 or
  * 2 Q8_0 quantized panels (radixlm_quant_gemm, quant_gemm.c). */
 void radixlm_weight_gemm(int fmt, const float *x, const void *w, float *y, int64_t M,

@@ -18,7 +18,8 @@ class TritonBackend(AttentionBackend):
     sum) and the longest extend (one host read, sizing the grid); decode needs only the
     split count, a function of the batch size, so decode metadata never syncs with the host
     and decode steps can be captured in CUDA graphs. Runs on CUDA, or on CPU tensors under
-    `TRITON_INTERPRET=1` (the tests).
+    `TRITON_INTERPRET=1` (the tests). A layer's sliding window is the kernels' `window`
+    argument (0 for none).
     """
 
     supports_cuda_graph = True
@@ -45,6 +46,7 @@ class TritonBackend(AttentionBackend):
             fb.seq_lens,
             self.scaling,
             self._num_splits,
+            window=self.sliding_windows[layer_id] or 0,
         )
 
     def forward_extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
@@ -67,4 +69,6 @@ class TritonBackend(AttentionBackend):
             self.scaling,
             custom_mask,
             mask_indptr,
+            window=self.sliding_windows[layer_id] or 0,
+            positions=fb.positions,
         )

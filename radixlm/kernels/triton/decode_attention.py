@@ -2,13 +2,15 @@
 
 One query token per request attends over the request's `seq_len` keys, read slot by slot
 through the request-to-token table, so any page size works (a page is a run of slots).
+With a sliding window W > 0 it attends over its last W keys only: [lo, seq_len), lo =
+max(0, seq_len - W) (lo = 0 without one).
 
 Stage 1 (`_decode_split_kernel`), grid (B, num_kv_heads, num_splits): program (b, g, s)
 handles the `group = H // Hkv` query heads sharing KV head g (padded to BLOCK_H >= 16 rows
-so `tl.dot` maps to tensor cores) over keys [s * chunk, min((s + 1) * chunk, seq_len)),
-chunk = cdiv(cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N, in BLOCK_N-key tiles with an
-online softmax. It writes the split's normalised output and log-sum-exp (natural log);
-an empty split writes lse = -inf and output 0.
+so `tl.dot` maps to tensor cores) over keys [lo + s * chunk, min(lo + (s + 1) * chunk,
+seq_len)), chunk = cdiv(cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N, in
+BLOCK_N-key tiles with an online softmax. It writes the split's normalised output and
+log-sum-exp (natural log); an empty split writes lse = -inf and output 0.
 Stage 2 (`_decode_merge_kernel`), grid (B, H): softmax-weights the splits by their lse.
 
 Reference: `TorchNativeBackend.forward_decode` (softmax(q K^T * scale) V over the gathered
@@ -50,6 +52,7 @@ def _decode_split_kernel(
     stride_mos,
     stride_mlb,
     stride_mlh,
+    window,  # sliding window (read only when SLIDING)
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
@@ -57,6 +60,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
+    SLIDING: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -69,8 +73,12 @@ def _decode_split_kernel(
 
     seq_len = tl.load(Seq_lens + b).to(tl.int32)
     row = tl.load(Req_pool_indices + b).to(tl.int64)
-    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * chunk
+    if SLIDING:
+        lo = tl.maximum(seq_len - window, 0)
+    else:
+        lo = 0
+    chunk = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
     q = tl.load(
@@ -171,6 +179,7 @@ def decode_attention(
     scaling: float,
     num_splits: int,
     block_n: int | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
     """Decode attention of one token per request over its paged K/V.
 
@@ -179,6 +188,8 @@ def decode_attention(
         req_to_token: int32 [rows, context]; req_pool_indices, seq_lens: int64 [B], seq_len >= 1.
         scaling: softmax scale. num_splits: key splits per request (see `num_kv_splits`).
         block_n: keys per tile (default 64 on GPU, 16 under the interpreter).
+        window: sliding window (each request sees its last `window` keys); 0 for none
+            (a separate compiled variant, as fast as before windows existed).
     Returns:
         [B, H, D] in q's dtype; fp32 accumulation. Workspace: fp32 [B, H, S, D] + [B, H, S].
     Grid: stage 1 (B, Hkv, S), stage 2 (B, H); BLOCK_H = max(16, pow2(H / Hkv)),
@@ -198,9 +209,10 @@ def decode_attention(
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
         v_buf.stride(0), v_buf.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        window,
         GROUP=group, HEAD_DIM=dim, NUM_SPLITS=num_splits, BLOCK_H=max(16, next_pow2(group)),
         BLOCK_N=block_n, BLOCK_D=block_d, PRECISION=dot_precision(q.dtype),
-        num_warps=4, num_stages=2,
+        SLIDING=window > 0, num_warps=4, num_stages=2,
     )  # fmt: skip
     _decode_merge_kernel[(bsz, heads)](
         mid_o, mid_lse, out,

@@ -11,6 +11,11 @@ softmax. Causal: new token j (position p_b + j) sees keys 0..p_b + j, so kv_end 
 p_b + (m + 1) * BLOCK_M. Custom mask: kv_end = s_b and key k is visible to row j iff
 custom_mask[mask_indptr[b] + j * s_b + k]. A row that sees no key outputs 0.
 
+Sliding window W > 0 (`SLIDING`): key k is also hidden from a row at position i unless
+i - k < W, i = p_b + j (causal) or positions[token] (custom mask), and the key loop starts
+at the block's first row's first key, max(0, min_i - W + 1). Without a window the
+compiled variant is the plain one.
+
 Reference: `TorchNativeBackend.forward_extend` / `forward_verify` (per-request SDPA with
 the same masks). Online softmax after Milakov & Gimelshein 2018 and FlashAttention (Dao 2022).
 """
@@ -38,7 +43,9 @@ def _extend_kernel(
     Qo_indptr,  # int64 [B + 1]
     Custom_mask,  # uint8 [sum n_b * s_b] (unused unless USE_CUSTOM_MASK)
     Mask_indptr,  # int64 [B + 1]
+    Positions,  # int64 [T] (read only when SLIDING and USE_CUSTOM_MASK)
     sm_scale,
+    window,  # sliding window (read only when SLIDING)
     stride_qt,
     stride_qh,
     stride_ot,
@@ -55,6 +62,7 @@ def _extend_kernel(
     BLOCK_D: tl.constexpr,
     USE_CUSTOM_MASK: tl.constexpr,
     PRECISION: tl.constexpr,
+    SLIDING: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -81,11 +89,20 @@ def _extend_kernel(
     else:
         kv_end = tl.minimum(seq_len, prefix + (mblk + 1) * BLOCK_M)
     kv_end = tl.where(mblk * BLOCK_M < ext_len, kv_end, 0)  # blocks past n_b do nothing
+    kv_start = 0
+    if SLIDING:
+        if USE_CUSTOM_MASK:
+            pos = tl.load(Positions + q_start + offs_m, mask=mask_m, other=0).to(tl.int32)
+            first = tl.min(tl.where(mask_m, pos, seq_len), 0)
+        else:
+            pos = prefix + offs_m
+            first = prefix + mblk * BLOCK_M
+        kv_start = tl.maximum(first - window + 1, 0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for n0 in range(0, kv_end, BLOCK_N):
+    for n0 in range(kv_start, kv_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < kv_end
         k, v = load_kv_tile(
@@ -104,6 +121,8 @@ def _extend_kernel(
             )
         else:
             visible = (offs_n[None, :] <= prefix + offs_m[:, None]) & mask_n[None, :]
+        if SLIDING:
+            visible = visible & (pos[:, None] - offs_n[None, :] < window)
         qk = tl.where(visible, qk, float("-inf"))
         m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, PRECISION)
 
@@ -130,6 +149,8 @@ def extend_attention(
     mask_indptr: torch.Tensor | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
+    window: int = 0,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Extend (or tree-verify) attention of T new tokens over their requests' paged K/V.
 
@@ -142,6 +163,9 @@ def extend_attention(
         custom_mask: bool [sum n_b * s_b] row-major per request, with mask_indptr int64 [B + 1];
             None for causal attention.
         block_m, block_n: tile sizes (default 64/64 on GPU, 16/16 under the interpreter).
+        window: sliding window (the token at position i sees keys k with i - k < window);
+            0 for none. positions: int64 [T], each token's position, needed with a window
+            and a custom mask (key index k counts as position k); else unused.
     Returns:
         [T, H, D] in q's dtype; fp32 accumulation.
     Grid: (B, H, cdiv(max_extend_len, BLOCK_M)); BLOCK_D = pow2(D).
@@ -156,16 +180,21 @@ def extend_attention(
         custom_mask = custom_mask.view(torch.uint8)
     else:
         custom_mask, mask_indptr = qo_indptr, qo_indptr  # placeholders, never read
+    sliding = window > 0
+    if sliding and use_mask and positions is None:
+        raise ValueError("a sliding window over a custom mask needs the tokens' positions")
+    if positions is None:
+        positions = qo_indptr  # placeholder, never read
     out = torch.empty_like(q)
     grid = (bsz, heads, triton.cdiv(max(max_extend_len, 1), block_m))
     _extend_kernel[grid](
         q, out, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, prefix_lens, qo_indptr,
-        custom_mask, mask_indptr, scaling,
+        custom_mask, mask_indptr, positions, scaling, window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0),
         GROUP=heads // k_buf.shape[1], HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=next_pow2(dim), USE_CUSTOM_MASK=use_mask, PRECISION=dot_precision(q.dtype),
-        num_warps=4, num_stages=2,
+        SLIDING=sliding, num_warps=4, num_stages=2,
     )  # fmt: skip
     return out
