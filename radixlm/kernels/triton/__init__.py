@@ -1,6 +1,7 @@
 """Triton kernels: paged decode (split-K, GQA), paged extend (causal or tree mask), KV store,
-RMSNorm, fused SwiGLU and fused Mixture-of-Experts. Each launcher's docstring gives its grid, blocks, shapes, dtypes
-and the reference it must match; `tests/kernels` checks them under `TRITON_INTERPRET=1`.
+RMSNorm, fused SwiGLU and fused Mixture-of-Experts. Each launcher's docstring gives its grid,
+blocks, shapes, dtypes and the reference it must match; `tests/kernels` checks them under
+`TRITON_INTERPRET=1`.
 
 Importing this package imports `triton`; `radixlm.kernels` imports it only when the triton
 backend is built, so the CPU path never needs Triton.
