@@ -40,7 +40,9 @@ def moe_align(
     """
     pairs = ids.numel()
     flat = ids.flatten().long()
-    counts = torch.bincount(flat, minlength=num_experts)
+    # scatter_add, not bincount: CUDA's bincount reads the maximum id back to the host.
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     starts = ends - padded

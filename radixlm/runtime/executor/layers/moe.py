@@ -112,6 +112,7 @@ class ExpertCounter:
 
     `record(n)` takes an int or a 0-d integer tensor; a CUDA tensor is summed on its
     device, so recording never waits for the GPU (read `total`/`last` to synchronise).
+    A replayed CUDA graph runs no Python, so forwards inside one are not recorded.
     """
 
     def __init__(self):
@@ -163,7 +164,10 @@ def route(logits: torch.Tensor, opts: MoEOptions) -> tuple[torch.Tensor, torch.T
 def distinct_experts(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
     """How many of `num_experts` experts appear in ids [T, k]: a 0-d int64 tensor on ids'
     device (no host synchronisation)."""
-    return torch.bincount(ids.flatten(), minlength=num_experts).count_nonzero()
+    flat = ids.flatten()
+    # scatter_add, not bincount: CUDA's bincount reads the maximum id back to the host.
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
+    return counts.scatter_add_(0, flat, torch.ones_like(flat)).count_nonzero()
 
 
 class SparseMoeBlock(nn.Module):
