@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from radixlm.errors import ModelNotFoundError
 from radixlm.plan import commands_memory as mem
+from radixlm.plan import commands_moe
 from radixlm.plan import commands_perf as perf
 from radixlm.plan.dtypes import KV_DTYPES, WEIGHT_DTYPES
 from radixlm.plan.hardware import gpu_names
@@ -37,10 +38,12 @@ from radixlm.plan.validate import (
 )
 
 
-def _common(p: argparse.ArgumentParser, gpu: bool = True, tp_list: bool = False) -> None:
+def _common(
+    p: argparse.ArgumentParser, gpu: bool = True, tp_list: bool = False, model_required: bool = True
+) -> None:
     p.add_argument(
         "--model",
-        required=True,
+        required=model_required,
         help=f"preset ({', '.join(preset_names())}), radixlm alias "
         "(e.g. smollm2-135m) or path to a config.json",
     )
@@ -349,15 +352,36 @@ def register(subparsers) -> argparse.ArgumentParser:
     p = _add(
         sub,
         "moe",
-        "MoE memory bill vs bandwidth bill, expert activation by batch",
-        mem.cmd_moe,
+        "MoE memory bill vs bandwidth bill, distinct experts and expert bytes per decode step "
+        "against dense models of the same active and total parameters",
+        commands_moe.cmd_moe,
         gpu=False,
+        model_required=False,
     )
     p.add_argument(
         "--batches",
+        "--batch",
         type=int_list,
         default="1,2,4,8,16,32,64,128,256,512,1024",
-        help="tokens per step, comma-separated integers >= 1",
+        help="decode batch sizes (tokens per step), comma-separated integers >= 1",
+    )
+    shape = p.add_argument_group(
+        "sparse layers without --model", "all four of the first flags replace --model"
+    )
+    shape.add_argument("--num-experts", type=positive_int, help="routed experts per layer E")
+    shape.add_argument("--top-k", type=positive_int, help="experts per token k (<= E)")
+    shape.add_argument("--hidden", type=positive_int, help="model width H")
+    shape.add_argument(
+        "--moe-intermediate", type=positive_int, help="width I of one routed expert's SwiGLU"
+    )
+    shape.add_argument(
+        "--layers", type=positive_int, default=None, help="sparse layers (default 1)"
+    )
+    shape.add_argument(
+        "--shared-intermediate",
+        type=non_negative_int,
+        default=None,
+        help="width of a shared expert every token runs (default 0: none)",
     )
     return plan
 

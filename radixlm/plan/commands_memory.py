@@ -1,4 +1,4 @@
-"""Memory-side `radixlm plan` subcommands (kv, capacity, moe): parsed args -> `Report`.
+"""Memory-side `radixlm plan` subcommands (kv, capacity): parsed args -> `Report`.
 
 Each builder is a pure function of its argparse namespace (plus the model, GPU and
 measured-CPU lookups) and returns a `Report`; `radixlm.plan.cli` prints it.
@@ -20,7 +20,6 @@ from radixlm.plan.kv import (
     layout_variants,
 )
 from radixlm.plan.models import ModelSpec, load_model
-from radixlm.plan.moe import moe_batch_table, moe_bills
 from radixlm.plan.report import Report, Table, fmt_bytes, fmt_params
 
 GIB = 1 << 30
@@ -279,65 +278,4 @@ def cmd_capacity(args: argparse.Namespace) -> Report:
                 f"tp={r.tp}: {what} replicated {r.kv_replication:g}x, so capacity is "
                 f"{r.max_tokens:,} tokens instead of {r.tokens_without_replication:,}"
             )
-    return report
-
-
-def cmd_moe(args: argparse.Namespace) -> Report:
-    m = model_of(args)
-    dtype = weight_dtype_of(args)
-    if not m.is_moe:
-        return Report(
-            "plan moe",
-            {"model": m.name, "is_moe": False},
-            facts=model_facts(m),
-            notes=[f"{m.name} is dense: memory and bandwidth bills are both the total parameters"],
-        )
-    bills = moe_bills(m, dtype)
-    rows = moe_batch_table(m, tuple(args.batches), dtype)
-    report = Report(
-        "plan moe",
-        {"model": m.name, "is_moe": True, "dtype": dtype, **bills, "rows": rows},
-        facts=[
-            *model_facts(m),
-            (
-                "experts",
-                f"{m.num_experts} routed, top-{m.experts_per_token}"
-                + (", shared expert" if m.shared_expert_intermediate_size else ""),
-            ),
-            ("memory bill", f"{fmt_bytes(bills['memory_bytes'])} (all parameters, {dtype})"),
-            (
-                "bandwidth bill",
-                f"{fmt_bytes(bills['bandwidth_bytes_per_token_batch1'])}"
-                " per token at batch 1 (active parameters)",
-            ),
-            ("memory / bandwidth", f"{bills['memory_to_bandwidth_ratio']:.2f}x"),
-            (
-                "all experts active",
-                f"from {bills['batch_all_experts_active']} tokens/step (< 1 expected idle expert)",
-            ),
-            (
-                "50/90/99% active",
-                f"{bills['batch_50pct_active']} / "
-                f"{bills['batch_90pct_active']} / "
-                f"{bills['batch_99pct_active']} tokens/step",
-            ),
-        ],
-    )
-    report.tables.append(
-        Table(
-            "Weights read per decode step (uniform top-k routing)",
-            ["batch", "experts/layer", "active", "read/step", "read/token", "expert FLOP/B"],
-            [
-                [
-                    r["batch"],
-                    r["active_experts"],
-                    f"{100 * r['active_fraction']:.1f}%",
-                    fmt_bytes(r["weights_read_bytes"]),
-                    fmt_bytes(r["weights_read_per_token"]),
-                    r["expert_intensity"],
-                ]
-                for r in rows
-            ],
-        )
-    )
     return report

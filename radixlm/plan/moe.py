@@ -23,16 +23,26 @@ While n k << E, E_active(n) ~= n k and I ~= 2 / b: batching buys no reuse, every
 brings its own experts. Only once all experts are active does I grow like 2 n k / (E b),
 so MoE decode needs about E / k times the batch of a dense model to reach the same
 intensity and turn compute-bound.
+
+Expert traffic against dense models (`expert_traffic`): the feed-forward weights one
+decode step of b tokens reads in the sparse layers, L (E_active(b) p_e + p_s) for routed
+experts of p_e = 3 H I parameters and a shared expert of p_s, beside a dense SwiGLU model
+of the same active parameters (FFN width k I + shared: reads L (k p_e + p_s) whatever b)
+and one of the same total parameters (width E I + shared: L (E p_e + p_s)). The MoE reads
+what the first reads at b = 1 and climbs to what the second reads as b grows. The
+router's E H weights per layer are left out of all three.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from radixlm.plan.dtypes import weight_bytes_per_param
 from radixlm.plan.models import ModelSpec
-from radixlm.plan.validate import POSITIVE_INT
+from radixlm.plan.validate import NON_NEGATIVE_INT, POSITIVE_INT
 from radixlm.plan.weights import (
+    distinct_experts,
     expected_distinct_experts,
     tokens_for_expert_fraction,
     weights_bytes,
@@ -91,6 +101,85 @@ def moe_batch_table(model: ModelSpec, batches: tuple[int, ...], dtype: str = "bf
                 "weights_read_bytes": read,
                 "weights_read_per_token": read / n,
                 "expert_intensity": expert_intensity(model, n, dtype),
+            }
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """The sparse feed-forward layers of an MoE model: `layers` layers of `num_experts`
+    routed SwiGLU experts of width `intermediate` over `hidden`, `top_k` per token, and a
+    shared expert of width `shared_intermediate` (0: none). Raises ValueError unless
+    every size is >= 1 (shared >= 0) and top_k <= num_experts."""
+
+    num_experts: int
+    top_k: int
+    hidden: int
+    intermediate: int
+    layers: int = 1
+    shared_intermediate: int = 0
+
+    def __post_init__(self):
+        for name in ("num_experts", "top_k", "hidden", "intermediate", "layers"):
+            POSITIVE_INT.check(name, getattr(self, name))
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
+        NON_NEGATIVE_INT.check("shared_intermediate", self.shared_intermediate)
+
+    @classmethod
+    def of(cls, model: ModelSpec) -> ExpertLayout:
+        """The sparse layers of an MoE `model` (its dense layers are left out)."""
+        if not model.is_moe:
+            raise ValueError(f"{model.name} is dense: it has no experts")
+        return cls(
+            num_experts=model.num_experts,
+            top_k=model.experts_per_token,
+            hidden=model.hidden_size,
+            intermediate=model.moe_intermediate_size,
+            layers=model.num_moe_layers,
+            shared_intermediate=model.shared_expert_intermediate_size,
+        )
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of one routed expert: gate, up [I, H] and down [H, I]."""
+        return 3 * self.hidden * self.intermediate
+
+    @property
+    def shared_params(self) -> int:
+        return 3 * self.hidden * self.shared_intermediate
+
+    def distinct(self, tokens: float) -> float:
+        """Expected distinct routed experts per layer for `tokens` tokens."""
+        return distinct_experts(self.num_experts, self.top_k, tokens)
+
+
+def expert_traffic(
+    layout: ExpertLayout, batches: tuple[int, ...], dtype: str = "bf16"
+) -> list[dict]:
+    """Per decode batch b: expected distinct experts per layer and the feed-forward weight
+    bytes one step reads, MoE vs dense of the same active and of the same total parameters
+    (module docstring), in weight format `dtype`."""
+    per = weight_bytes_per_param(dtype)
+    p_e, p_s, n_layers = layout.expert_params, layout.shared_params, layout.layers
+    dense_active = n_layers * (layout.top_k * p_e + p_s) * per
+    dense_total = n_layers * (layout.num_experts * p_e + p_s) * per
+    rows = []
+    for b in batches:
+        POSITIVE_INT.check("batch", b)
+        active = layout.distinct(b)
+        moe = n_layers * (active * p_e + p_s) * per
+        rows.append(
+            {
+                "batch": b,
+                "distinct_experts": active,
+                "active_fraction": active / layout.num_experts,
+                "moe_bytes": moe,
+                "dense_same_active_bytes": dense_active,
+                "dense_same_total_bytes": dense_total,
+                "moe_over_dense_active": moe / dense_active,
+                "moe_over_dense_total": moe / dense_total,
             }
         )
     return rows

@@ -51,12 +51,19 @@ def weights_bytes(model: ModelSpec, dtype: str = "bf16", group_size: int = 128) 
     return block + rest * _unquantized_bytes(dtype) + model.norm_params() * _norm_bytes(dtype)
 
 
+def distinct_experts(num_experts: int, top_k: int, tokens: float) -> float:
+    """Expected distinct experts of `num_experts` that `tokens` tokens routed uniformly and
+    independently, `top_k` distinct experts each, touch: E (1 - (1 - k/E)^n) (module doc)."""
+    if tokens <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
 def expected_distinct_experts(model: ModelSpec, tokens: float) -> float:
     """Expected routed experts a layer reads for `tokens` tokens (uniform top-k routing)."""
-    if not model.is_moe or tokens <= 0:
+    if not model.is_moe:
         return 0.0
-    e, k = model.num_experts, model.experts_per_token
-    return e * (1.0 - (1.0 - k / e) ** tokens)
+    return distinct_experts(model.num_experts, model.experts_per_token, tokens)
 
 
 def tokens_for_expert_fraction(model: ModelSpec, fraction: float) -> int:

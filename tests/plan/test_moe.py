@@ -6,8 +6,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixlm.plan.moe import batch_all_experts_active, moe_batch_table, moe_bills
+from radixlm.plan.moe import (
+    ExpertLayout,
+    batch_all_experts_active,
+    expert_traffic,
+    moe_batch_table,
+    moe_bills,
+)
 from radixlm.plan.weights import (
+    distinct_experts,
     expected_distinct_experts,
     tokens_for_expert_fraction,
     weights_bytes,
@@ -58,3 +65,49 @@ def test_read_bytes_climb_to_total(specs):
 def test_dense_model_reads_all_weights(specs):
     m = specs["Llama-3-8B"]
     assert weights_read_bytes(m, 1) == weights_read_bytes(m, 512)
+
+
+def test_distinct_experts_by_hand():
+    assert distinct_experts(8, 2, 1) == pytest.approx(2.0)
+    assert distinct_experts(8, 2, 4) == pytest.approx(5.46875)  # 8 (1 - 0.75^4)
+    assert distinct_experts(64, 8, 2) == pytest.approx(64 * (1 - (56 / 64) ** 2))  # 15.0
+    assert distinct_experts(64, 8, 2) == pytest.approx(15.0)
+    assert distinct_experts(8, 8, 3) == 8.0 and distinct_experts(8, 2, 0) == 0.0
+
+
+def test_expert_traffic_against_dense_by_hand():
+    layout = ExpertLayout(num_experts=8, top_k=2, hidden=512, intermediate=1024, layers=4)
+    expert_bytes = 3 * 512 * 1024 * 4  # fp32: 6,291,456 bytes per expert
+    rows = expert_traffic(layout, (1, 4, 1000), "fp32")
+    assert [r["distinct_experts"] for r in rows] == pytest.approx([2.0, 5.46875, 8.0])
+    assert rows[0]["moe_bytes"] == 4 * 2 * expert_bytes == 50_331_648
+    assert rows[1]["moe_bytes"] == pytest.approx(137_625_600)  # 4 x 5.46875 experts
+    for r in rows:
+        assert r["dense_same_active_bytes"] == 50_331_648
+        assert r["dense_same_total_bytes"] == 201_326_592
+    assert rows[0]["moe_over_dense_active"] == 1.0
+    assert rows[2]["moe_over_dense_total"] == pytest.approx(1.0)
+
+
+def test_expert_traffic_counts_the_shared_expert_every_step():
+    # Qwen1.5-MoE-A2.7B's shape: 60 experts top-4 of width 1408, a shared one of 5632.
+    layout = ExpertLayout(60, 4, 2048, 1408, layers=24, shared_intermediate=5632)
+    (one,) = expert_traffic(layout, (1,), "bf16")
+    # 24 layers x (4 x 8,650,752 + 34,603,008 params) x 2 bytes
+    assert one["moe_bytes"] == one["dense_same_active_bytes"] == 3_321_888_768
+    assert one["dense_same_total_bytes"] == 24 * (60 * 8_650_752 + 34_603_008) * 2
+
+
+def test_layout_of_a_model_and_bad_layouts(specs):
+    mixtral = ExpertLayout.of(specs["Mixtral-8x7B"])
+    assert (mixtral.num_experts, mixtral.top_k, mixtral.intermediate, mixtral.layers) == (
+        8, 2, 14336, 32,
+    )  # fmt: skip
+    deepseek = ExpertLayout.of(specs["DeepSeek-V3"])
+    assert (deepseek.layers, deepseek.shared_intermediate) == (58, 2048)  # 61 - 3 dense
+    with pytest.raises(ValueError, match="dense"):
+        ExpertLayout.of(specs["Llama-3-8B"])
+    with pytest.raises(ValueError, match="top_k"):
+        ExpertLayout(4, 5, 8, 8)
+    with pytest.raises(ValueError, match="hidden"):
+        ExpertLayout(4, 2, 0, 8)

@@ -1,6 +1,7 @@
 """Triton kernels: paged decode (split-K, GQA), paged extend (causal or tree mask), KV store,
-RMSNorm and fused SwiGLU. Each launcher's docstring gives its grid, blocks, shapes, dtypes
-and the reference it must match; `tests/kernels` checks them under `TRITON_INTERPRET=1`.
+RMSNorm, fused SwiGLU and fused Mixture-of-Experts. Each launcher's docstring gives its grid,
+blocks, shapes, dtypes and the reference it must match; `tests/kernels` checks them under
+`TRITON_INTERPRET=1`.
 
 Importing this package imports `triton`; `radixlm.kernels` imports it only when the triton
 backend is built, so the CPU path never needs Triton.
@@ -10,7 +11,15 @@ from __future__ import annotations
 
 from radixlm.kernels.triton.decode_attention import decode_attention
 from radixlm.kernels.triton.extend_attention import extend_attention
+from radixlm.kernels.triton.fused_moe import fused_moe
 from radixlm.kernels.triton.norm import rms_norm, silu_and_mul
 from radixlm.kernels.triton.store_kv import store_kv
 
-__all__ = ["decode_attention", "extend_attention", "rms_norm", "silu_and_mul", "store_kv"]
+__all__ = [
+    "decode_attention",
+    "extend_attention",
+    "fused_moe",
+    "rms_norm",
+    "silu_and_mul",
+    "store_kv",
+]
