@@ -69,9 +69,49 @@ def _mistral():
     return MistralConfig(**TINY_SHAPE, tie_word_embeddings=False, sliding_window=TINY_WINDOW)
 
 
+def _mixtral():
+    from transformers import MixtralConfig
+
+    shape = {**TINY_SHAPE, "intermediate_size": 48}
+    return MixtralConfig(**shape, num_local_experts=4, num_experts_per_tok=2, sliding_window=None)
+
+
+def _qwen2_moe():
+    from transformers import Qwen2MoeConfig
+
+    # Layer 0 keeps a dense MLP (mlp_only_layers), layers 1-2 hold experts and the shared one.
+    return Qwen2MoeConfig(
+        **{**TINY_SHAPE, "num_hidden_layers": 3},
+        tie_word_embeddings=False,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        mlp_only_layers=[0],
+        norm_topk_prob=False,
+    )
+
+
+def _qwen3_moe():
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        **TINY_SHAPE,
+        tie_word_embeddings=False,
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+    )
+
+
 #: family name -> builder of its tiny config.
 TINY_FAMILIES = {
     "llama": _llama,
     "qwen2": _qwen2,
     "mistral": _mistral,
+    "mixtral": _mixtral,
+    "qwen2-moe": _qwen2_moe,
+    "qwen3-moe": _qwen3_moe,
 }

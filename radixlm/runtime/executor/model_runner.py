@@ -16,7 +16,7 @@ from radixlm.kernels import (
     resolve_device,
 )
 from radixlm.kernels.cpu import CpuKernels
-from radixlm.runtime.executor.layers import LayerFactory, TorchLayers, cpu_layers
+from radixlm.runtime.executor.layers import CudaLayers, LayerFactory, cpu_layers
 from radixlm.runtime.executor.layers.cpu_linear import FloatPanels, GgufPanels
 from radixlm.runtime.executor.memory import (
     KVPool,
@@ -149,14 +149,14 @@ class ModelRunner:
         )
 
     def _layer_factory(self, hf_dir) -> LayerFactory:
-        """What the model is built of: plain torch off the CPU; on CPU the packed layout
-        (C kernels unless `--cpu-gemm torch`, fp32, panels per `--weight-format`) or the
-        input-major one (`cpu_layers`). Raises ValueError for `--weight-format gguf` where
-        it cannot apply."""
+        """What the model is built of: plain torch (`CudaLayers`) off the CPU; on CPU the
+        packed layout (C kernels unless `--cpu-gemm torch`, fp32, panels per
+        `--weight-format`) or the input-major one (`cpu_layers`). Raises ValueError for
+        `--weight-format gguf` where it cannot apply."""
         if self.device != "cpu":
             if self.args.weight_format == "gguf":
                 raise ValueError("--weight-format gguf runs on CPU only (radixlm's CPU kernels)")
-            return TorchLayers()
+            return CudaLayers()
         gemm = CpuKernels.load() if self.args.cpu_gemm == "auto" else None
         source = self._panel_source(gemm, hf_dir)
         return cpu_layers(

@@ -1,8 +1,8 @@
 """Layer factories: what a model is built of (see `base.LayerFactory`).
 
-`TorchLayers` (plain torch: the reference and the CUDA path), `PackedCpuLayers` (packed
-panels and C kernels on CPU), `InputMajorCpuLayers` (the CPU fallback); `cpu_layers`
-chooses between the CPU ones.
+`TorchLayers` (plain torch: the reference), `CudaLayers` (the CUDA path: torch, Triton
+fused MoE), `PackedCpuLayers` (packed panels and C kernels on CPU), `InputMajorCpuLayers`
+(the CPU fallback); `cpu_layers` chooses between the CPU ones.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from radixlm.kernels.cpu import CpuKernels
-from radixlm.runtime.executor.layers.base import LayerFactory, TorchLayers
+from radixlm.runtime.executor.layers.base import CudaLayers, LayerFactory, TorchLayers
 from radixlm.runtime.executor.layers.cpu_linear import FloatPanels
 from radixlm.runtime.executor.layers.input_major import InputMajorCpuLayers
 from radixlm.runtime.executor.layers.packed import PackedCpuLayers
@@ -29,4 +29,6 @@ def cpu_layers(
     return InputMajorCpuLayers()
 
 
-__all__ = ["InputMajorCpuLayers", "LayerFactory", "PackedCpuLayers", "TorchLayers", "cpu_layers"]
+__all__ = [
+    "CudaLayers",
+    "InputMajorCpuLayers", "LayerFactory", "PackedCpuLayers", "TorchLayers", "cpu_layers"]

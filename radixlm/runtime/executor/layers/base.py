@@ -96,6 +96,22 @@ class LayerFactory(abc.ABC):
         feed-forward block (a mixture of experts)."""
         return DecoderLayer(config, layer_id, opts, self, prefix, mlp)
 
+    def experts(self):
+        """How mixture-of-experts blocks hold and run their experts (an `ExpertsImpl` of
+        `layers.moe_experts`): plain torch, stacked, by default."""
+        # Imported here: moe_experts builds its holders from this module's TorchLayers.
+        from radixlm.runtime.executor.layers.moe_experts import TorchExperts
+
+        return TorchExperts()
+
+    def moe(self, opts, prefix: str) -> nn.Module:
+        """A sparse mixture-of-experts feed-forward block (`layers.moe.SparseMoeBlock` of
+        `MoEOptions` opts) named `prefix` ("model.layers.i.mlp"), its experts from
+        `experts()`."""
+        from radixlm.runtime.executor.layers.moe import SparseMoeBlock
+
+        return SparseMoeBlock(opts, self.experts(), prefix)
+
     def layer_runner(self, layers: nn.ModuleList) -> LayerRunner:
         """What runs these (loaded, final) layers each step: in order by default."""
         return run_in_order
@@ -121,10 +137,20 @@ class LayerFactory(abc.ABC):
 
 class TorchLayers(LayerFactory):
     """Plain torch modules (nn.Linear, `layers.blocks`), run in order: the reference
-    implementation and the CUDA path. Nothing to do after loading."""
+    implementation. Nothing to do after loading."""
 
     def linear(self, name: str, in_features: int, out_features: int, bias: bool) -> nn.Module:
         return nn.Linear(in_features, out_features, bias=bias)
 
     def lm_head(self, hidden: int, vocab: int, bias: bool = False) -> nn.Module:
         return nn.Linear(hidden, vocab, bias=bias)
+
+
+class CudaLayers(TorchLayers):
+    """The CUDA path: plain torch modules, with mixture-of-experts blocks run by the Triton
+    fused-MoE kernel (`TritonExperts`)."""
+
+    def experts(self):
+        from radixlm.runtime.executor.layers.moe_experts import TritonExperts
+
+        return TritonExperts()

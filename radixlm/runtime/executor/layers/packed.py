@@ -177,11 +177,27 @@ class CpuDecoderLayer(DecoderLayer):
     spec: LayerSpec | None = None
 
     def process_weights_after_loading(self) -> None:
-        """Describe the packed layer (its attention and MLP are packed before this runs).
-        Raises ValueError when its two norms differ in eps."""
+        """Decide whether the C decode stack can run this layer (its attention and MLP are
+        packed before this runs) and, if so, describe it (`spec`)."""
         attn, mlp = self.self_attn, self.mlp
-        if self.post_attention_layernorm.eps != self.input_layernorm.eps:
-            raise ValueError("the fused CPU layer needs one RMSNorm eps for both norms")
+        # The C layer needs whole 8-float vectors per head and whole query groups, one
+        # norm eps, a dense SwiGLU MLP; it has no output-projection bias (Llama's
+        # attention_bias), q/k norm, sliding window, partial rotation or custom scale.
+        self.fused_decode = (
+            isinstance(attn, PackedAttention)
+            and isinstance(mlp, PackedMLP)
+            and attn.head_dim % 8 == 0
+            and attn.num_heads % attn.num_kv_heads == 0
+            and attn.o_proj.bias is None
+            and attn.q_norm is None
+            and attn.sliding_window is None
+            and attn.scaling == attn.head_dim**-0.5
+            and getattr(attn, "rotary_dim", attn.head_dim) == attn.head_dim
+            and mlp.activation == "silu"
+            and self.post_attention_layernorm.eps == self.input_layernorm.eps
+        )
+        if not self.fused_decode:
+            return
         self.spec = LayerSpec(
             hidden=attn.o_proj.out_features,
             inter=mlp.down_proj.in_features,
@@ -194,20 +210,6 @@ class CpuDecoderLayer(DecoderLayer):
             down_fmt=mlp.down_proj.fmt,
             eps=self.input_layernorm.eps,
         )  # fmt: skip
-        # The C layer needs whole 8-float vectors per head and whole query groups; it has
-        # no output-projection bias (Llama's attention_bias), q/k norm, sliding window,
-        # partial rotation, custom scale or activation other than SwiGLU, and a dense MLP.
-        self.fused_decode = (
-            isinstance(attn, PackedAttention)
-            and isinstance(mlp, PackedMLP)
-            and attn.head_dim % 8 == 0
-            and attn.num_heads % attn.num_kv_heads == 0
-            and attn.o_proj.bias is None
-            and attn.q_norm is None
-            and attn.sliding_window is None
-            and attn.scaling == attn.head_dim**-0.5
-            and mlp.activation == "silu"
-        )
 
     def weights(self) -> tuple[torch.Tensor | None, ...]:
         """The tensors `spec` points at, in LayerSpec's pointer order: ln1, ln2, qkv panels,
@@ -282,6 +284,12 @@ class PackedCpuLayers(LayerFactory):
         mlp: nn.Module | None = None,
     ) -> nn.Module:
         return CpuDecoderLayer(config, layer_id, opts, self, prefix, mlp)
+
+    def experts(self):
+        """Experts as packed panels of this layout's source (`PackedExperts`)."""
+        from radixlm.runtime.executor.layers.moe_experts import PackedExperts
+
+        return PackedExperts(self.kernels, self.source)
 
     def layer_runner(self, layers: nn.ModuleList) -> LayerRunner:
         """`FusedDecodeStack` where the layers allow (`fusable`), else in order."""

@@ -12,12 +12,17 @@ from radixlm.runtime.executor.models.llama import (
     MistralForCausalLM,
     Qwen2ForCausalLM,
 )
+from radixlm.runtime.executor.models.mixtral import MixtralForCausalLM
+from radixlm.runtime.executor.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 #: config.architectures[i] -> the class implementing it.
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 

@@ -1,0 +1,52 @@
+"""Qwen2-MoE and Qwen3-MoE: Qwen attention with sparse mixture-of-experts blocks
+(softmax router, top-k renormalised where `norm_topk_prob`; Qwen2-MoE adds a shared
+expert scaled by a sigmoid gate). Layer i is sparse unless it is listed in
+`mlp_only_layers` or (i + 1) is not a multiple of `decoder_sparse_step`; those layers
+keep a dense SwiGLU MLP of `intermediate_size`.
+
+References: Qwen team 2024 (Qwen2 technical report, Qwen1.5-MoE), Qwen team 2025 (Qwen3
+technical report).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from radixlm.runtime.executor.layers.blocks import AttentionOptions
+from radixlm.runtime.executor.models.decoder import CausalLM, refuse
+from radixlm.runtime.executor.models.mixtral import moe_options
+
+
+def is_sparse_layer(config, layer_id: int) -> bool:
+    """Whether layer `layer_id` holds experts (the rule of transformers' Qwen MoE models)."""
+    step = getattr(config, "decoder_sparse_step", 1) or 1
+    dense = layer_id in (getattr(config, "mlp_only_layers", None) or [])
+    return not dense and config.num_experts > 0 and (layer_id + 1) % step == 0
+
+
+class Qwen2MoeForCausalLM(CausalLM):
+    """Qwen2-MoE: q/k/v biases, shared expert with its gate."""
+
+    qkv_bias_default = True
+    o_bias_with_attention_bias = False
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        if getattr(config, "use_sliding_window", False):
+            raise refuse("use_sliding_window", True, "full attention only")
+
+    def feed_forward(self, config, layer_id, layers, prefix):
+        if not is_sparse_layer(config, layer_id):
+            return None
+        return layers.moe(moe_options(config), prefix)
+
+
+class Qwen3MoeForCausalLM(Qwen2MoeForCausalLM):
+    """Qwen3-MoE: Qwen3 attention (per-head q/k RMSNorm, no q/k/v bias unless
+    `attention_bias`), experts without a shared one."""
+
+    qkv_bias_default = False
+
+    def attention_options(self, config, layer_id: int) -> AttentionOptions:
+        opts = super().attention_options(config, layer_id)
+        return dataclasses.replace(opts, qk_norm=True)
