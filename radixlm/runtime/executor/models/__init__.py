@@ -7,17 +7,23 @@ from __future__ import annotations
 
 from radixlm.errors import UnsupportedModelError
 from radixlm.runtime.executor.models.decoder import CausalLM
+from radixlm.runtime.executor.models.gemma3 import Gemma3ForCausalLM
 from radixlm.runtime.executor.models.llama import (
     LlamaForCausalLM,
     MistralForCausalLM,
     Qwen2ForCausalLM,
 )
+from radixlm.runtime.executor.models.phi3 import Phi3ForCausalLM
+from radixlm.runtime.executor.models.qwen3 import Qwen3ForCausalLM
 
 #: config.architectures[i] -> the class implementing it.
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
 }
 
 
