@@ -263,3 +263,26 @@ def test_unsupported_config_names_the_field(case, saved, tmp_path):
     if case == "unknown-architecture":
         for arch in ("Gemma3ForCausalLM", "Phi3ForCausalLM", "Qwen3ForCausalLM"):
             assert repr(arch) in str(err.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_unit_offset_norm_equals_gemma3_rmsnorm(dtype):
+    """Gemma's (1 + w) scale is formed and applied in fp32 before the cast, bit for bit
+    as transformers' Gemma3RMSNorm (rounding 1 + w to a half type would not be)."""
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    from radixlm.runtime.executor.layers.blocks import RMSNorm
+
+    torch.manual_seed(0)
+    w = torch.randn(64).to(dtype)
+    x = (torch.randn(5, 64) * 3).to(dtype)
+    ref = Gemma3RMSNorm(64, eps=1e-6).to(dtype)
+    ours = RMSNorm(64, 1e-6, unit_offset=True).to(dtype)
+    with torch.no_grad():
+        ref.weight.copy_(w)
+        ours.weight.copy_(w)
+    ours.process_weights_after_loading()
+    with torch.inference_mode():
+        got, want = ours(x), ref(x)
+    assert got.dtype == dtype
+    assert torch.equal(got, want)

@@ -32,8 +32,14 @@ class RMSNorm(nn.Module):
 
     With `unit_offset` (Gemma) the checkpoint's `weight` holds w - 1: the scale is
     (1 + weight), and `process_weights_after_loading` adds the 1 once, in fp32, so every
-    implementation (this one, the C kernel) multiplies by the same stored w.
+    implementation (this one, the C kernel) multiplies by the same stored w. That w stays
+    fp32 and multiplies the fp32 normed x before the cast to x's dtype (`scale_fp32`), as
+    transformers' Gemma3RMSNorm does; the plain norm casts first, then scales (Llama's
+    order).
     """
+
+    #: Whether the scale is applied in fp32, before the cast back (unit-offset norms).
+    scale_fp32 = False
 
     def __init__(self, dim: int, eps: float, unit_offset: bool = False):
         super().__init__()
@@ -43,13 +49,16 @@ class RMSNorm(nn.Module):
 
     def process_weights_after_loading(self) -> None:
         if self.unit_offset:
-            self.weight.data = self.weight.data.float().add_(1.0).to(self.weight.dtype)
+            self.weight.data = self.weight.data.float().add_(1.0)
             self.unit_offset = False  # the stored weight is now the scale itself
+            self.scale_fp32 = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.to(torch.float32)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.scale_fp32:
+            return (x * self.weight).to(dtype)
         return self.weight * x.to(dtype)
 
 
