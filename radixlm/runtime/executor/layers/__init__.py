@@ -31,4 +31,9 @@ def cpu_layers(
 
 __all__ = [
     "CudaLayers",
-    "InputMajorCpuLayers", "LayerFactory", "PackedCpuLayers", "TorchLayers", "cpu_layers"]
+    "InputMajorCpuLayers",
+    "LayerFactory",
+    "PackedCpuLayers",
+    "TorchLayers",
+    "cpu_layers",
+]

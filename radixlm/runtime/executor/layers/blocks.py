@@ -1,7 +1,8 @@
 """Plain-torch building blocks shared by the model families: RMSNorm (plain or Gemma's
-unit-offset), RoPE (with the config's scaling, full or partial rotation), GQA attention
-through the attention backend (optional per-head q/k norm, sliding window, custom scale),
-the gated MLP (SwiGLU or GeGLU), the pre-norm decoder layer, and the plain layer runner.
+unit-offset), RoPE (with the config's scaling, full or partial rotation, one table per
+layer type where the config keeps several), GQA attention through the attention backend
+(optional per-head q/k norm, sliding window, custom scale), the gated MLP (SwiGLU or
+GeGLU), the pre-norm decoder layer, and the plain layer runner.
 `TorchLayers` hands them out; the CPU factories subclass or wrap them. Parameter names
 equal the Hugging Face ones.
 
@@ -31,8 +32,14 @@ class RMSNorm(nn.Module):
 
     With `unit_offset` (Gemma) the checkpoint's `weight` holds w - 1: the scale is
     (1 + weight), and `process_weights_after_loading` adds the 1 once, in fp32, so every
-    implementation (this one, the C kernel) multiplies by the same stored w.
+    implementation (this one, the C kernel) multiplies by the same stored w. That w stays
+    fp32 and multiplies the fp32 normed x before the cast to x's dtype (`scale_fp32`), as
+    transformers' Gemma3RMSNorm does; the plain norm casts first, then scales (Llama's
+    order).
     """
+
+    #: Whether the scale is applied in fp32, before the cast back (unit-offset norms).
+    scale_fp32 = False
 
     def __init__(self, dim: int, eps: float, unit_offset: bool = False):
         super().__init__()
@@ -42,13 +49,16 @@ class RMSNorm(nn.Module):
 
     def process_weights_after_loading(self) -> None:
         if self.unit_offset:
-            self.weight.data = self.weight.data.float().add_(1.0).to(self.weight.dtype)
+            self.weight.data = self.weight.data.float().add_(1.0)
             self.unit_offset = False  # the stored weight is now the scale itself
+            self.scale_fp32 = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.to(torch.float32)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.scale_fp32:
+            return (x * self.weight).to(dtype)
         return self.weight * x.to(dtype)
 
 
@@ -91,9 +101,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         params = rope_parameters(config, layer_type)
         rope_type = params.get("rope_type", "default")
-        head_dim = head_dim_of(config)
-        factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-        self.rotary_dim = int(head_dim * (factor or 1.0))
+        self.rotary_dim = rotary_dim_of(config, layer_type)
         # Real CPU tensors even when the model is built under a meta-device context.
         with torch.device("cpu"):
             if rope_type == "default":
@@ -138,6 +146,32 @@ def head_dim_of(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def rotary_dim_of(config, layer_type: str | None = None) -> int:
+    """Dims of each head that RoPE rotates: head_dim * partial_rotary_factor (from the RoPE
+    parameters of `layer_type`, else the config; 1.0 when neither sets it). Raises
+    UnsupportedModelError as `rope_parameters`."""
+    params = rope_parameters(config, layer_type)
+    factor = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    return int(head_dim_of(config) * (factor or 1.0))
+
+
+class RotaryByLayerType(nn.Module):
+    """One `RotaryEmbedding` per distinct entry of `config.layer_types`, each from that
+    type's RoPE parameters (Gemma 3: "sliding_attention" and "full_attention" differ in
+    theta and scaling). forward(positions, dtype) -> {layer type: (cos, sin)}, every table
+    computed once per step; a layer takes the entry of its own type (`AttentionOptions.
+    layer_type`). Raises UnsupportedModelError as `RotaryEmbedding`."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.tables = nn.ModuleDict(
+            {t: RotaryEmbedding(config, t) for t in sorted(set(config.layer_types))}
+        )
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> dict[str, tuple]:
+        return {t: rope(positions, dtype) for t, rope in self.tables.items()}
+
+
 @dataclass(frozen=True)
 class AttentionOptions:
     """How one layer's attention differs between families.
@@ -151,6 +185,8 @@ class AttentionOptions:
         sliding_window: keys older than this many positions are masked (Mistral, Gemma 3's
             local layers), None for full causal attention.
         scaling: the softmax scale; None for head_dim ** -0.5.
+        layer_type: the config's `layer_types` entry of this layer, naming its RoPE
+            parameters and tables (`RotaryByLayerType`); None where the config has one RoPE.
     """
 
     qkv_bias: bool = False
@@ -159,6 +195,7 @@ class AttentionOptions:
     unit_offset_norm: bool = False
     sliding_window: int | None = None
     scaling: float | None = None
+    layer_type: str | None = None
 
 
 class Attention(nn.Module):
@@ -167,7 +204,8 @@ class Attention(nn.Module):
     `{prefix}.q_proj` etc.; the norms `layers.rms_norm` modules `{prefix}.q_norm`/`k_norm`.
 
     `sliding_window` and `scaling` are read by the model runner, which hands them to the
-    attention backend (windows per layer, one scale per model).
+    attention backend (windows per layer, one scale per model); `rotary_dim` (the rotated
+    dims of each head) by the CPU layout, whose fused decode layer rotates whole heads.
     """
 
     def __init__(
@@ -178,6 +216,7 @@ class Attention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = head_dim_of(config)
+        self.rotary_dim = rotary_dim_of(config, opts.layer_type)
         self.sliding_window = opts.sliding_window
         self.scaling = opts.scaling if opts.scaling is not None else self.head_dim**-0.5
         hidden, q_out = config.hidden_size, self.num_heads * self.head_dim

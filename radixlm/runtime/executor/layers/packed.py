@@ -76,7 +76,8 @@ class PackedAttention(Attention):
     def forward(self, x, rope, backend, fb):
         t, h, hkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)  # [t, (h + 2 hkv) d]
-        if self.q_norm is None and rope[0].shape[-1] == d:
+        v = qkv[:, (h + hkv) * d :].view(t, hkv, d)
+        if self.q_norm is None and self.rotary_dim == d:
             self._kernels.rope_(qkv, h + hkv, d, *rope)
             q = qkv[:, : h * d].view(t, h, d)
             k = qkv[:, h * d : (h + hkv) * d].view(t, hkv, d)
@@ -87,7 +88,8 @@ class PackedAttention(Attention):
                 q, k = self.q_norm(q), self.k_norm(k)
             q = apply_rotary(q.view(t, h, d), *rope)
             k = apply_rotary(k.view(t, hkv, d), *rope)
-        v = qkv[:, (h + hkv) * d :].view(t, hkv, d)
+            # k is a new tensor now; the C KV store takes k and v of one row stride.
+            v = v.contiguous()
         o = backend.forward(q, k, v, self.layer_id, fb)
         return self.o_proj(o.reshape(t, h * d))
 
@@ -192,7 +194,7 @@ class CpuDecoderLayer(DecoderLayer):
             and attn.q_norm is None
             and attn.sliding_window is None
             and attn.scaling == attn.head_dim**-0.5
-            and getattr(attn, "rotary_dim", attn.head_dim) == attn.head_dim
+            and attn.rotary_dim == attn.head_dim
             and mlp.activation == "silu"
             and self.post_attention_layernorm.eps == self.input_layernorm.eps
         )

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from radixlm.errors import UnsupportedModelError
 from radixlm.runtime.executor.models.decoder import CausalLM
+from radixlm.runtime.executor.models.gemma3 import Gemma3ForCausalLM
 from radixlm.runtime.executor.models.llama import (
     LlamaForCausalLM,
     MistralForCausalLM,
     Qwen2ForCausalLM,
 )
 from radixlm.runtime.executor.models.mixtral import MixtralForCausalLM
+from radixlm.runtime.executor.models.phi3 import Phi3ForCausalLM
+from radixlm.runtime.executor.models.qwen3 import Qwen3ForCausalLM
 from radixlm.runtime.executor.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 #: config.architectures[i] -> the class implementing it.
@@ -20,6 +23,9 @@ MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,

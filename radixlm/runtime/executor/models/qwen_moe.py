@@ -46,6 +46,7 @@ class Qwen3MoeForCausalLM(Qwen2MoeForCausalLM):
     `attention_bias`), experts without a shared one."""
 
     qkv_bias_default = False
+    o_bias_with_attention_bias = True
 
     def attention_options(self, config, layer_id: int) -> AttentionOptions:
         opts = super().attention_options(config, layer_id)

@@ -1,0 +1,29 @@
+"""Qwen3 dense decoder: the Llama layout with a per-head RMSNorm of q and k before RoPE
+(`q_norm`, `k_norm` [head_dim]), an explicit head_dim (q_proj may be wider than hidden),
+no q/k/v/o biases unless `attention_bias`.
+
+References: Qwen team 2025 (Qwen3 technical report); Dehghani et al. 2023 (QK-norm).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from radixlm.runtime.executor.layers.blocks import AttentionOptions
+from radixlm.runtime.executor.models.decoder import CausalLM, refuse
+
+
+class Qwen3ForCausalLM(CausalLM):
+    """Qwen3: q/k norm on every layer, full causal attention.
+
+    Raises UnsupportedModelError naming `use_sliding_window` when it is set (Qwen3's
+    windowed layers are a training-time option no released checkpoint enables).
+    """
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        if getattr(config, "use_sliding_window", False):
+            raise refuse("use_sliding_window", True, "Qwen3 runs with full attention only")
+
+    def attention_options(self, config, layer_id: int) -> AttentionOptions:
+        return dataclasses.replace(super().attention_options(config, layer_id), qk_norm=True)
