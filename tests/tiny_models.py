@@ -106,8 +106,65 @@ def _qwen3_moe():
     )
 
 
+def _qwen3():
+    from transformers import Qwen3Config
+
+    return Qwen3Config(**TINY_SHAPE, head_dim=32, tie_word_embeddings=False)
+
+
+def _gemma3():
+    from transformers import Gemma3TextConfig
+
+    rope = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+    }
+    return Gemma3TextConfig(
+        **{**TINY_SHAPE, "num_hidden_layers": 3},
+        head_dim=32,
+        query_pre_attn_scalar=24,
+        sliding_window=TINY_WINDOW,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters=rope,
+        pad_token_id=0,
+    )
+
+
+def _phi3():
+    from transformers import Phi3Config
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}
+    return Phi3Config(
+        **TINY_SHAPE, tie_word_embeddings=True, sliding_window=TINY_WINDOW, rope_parameters=rope
+    )
+
+
+def perturb_gemma_norms(model) -> None:
+    """Draw a Gemma model's norm weights (in place): with all-zero unit-offset norms the
+    attention and MLP outputs are small next to the sqrt(hidden)-scaled embedding and a
+    tied random model repeats its input token."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(2.0 if ".post_" in name else 0.0, 0.5)
+
+
+def save_family_model(family: str, path: Path, hf_dir: Path):
+    """`save_random_model` of `tiny_config(family)` (Gemma's norms drawn too); returns the
+    fp32 transformers model."""
+    model = save_random_model(tiny_config(family), path, hf_dir)
+    if family.startswith("gemma"):
+        perturb_gemma_norms(model)
+        model.save_pretrained(path)
+    return model
+
+
 #: family name -> builder of its tiny config.
 TINY_FAMILIES = {
+    "qwen3": _qwen3,
+    "gemma3": _gemma3,
+    "phi3": _phi3,
     "llama": _llama,
     "qwen2": _qwen2,
     "mistral": _mistral,

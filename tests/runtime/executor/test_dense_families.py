@@ -18,7 +18,7 @@ from radixlm import Engine
 from radixlm.errors import UnsupportedModelError, WeightsMismatchError
 from tests.runtime.conftest import hf_greedy
 from tests.runtime.executor.test_model_families import CPU_PATHS
-from tests.tiny_models import save_random_model
+from tests.tiny_models import perturb_gemma_norms, save_random_model
 
 COMMON = dict(
     vocab_size=49152,
@@ -79,11 +79,7 @@ def _save(kind: str, path, hf_dir):
     scaled embedding, else a tied random model repeats its input token) and saved again."""
     model = save_random_model(_tiny(kind), path, hf_dir)
     if kind.startswith("gemma3"):
-        torch.manual_seed(1)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.normal_(2.0 if ".post_" in name else 0.0, 0.5)
+        perturb_gemma_norms(model)
         model.save_pretrained(path)
     return model
 
