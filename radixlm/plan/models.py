@@ -268,15 +268,37 @@ def _get(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
+def _text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The decoder's config of a multimodal config (Gemma 3's Gemma3ForConditionalGeneration
+    nests it under `text_config`), completed with its class defaults.
+
+    transformers writes a nested config as its difference from the nested class's
+    defaults, so a real ``config.json`` may omit fields the planner reads (Gemma 3's
+    text_config leaves out num_attention_heads, num_key_value_heads and head_dim, which
+    differ from the generic defaults below). The class of its `model_type` fills them
+    when transformers is installed; otherwise the dictionary is read as it is.
+    """
+    text = cfg["text_config"]
+    try:
+        from transformers import AutoConfig
+
+        return {**AutoConfig.for_model(text["model_type"]).to_dict(), **text}
+    except (ImportError, KeyError, ValueError):
+        return text
+
+
 def spec_from_config(cfg: Mapping[str, Any], name: str = "model") -> ModelSpec:
     """Build a `ModelSpec` from a Hugging Face config dictionary.
 
-    Reads the key spellings of the Llama, Qwen2, Mistral/Mixtral, Qwen-MoE and DeepSeek
-    config classes; a missing `head_dim` defaults to hidden_size / num_attention_heads and
-    missing `num_key_value_heads` to num_attention_heads (MHA).
+    Reads the key spellings of the Llama, Qwen2/3, Mistral/Mixtral, Gemma 3, Phi-3,
+    Qwen-MoE and DeepSeek config classes (a multimodal config's `text_config`, see
+    `_text_config`); a missing or null `head_dim` defaults to hidden_size /
+    num_attention_heads and missing `num_key_value_heads` to num_attention_heads (MHA).
+    Every layer is counted with a full-context KV cache, sliding-window layers
+    (Mistral, Gemma 3's `layer_types`) included, as radixlm's KV pool stores them.
     """
     if "text_config" in cfg and "num_hidden_layers" not in cfg:
-        cfg = cfg["text_config"]
+        cfg = _text_config(cfg)
     hidden = int(cfg["hidden_size"])
     heads = int(cfg["num_attention_heads"])
     model_type = str(cfg.get("model_type", ""))

@@ -6,10 +6,12 @@ the blocks are cached beside the fp32 conversion (`BLOCKS_FILE` under the conver
 directory, a safetensors file of uint8 tensors) and later loads map that file.
 
 Only the block types the CPU kernels read (`kernels.cpu.quant.FORMATS`: Q4_1, Q8_0) are
-returned; every other tensor (norms, F32/F16 weights, other block types) comes from the
-fp32 safetensors conversion as before. For `llama` files, llama.cpp's converter permuted
-the q and k rows (RoPE halves interleaved per head); the rows are put back in the Hugging
-Face order here, as transformers does when it dequantizes the file.
+returned; every other tensor (norms, F32/F16 weights, other block types such as the
+Q4_K / Q5_0 / Q6_K of a Q4_K_M file) comes from the fp32 safetensors conversion as before,
+and the projections left fp32 for their block type are named in a warning (once, when the
+blocks are read and cached). For `llama` files, llama.cpp's converter permuted the q and k
+rows (RoPE halves interleaved per head); the rows are put back in the Hugging Face order
+here, as transformers does when it dequantizes the file.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -103,10 +106,8 @@ def read_blocks(gguf: Path, config) -> dict[str, RawBlocks]:
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     out: dict[str, RawBlocks] = {}
+    unread: Counter[str] = Counter()  # projections in block types the kernels do not read
     for tensor in reader.tensors:
-        fmt = FORMATS.get(tensor.tensor_type.name)
-        if fmt is None:
-            continue
         if tensor.name == "token_embd.weight":
             name = "model.embed_tokens"
         elif tensor.name == "output.weight":
@@ -115,9 +116,22 @@ def read_blocks(gguf: Path, config) -> dict[str, RawBlocks]:
             name = f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
         else:
             continue
+        fmt = FORMATS.get(tensor.tensor_type.name)
+        if fmt is None:
+            if tensor.tensor_type.name not in ("F32", "F16", "BF16"):
+                unread[tensor.tensor_type.name] += 1
+            continue
         data = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
         if arch == "llama" and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
             data = _unpermute_rows(data, heads if "attn_q" in tensor.name else kv_heads)
         out[name] = RawBlocks(fmt, data.contiguous(), int(tensor.shape[0]))  # GGUF: [K, N]
     logger.info("%s: %d quantized projection weights read as blocks", gguf.name, len(out))
+    if unread:
+        logger.warning(
+            "%s: projection weights in block types radixlm's CPU kernels do not read (%s) "
+            "stay fp32 panels; kept as blocks: %s",
+            gguf.name,
+            ", ".join(f"{n} x{c}" for n, c in sorted(unread.items())),
+            ", ".join(sorted(FORMATS)),
+        )
     return out

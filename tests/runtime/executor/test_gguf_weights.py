@@ -102,3 +102,31 @@ def test_server_info_counts_the_quantized_bytes(engines):
 def test_gguf_needs_the_cpu_kernels_and_a_gguf_model():
     with pytest.raises(ValueError, match="--weight-format gguf"):
         Engine(MODEL, weight_format="gguf", cpu_gemm="torch", max_total_tokens=256)
+
+
+def test_block_types_the_kernels_do_not_read_stay_fp32_with_a_warning(tmp_path, caplog):
+    """A Q4_K_M file's Q4_K projections are left to the fp32 conversion and named; its
+    Q8_0 ones are kept as blocks."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    path = tmp_path / "m.gguf"
+    writer = GGUFWriter(str(path), "qwen2")
+    q4k = np.zeros((2, 144), dtype=np.uint8)  # 2 rows of one 256-value Q4_K block
+    writer.add_tensor("blk.0.attn_q.weight", q4k, raw_dtype=GGMLQuantizationType.Q4_K)
+    q8 = np.arange(2 * 34, dtype=np.uint8).reshape(2, 34)  # 2 rows of one Q8_0 block
+    writer.add_tensor("blk.0.attn_v.weight", q8, raw_dtype=GGMLQuantizationType.Q8_0)
+    writer.add_tensor("blk.0.attn_norm.weight", np.ones(32, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    config = SimpleNamespace(num_attention_heads=1, num_key_value_heads=1)
+    with caplog.at_level(logging.WARNING):
+        blocks = gguf_blocks.read_blocks(path, config)
+    assert list(blocks) == ["model.layers.0.self_attn.v_proj"]
+    v = blocks["model.layers.0.self_attn.v_proj"]
+    assert (v.fmt, v.k) == (quant.Q8_0, 32) and torch.equal(v.data, torch.from_numpy(q8))
+    assert "Q4_K x1" in caplog.text
