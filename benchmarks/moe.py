@@ -45,8 +45,8 @@ from radixlm.runtime.executor.layers import TorchLayers
 from radixlm.runtime.executor.layers.blocks import MLP
 from radixlm.runtime.executor.layers.cpu_linear import FloatPanels
 from radixlm.runtime.executor.layers.moe import MoEOptions, SparseMoeBlock
-from radixlm.runtime.executor.layers.moe_experts import PackedExperts, TorchExperts, TritonExperts
-from radixlm.runtime.executor.layers.packed import PackedMLP
+from radixlm.runtime.executor.layers.moe_experts import TorchExperts, TritonExperts
+from radixlm.runtime.executor.layers.packed import PackedExperts, PackedMLP
 
 
 class ResidualStack(nn.Module):

@@ -123,3 +123,18 @@ def test_an_eagle_head_for_another_model_is_refused_at_start(family):
     _, path, _, _ = family
     with pytest.raises(ValueError, match="trained for 'smollm2-135m'.*hidden_size=576"):
         Engine(path, speculative_algorithm="eagle", speculative_draft_path="smollm2-135m")
+
+
+def test_server_info_counts_distinct_experts_per_decode_step(family):
+    name, path, _, _ = family
+    with Engine(path, max_total_tokens=2048) as e:
+        e.generate(input_ids=PROMPTS[0], sampling_params=_greedy())
+        moe = e.get_server_info()["moe"]
+    if not ("moe" in name or name == "mixtral"):
+        assert moe is None
+        return
+    # One request: the prefill gives the first token, then NEW - 1 decode steps of batch
+    # 1, each routing one token to exactly top_k distinct experts in every MoE layer.
+    assert moe["distinct_experts_per_decode_step"] == {
+        "1": {"steps": NEW - 1, "mean_per_layer": float(moe["top_k"])}
+    }

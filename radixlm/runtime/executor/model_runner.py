@@ -11,11 +11,13 @@ import torch
 from radixlm.config import ServerArgs
 from radixlm.kernels import (
     ForwardBatch,
+    ForwardMode,
     create_attention_backend,
     resolve_attention_backend,
     resolve_device,
 )
 from radixlm.kernels.cpu import CpuKernels
+from radixlm.runtime.executor.expert_stats import ExpertStats
 from radixlm.runtime.executor.layers import CudaLayers, LayerFactory, cpu_layers
 from radixlm.runtime.executor.layers.cpu_linear import FloatPanels, GgufPanels
 from radixlm.runtime.executor.memory import (
@@ -68,6 +70,8 @@ class ModelRunner:
         #: quantized GGUF panels.
         self.weight_format: str | None = self.layers.weight_format
         self.quantized_weights = self.layers.quantized_weights
+        #: Distinct experts per decode step by batch size (a dense model: empty, falsy).
+        self.expert_stats = ExpertStats(self.model)
 
         attn = self.model.model.layers[0].self_attn
         num_layers = config.num_hidden_layers
@@ -213,6 +217,8 @@ class ModelRunner:
         else:
             self.backend.init_forward_metadata(fb)
             logits = self.model(fb, self.backend)
+            if self.expert_stats and fb.mode is ForwardMode.DECODE:
+                self.expert_stats.after_decode(fb.seq_lens.shape[0])
         return logits.cpu()
 
     def _to_device(self, fb: ForwardBatch) -> ForwardBatch:

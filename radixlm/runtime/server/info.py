@@ -29,7 +29,8 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
     and any fallback, e.g. `cpu` -> TorchNativeBackend where the C kernels cannot run)
     and the CPU weight layout (`packed`, `input-major`, or None on CUDA), its weight format
     (`gguf` or `fp32` for packed panels, else None) and how many projections it keeps as
-    quantized GGUF panels (`quantized_weights`)."""
+    quantized GGUF panels (`quantized_weights`). `moe` (None for a dense model) gives the
+    distinct experts per MoE layer per decode step by batch size (`ExpertStats`)."""
     return {
         "args": dataclasses.asdict(args),
         "resolved": {
@@ -50,6 +51,7 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
         "num_running": len(scheduler.running),
         "num_waiting": len(scheduler.waiting),
         "scheduler": scheduler.stats(),
+        "moe": runner.expert_stats.report(),
     }
 
 

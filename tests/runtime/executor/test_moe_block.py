@@ -15,7 +15,8 @@ from radixlm.runtime.executor.layers.moe import (
     SparseMoeBlock,
     route,
 )
-from radixlm.runtime.executor.layers.moe_experts import PackedExperts, TorchExperts
+from radixlm.runtime.executor.layers.moe_experts import TorchExperts
+from radixlm.runtime.executor.layers.packed import PackedExperts
 
 HIDDEN, EXPERTS = 64, 8
 

@@ -31,6 +31,8 @@ from radixlm.runtime.executor.layers.blocks import (
     RMSNorm,
     run_in_order,
 )
+from radixlm.runtime.executor.layers.moe import MoEOptions, SparseMoeBlock
+from radixlm.runtime.executor.layers.moe_experts import ExpertsImpl, TorchExperts, TritonExperts
 
 #: run_layers(layers, x, rope, backend, fb) -> x: what runs a model's decoder layers.
 LayerRunner = Callable[..., torch.Tensor]
@@ -96,20 +98,14 @@ class LayerFactory(abc.ABC):
         feed-forward block (a mixture of experts)."""
         return DecoderLayer(config, layer_id, opts, self, prefix, mlp)
 
-    def experts(self):
-        """How mixture-of-experts blocks hold and run their experts (an `ExpertsImpl` of
-        `layers.moe_experts`): plain torch, stacked, by default."""
-        # Imported here: moe_experts builds its holders from this module's TorchLayers.
-        from radixlm.runtime.executor.layers.moe_experts import TorchExperts
-
+    def experts(self) -> ExpertsImpl:
+        """How mixture-of-experts blocks hold and run their experts: plain torch, stacked,
+        by default."""
         return TorchExperts()
 
-    def moe(self, opts, prefix: str) -> nn.Module:
-        """A sparse mixture-of-experts feed-forward block (`layers.moe.SparseMoeBlock` of
-        `MoEOptions` opts) named `prefix` ("model.layers.i.mlp"), its experts from
-        `experts()`."""
-        from radixlm.runtime.executor.layers.moe import SparseMoeBlock
-
+    def moe(self, opts: MoEOptions, prefix: str) -> nn.Module:
+        """A sparse mixture-of-experts feed-forward block (`layers.moe.SparseMoeBlock`)
+        named `prefix` ("model.layers.i.mlp"), its experts from `experts()`."""
         return SparseMoeBlock(opts, self.experts(), prefix)
 
     def layer_runner(self, layers: nn.ModuleList) -> LayerRunner:
@@ -150,7 +146,5 @@ class CudaLayers(TorchLayers):
     """The CUDA path: plain torch modules, with mixture-of-experts blocks run by the Triton
     fused-MoE kernel (`TritonExperts`)."""
 
-    def experts(self):
-        from radixlm.runtime.executor.layers.moe_experts import TritonExperts
-
+    def experts(self) -> ExpertsImpl:
         return TritonExperts()

@@ -9,9 +9,9 @@ routing (`radixlm plan moe`), not b * k.
 * `TorchExperts` (the reference and CPU fallback): experts stacked as w13 [E, 2I, H]
   (gate rows, then up rows) and w2 [E, H, I]; pairs sorted by expert id, one gate_up
   GEMM and one down GEMM per touched expert over its contiguous rows.
-* `PackedExperts` (the packed CPU layout): the same grouping, each expert a `PackedMLP`
-  of the panel source (fp32 panels, or GGUF quantized panels where the file has them)
-  multiplied by radixlm's C kernels.
+* `PackedExperts` (the packed CPU layout, in `layers/packed.py`): the same grouping, each
+  expert a `PackedMLP` of the panel source (fp32 panels, or GGUF quantized panels where
+  the file has them) multiplied by radixlm's C kernels.
 * `TritonExperts` (CUDA): the stacked weights run by the Triton fused-MoE kernel
   (`radixlm.kernels.triton.fused_moe`).
 
@@ -28,11 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.kernels.cpu import CpuKernels
-from radixlm.runtime.executor.layers.base import TorchLayers
 from radixlm.runtime.executor.layers.blocks import MLP
-from radixlm.runtime.executor.layers.cpu_linear import FloatPanels
-from radixlm.runtime.executor.layers.packed import PackedMLP
 
 
 class ExpertsImpl(abc.ABC):
@@ -81,8 +77,17 @@ def grouped_by_expert(
     return torch.zeros_like(x).index_add_(0, tokens, ys.to(x.dtype))
 
 
+class _Linears:
+    """nn.Linear projections for an expert `blocks.MLP` (what `TorchLayers.linear` gives;
+    this module sits below the layer factories, which build MoE blocks of it)."""
+
+    @staticmethod
+    def linear(name: str, in_features: int, out_features: int, bias: bool) -> nn.Module:
+        return nn.Linear(in_features, out_features, bias=bias)
+
+
 def _torch_expert(hidden: int, intermediate: int, prefix: str) -> nn.Module:
-    return MLP(hidden, intermediate, TorchLayers(), prefix)
+    return MLP(hidden, intermediate, _Linears(), prefix)
 
 
 def _stack(experts: list[nn.Module]) -> tuple[nn.Parameter, nn.Parameter]:
@@ -121,42 +126,6 @@ class TorchExperts(ExpertsImpl):
 
     def build(self, experts):
         return StackedExperts(experts)
-
-
-class PackedExpertGroup(nn.Module):
-    """Loaded `PackedMLP` experts (`experts`, fused gate_up and down panels) run over their
-    grouped rows (`grouped_by_expert`); fp32 only."""
-
-    def __init__(self, experts: list[nn.Module]):
-        super().__init__()
-        self.experts = nn.ModuleList(experts)
-
-    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        experts = self.experts
-        return grouped_by_expert(x, ids, weights, len(experts), lambda e, r: experts[e](r))
-
-
-class PackedExperts(ExpertsImpl):
-    """Each expert a `PackedMLP` of the packed CPU layout, packed by its own post-load step
-    (run by `LayerFactory.process_weights_after_loading` before the block's).
-
-    Args:
-        kernels: the loaded `CpuKernels`.
-        source: the panel source (`FloatPanels`, the default, or `GgufPanels`, which keeps
-            an expert's GGUF blocks quantized where they hold exactly its weights).
-    """
-
-    name = "packed"
-
-    def __init__(self, kernels: CpuKernels, source: FloatPanels | None = None):
-        self.kernels = kernels
-        self.source = source or FloatPanels()
-
-    def expert(self, hidden, intermediate, prefix):
-        return PackedMLP(hidden, intermediate, self.kernels, self.source, prefix)
-
-    def build(self, experts):
-        return PackedExpertGroup(experts)
 
 
 class TritonGroupedExperts(nn.Module):

@@ -41,6 +41,7 @@ from radixlm.runtime.executor.layers.cpu_linear import (
     QuantLinear,
 )
 from radixlm.runtime.executor.layers.fused_stack import FusedDecodeStack, fusable
+from radixlm.runtime.executor.layers.moe_experts import ExpertsImpl, grouped_by_expert
 
 
 class PackedAttention(Attention):
@@ -224,6 +225,42 @@ class CpuDecoderLayer(DecoderLayer):
         )  # fmt: skip
 
 
+class PackedExpertGroup(nn.Module):
+    """Loaded `PackedMLP` experts (`experts`, fused gate_up and down panels) run over their
+    grouped rows (`grouped_by_expert`); fp32 only."""
+
+    def __init__(self, experts: list[nn.Module]):
+        super().__init__()
+        self.experts = nn.ModuleList(experts)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        experts = self.experts
+        return grouped_by_expert(x, ids, weights, len(experts), lambda e, r: experts[e](r))
+
+
+class PackedExperts(ExpertsImpl):
+    """Each expert a `PackedMLP` of the packed CPU layout, packed by its own post-load step
+    (run by `LayerFactory.process_weights_after_loading` before the block's).
+
+    Args:
+        kernels: the loaded `CpuKernels`.
+        source: the panel source (`FloatPanels`, the default, or `GgufPanels`, which keeps
+            an expert's GGUF blocks quantized where they hold exactly its weights).
+    """
+
+    name = "packed"
+
+    def __init__(self, kernels: CpuKernels, source: FloatPanels | None = None):
+        self.kernels = kernels
+        self.source = source or FloatPanels()
+
+    def expert(self, hidden, intermediate, prefix):
+        return PackedMLP(hidden, intermediate, self.kernels, self.source, prefix)
+
+    def build(self, experts):
+        return PackedExpertGroup(experts)
+
+
 class _HolderLayers(TorchLayers):
     """nn.Linear holders (packed by their owner after loading) and C norms: what
     `PackedAttention` is built of before it packs."""
@@ -289,8 +326,6 @@ class PackedCpuLayers(LayerFactory):
 
     def experts(self):
         """Experts as packed panels of this layout's source (`PackedExperts`)."""
-        from radixlm.runtime.executor.layers.moe_experts import PackedExperts
-
         return PackedExperts(self.kernels, self.source)
 
     def layer_runner(self, layers: nn.ModuleList) -> LayerRunner:
