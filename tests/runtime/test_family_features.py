@@ -1,8 +1,9 @@
 """The engine's features over every model family (tiny random-weight configs from
 transformers' own config classes): greedy output equals transformers token for token
 with chunked prefill, page sizes 1 and 16, prefix-cache hits, retraction, parallel
-siblings and n-gram speculation; logprobs equal transformers' log-softmax; a grammar
-constrains every family the same way; the KV pool's accounting holds afterwards."""
+siblings and speculation (n-gram and draft-model); logprobs equal transformers'
+log-softmax; a grammar constrains every family the same way; the KV pool's accounting
+holds afterwards; MoE models count their experts per decode step."""
 
 from __future__ import annotations
 
@@ -72,17 +73,24 @@ def test_retraction_and_siblings(family):
         _check_idle_pool(e)
 
 
-def test_ngram_speculation_equals_plain(family):
+@pytest.mark.parametrize("algo", ["ngram", "draft"])
+def test_speculation_equals_plain(family, algo):
+    """n-gram drafts, and the model drafting for itself (every draft accepted): greedy
+    output is the reference either way."""
     _, path, _, refs = family
     with Engine(path, max_total_tokens=2048, page_size=4) as e:
         sched = e.scheduler
+        spec = {"speculative_draft_path": path} if algo == "draft" else {}
         args = dataclasses.replace(
-            e.args, speculative_algorithm="ngram", speculative_budget="fixed"
+            e.args, speculative_algorithm=algo, speculative_budget="fixed", **spec
         )
         sched.decoder = make_speculative_decode(args, e.runner)
         outs = e.generate(input_ids=PROMPTS, sampling_params=_greedy())
         assert [o["output_ids"] for o in outs] == refs
-        assert sched.stats()["spec_verify_steps_total"] > 0
+        stats = sched.stats()
+        assert stats["spec_verify_steps_total"] > 0
+        if algo == "draft":
+            assert stats["spec_accepted_tokens_total"] == stats["spec_draft_tokens_total"] > 0
         sched.decoder = NormalDecode()
         _check_idle_pool(e)
 
