@@ -1,9 +1,10 @@
 """The layer factory a model asks for its implementations when it is built.
 
-A model (`models/llama.py`) never constructs a projection, norm, attention, MLP, decoder
-layer or head itself: it asks its `LayerFactory`, and asks it what runs the stack of
-decoder layers. One factory per way of computing (plain torch; packed CPU panels and C
-kernels; torch's input-major CPU layout). A new way (tensor-parallel linears, other weight
+A model (`models/decoder.py`'s `CausalLM`) never constructs a projection, norm,
+attention, MLP, mixture of experts, decoder layer or head itself: it asks its
+`LayerFactory`, and asks it what runs the stack of decoder layers. One factory per way of
+computing (plain torch; torch with Triton MoE on CUDA; packed CPU panels and C kernels;
+torch's input-major CPU layout). A new way (tensor-parallel linears, other weight
 formats) is a new factory class, or a new panel source behind `PackedCpuLayers`.
 
 Loading: every module the factory builds holds its weights under the Hugging Face

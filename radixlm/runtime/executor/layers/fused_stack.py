@@ -13,7 +13,7 @@ from radixlm.runtime.executor.layers.blocks import run_in_order
 
 
 class FusedDecodeStack:
-    """`LlamaModel.run_layers` for the packed layout. When the backend answers
+    """`DecoderModel.run_layers` for the packed layout. When the backend answers
     `fused_decode_tables(fb)` (the `cpu` backend: decode steps, and causal extend or
     chain-draft verify steps where it runs the C extend kernel), every decoder layer runs
     in one C call, updating x float32 [T, hidden] in place; otherwise the layers run in
