@@ -146,3 +146,42 @@ def test_server_info_counts_distinct_experts_per_decode_step(family):
     assert moe["distinct_experts_per_decode_step"] == {
         "1": {"steps": NEW - 1, "mean_per_layer": float(moe["top_k"])}
     }
+
+
+# Families whose layers an EAGLE head's one plain pre-norm layer cannot mirror.
+NO_EAGLE = {"mistral", "qwen3", "gemma3", "phi3", "mixtral", "qwen3-moe"}
+
+
+def test_an_eagle_head_of_the_target_shape(family, tmp_path):
+    """A random head shaped like the target: greedy output is the reference (acceptance
+    does not matter for exactness) where the head can mirror the target's layers; a clear
+    error at start where it cannot."""
+    from safetensors.torch import save_file
+
+    from radixlm.runtime.speculative.eagle_head import WEIGHTS_NAME, EagleConfig, EagleHead
+
+    name, path, _, refs = family
+    with Engine(path, max_total_tokens=2048, page_size=4) as e:
+        target = e.runner.model
+        attn = target.model.layers[0].self_attn
+        cfg = EagleConfig(path, target.config.hidden_size, 64, attn.num_heads,
+                          attn.num_kv_heads, attn.head_dim, target.config.rms_norm_eps)  # fmt: skip
+        torch.manual_seed(0)
+        head = EagleHead(cfg, target.config, target.model.embed_tokens, target.lm_head)
+        save_file(head.head_state_dict(), tmp_path / WEIGHTS_NAME)
+        cfg.save(tmp_path)
+        args = dataclasses.replace(
+            e.args,
+            speculative_algorithm="eagle",
+            speculative_draft_path=str(tmp_path),
+            speculative_budget="fixed",
+        )
+        if name in NO_EAGLE:
+            with pytest.raises(ValueError, match="plain pre-norm layers"):
+                make_speculative_decode(args, e.runner)
+            return
+        e.scheduler.decoder = make_speculative_decode(args, e.runner)
+        outs = e.generate(input_ids=PROMPTS, sampling_params=_greedy())
+        assert [o["output_ids"] for o in outs] == refs
+        e.scheduler.decoder = NormalDecode()
+        _check_idle_pool(e)

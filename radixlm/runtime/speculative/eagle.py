@@ -93,10 +93,19 @@ def check_head_fits(cfg: EagleConfig, target, path: Path) -> None:
             f"the EAGLE head at {path} was trained for {cfg.base_model!r} and does not fit "
             f"this model: {', '.join(diffs)}"
         )
-    if not isinstance(layer, DecoderLayer) or not isinstance(layer.mlp, MLP):
+    # The head's layer is a plain pre-norm block with a dense MLP and plain attention.
+    plain = (
+        isinstance(layer, DecoderLayer)
+        and type(layer).forward is DecoderLayer.forward
+        and isinstance(layer.mlp, MLP)
+        and attn.q_norm is None
+        and attn.sliding_window is None
+        and attn.scaling == attn.head_dim**-0.5
+    )
+    if not plain:
         raise ValueError(
-            f"EAGLE heads need a target of plain pre-norm layers with a dense MLP; "
-            f"{type(target).__name__} has {type(layer).__name__} layers"
+            "EAGLE heads need a target of plain pre-norm layers (dense MLP, no q/k norm, "
+            f"no sliding window); {type(target).__name__} has {type(layer).__name__} layers"
         )
 
 

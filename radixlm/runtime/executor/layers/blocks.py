@@ -288,9 +288,9 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)); its attention and norms
-    come from `layers` (named under `prefix`, e.g. "model.layers.0"), its feed-forward
-    block is `mlp` when given (a mixture of experts) else `layers.mlp` of the config's
-    intermediate size and activation."""
+    come from `layers` (named under `prefix`, e.g. "model.layers.0"; the norms unit-offset
+    where `opts.unit_offset_norm`), its feed-forward block is `mlp` when given (a mixture
+    of experts) else `layers.mlp` of the config's intermediate size and activation."""
 
     def __init__(
         self,
@@ -308,8 +308,8 @@ class DecoderLayer(nn.Module):
             inter, act = config.intermediate_size, activation_of(config)
             mlp = layers.mlp(hidden, inter, f"{prefix}.mlp", act)
         self.mlp = mlp
-        self.input_layernorm = layers.rms_norm(hidden, eps)
-        self.post_attention_layernorm = layers.rms_norm(hidden, eps)
+        self.input_layernorm = layers.rms_norm(hidden, eps, opts.unit_offset_norm)
+        self.post_attention_layernorm = layers.rms_norm(hidden, eps, opts.unit_offset_norm)
 
     def forward(self, x, rope, backend, fb):
         x = x + self.self_attn(self.input_layernorm(x), rope, backend, fb)

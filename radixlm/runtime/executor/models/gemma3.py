@@ -29,8 +29,8 @@ from torch import nn
 
 from radixlm.runtime.executor.layers.blocks import (
     AttentionOptions,
+    DecoderLayer,
     RotaryByLayerType,
-    activation_of,
 )
 from radixlm.runtime.executor.models.decoder import CausalLM, refuse
 
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
-class Gemma3DecoderLayer(nn.Module):
+class Gemma3DecoderLayer(DecoderLayer):
     """x + post_attention_layernorm(attn(input_layernorm(x))), then
     x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x))), every norm
     unit-offset. Attention, MLP and norms come from `layers` (named under `prefix`);
@@ -60,16 +60,9 @@ class Gemma3DecoderLayer(nn.Module):
         prefix: str,
         mlp: nn.Module | None = None,
     ):
-        super().__init__()
+        super().__init__(config, layer_id, opts, layers, prefix, mlp)
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.layer_type = opts.layer_type
-        self.self_attn = layers.attention(config, layer_id, opts, f"{prefix}.self_attn")
-        if mlp is None:
-            act = activation_of(config)
-            mlp = layers.mlp(hidden, config.intermediate_size, f"{prefix}.mlp", act)
-        self.mlp = mlp
-        self.input_layernorm = layers.rms_norm(hidden, eps, unit_offset=True)
-        self.post_attention_layernorm = layers.rms_norm(hidden, eps, unit_offset=True)
         self.pre_feedforward_layernorm = layers.rms_norm(hidden, eps, unit_offset=True)
         self.post_feedforward_layernorm = layers.rms_norm(hidden, eps, unit_offset=True)
 
