@@ -45,98 +45,79 @@ TINY_SHAPE = dict(
 TINY_WINDOW = 8
 
 
-def tiny_config(family: str):
-    """A tiny transformers config of `family` (one of `TINY_FAMILIES`), built with the
-    family's own config class."""
-    return TINY_FAMILIES[family]()
+#: family -> (transformers config class, its settings beyond `TINY_SHAPE`): explicit
+#: head_dim 32 != hidden / heads where the family has the field; windows that the test
+#: prompts cross; MoE with dense and sparse layers.
+TINY_FAMILIES: dict[str, tuple[str, dict]] = {
+    "llama": ("LlamaConfig", {"tie_word_embeddings": True}),
+    "qwen2": ("Qwen2Config", {"tie_word_embeddings": False}),
+    "mistral": ("MistralConfig", {"tie_word_embeddings": False, "sliding_window": TINY_WINDOW}),
+    "qwen3": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": False}),
+    "gemma3": (
+        "Gemma3TextConfig",
+        {
+            "num_hidden_layers": 3,
+            "head_dim": 32,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": TINY_WINDOW,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+            },
+            "pad_token_id": 0,
+        },
+    ),
+    "phi3": (  # Phi-4-mini style: tied, 3/4 of each head rotated
+        "Phi3Config",
+        {
+            "tie_word_embeddings": True,
+            "sliding_window": TINY_WINDOW,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+            },
+        },
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        {"intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2},
+    ),
+    "qwen2-moe": (  # layer 0 keeps a dense MLP, layers 1-2 hold experts and the shared one
+        "Qwen2MoeConfig",
+        {
+            "num_hidden_layers": 3,
+            "tie_word_embeddings": False,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 48,
+            "mlp_only_layers": [0],
+            "norm_topk_prob": False,
+        },
+    ),
+    "qwen3-moe": (
+        "Qwen3MoeConfig",
+        {
+            "tie_word_embeddings": False,
+            "head_dim": 32,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+        },
+    ),
+}
 
 
-def _llama():
-    from transformers import LlamaConfig
+def tiny_config(family: str, **overrides):
+    """A tiny transformers config of `family` (a `TINY_FAMILIES` key), built with the
+    family's own config class; `overrides` replace any setting."""
+    import transformers
 
-    return LlamaConfig(**TINY_SHAPE, tie_word_embeddings=True)
-
-
-def _qwen2():
-    from transformers import Qwen2Config
-
-    return Qwen2Config(**TINY_SHAPE, tie_word_embeddings=False)
-
-
-def _mistral():
-    from transformers import MistralConfig
-
-    return MistralConfig(**TINY_SHAPE, tie_word_embeddings=False, sliding_window=TINY_WINDOW)
-
-
-def _mixtral():
-    from transformers import MixtralConfig
-
-    shape = {**TINY_SHAPE, "intermediate_size": 48}
-    return MixtralConfig(**shape, num_local_experts=4, num_experts_per_tok=2, sliding_window=None)
-
-
-def _qwen2_moe():
-    from transformers import Qwen2MoeConfig
-
-    # Layer 0 keeps a dense MLP (mlp_only_layers), layers 1-2 hold experts and the shared one.
-    return Qwen2MoeConfig(
-        **{**TINY_SHAPE, "num_hidden_layers": 3},
-        tie_word_embeddings=False,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=48,
-        mlp_only_layers=[0],
-        norm_topk_prob=False,
-    )
-
-
-def _qwen3_moe():
-    from transformers import Qwen3MoeConfig
-
-    return Qwen3MoeConfig(
-        **TINY_SHAPE,
-        tie_word_embeddings=False,
-        head_dim=32,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        norm_topk_prob=True,
-    )
-
-
-def _qwen3():
-    from transformers import Qwen3Config
-
-    return Qwen3Config(**TINY_SHAPE, head_dim=32, tie_word_embeddings=False)
-
-
-def _gemma3():
-    from transformers import Gemma3TextConfig
-
-    rope = {
-        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
-    }
-    return Gemma3TextConfig(
-        **{**TINY_SHAPE, "num_hidden_layers": 3},
-        head_dim=32,
-        query_pre_attn_scalar=24,
-        sliding_window=TINY_WINDOW,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        rope_parameters=rope,
-        pad_token_id=0,
-    )
-
-
-def _phi3():
-    from transformers import Phi3Config
-
-    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}
-    return Phi3Config(
-        **TINY_SHAPE, tie_word_embeddings=True, sliding_window=TINY_WINDOW, rope_parameters=rope
-    )
+    cls_name, settings = TINY_FAMILIES[family]
+    return getattr(transformers, cls_name)(**{**TINY_SHAPE, **settings, **overrides})
 
 
 def perturb_gemma_norms(model) -> None:
@@ -158,17 +139,3 @@ def save_family_model(family: str, path: Path, hf_dir: Path):
         perturb_gemma_norms(model)
         model.save_pretrained(path)
     return model
-
-
-#: family name -> builder of its tiny config.
-TINY_FAMILIES = {
-    "qwen3": _qwen3,
-    "gemma3": _gemma3,
-    "phi3": _phi3,
-    "llama": _llama,
-    "qwen2": _qwen2,
-    "mistral": _mistral,
-    "mixtral": _mixtral,
-    "qwen2-moe": _qwen2_moe,
-    "qwen3-moe": _qwen3_moe,
-}

@@ -1,11 +1,10 @@
-"""`radixlm plan kv` / `plan capacity` per model family, on tiny configs made with each
-family's transformers config class and saved with `save_pretrained` (explicit head_dim
-different from hidden / heads, Gemma 3's sliding and global layers, MoE configs).
+"""`radixlm plan kv` / `plan capacity` per model family, on the tiny configs of
+`tests/tiny_models.py` saved with `save_pretrained` (explicit head_dim different from
+hidden / heads, Gemma 3's sliding and global layers, MoE configs).
 
 Two references: the attention modules of transformers' own model built from the config
-(every layer's K and V heads times its head_dim), for every family; and radixlm's engine
-(`get_server_info()["kv_bytes_per_token"]`, `max_total_tokens`) for the families its model
-registry serves (the others skip until their module is registered).
+(every layer's K and V heads times its head_dim), and radixlm's engine
+(`get_server_info()["kv_bytes_per_token"]`, `max_total_tokens`).
 """
 
 from __future__ import annotations
@@ -16,62 +15,9 @@ import pytest
 import torch
 
 from radixlm.plan.cli import main as plan_main
+from tests.tiny_models import TINY_FAMILIES, save_random_model, tiny_config
 
-_COMMON = dict(
-    vocab_size=49152,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-)
-
-
-def _config(family: str):
-    import transformers as t
-
-    moe = dict(num_experts_per_tok=2, num_experts=4, moe_intermediate_size=32)
-    if family == "llama":
-        return t.LlamaConfig(**_COMMON)
-    if family == "qwen2":
-        return t.Qwen2Config(**_COMMON)
-    if family == "mistral":  # no explicit head_dim: hidden / heads
-        return t.MistralConfig(**_COMMON, head_dim=None, sliding_window=16)
-    if family == "qwen3":  # head_dim 24 != 64 / 4
-        return t.Qwen3Config(**_COMMON, head_dim=24)
-    if family == "gemma3":  # head_dim 40, one global layer after two sliding ones
-        return t.Gemma3TextConfig(
-            **_COMMON,
-            head_dim=40,
-            sliding_window=8,
-            layer_types=["sliding_attention"] * 2 + ["full_attention"],
-        )
-    if family == "phi3":
-        return t.Phi3Config(**_COMMON)
-    if family == "mixtral":
-        return t.MixtralConfig(**_COMMON, num_local_experts=4, num_experts_per_tok=2)
-    if family == "qwen2_moe":
-        return t.Qwen2MoeConfig(**_COMMON, **moe, shared_expert_intermediate_size=48)
-    if family == "qwen3_moe":
-        return t.Qwen3MoeConfig(**_COMMON, **moe, head_dim=24)
-    raise KeyError(family)
-
-
-FAMILIES = [
-    "llama",
-    "qwen2",
-    "mistral",
-    "qwen3",
-    "gemma3",
-    "phi3",
-    "mixtral",
-    "qwen2_moe",
-    "qwen3_moe",
-]
+FAMILIES = sorted(TINY_FAMILIES)
 
 
 def _plan(capsys, *argv: str) -> dict:
@@ -94,7 +40,7 @@ def _transformers_kv_bytes(config) -> int:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_plan_kv_equals_transformers_layout(family, tmp_path, capsys):
-    config = _config(family)
+    config = tiny_config(family)
     config.save_pretrained(tmp_path)
     assert _plan_kv(capsys, str(tmp_path)) == _transformers_kv_bytes(config)
 
@@ -127,16 +73,9 @@ def smollm2_tokenizer_dir():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_plan_equals_engine(family, tmp_path, capsys, smollm2_tokenizer_dir):
     """KV bytes per token, and the capacity of the engine's KV budget and page size."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     from radixlm import Engine
-    from radixlm.runtime.executor.models import MODEL_REGISTRY
-    from tests.tiny_models import save_random_model
 
-    config = _config(family)
-    arch = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]
-    if arch not in MODEL_REGISTRY:
-        pytest.skip(f"{arch} is not in this branch's model registry")
+    config = tiny_config(family)
     save_random_model(config, tmp_path, smollm2_tokenizer_dir)
     kw = {"max_total_tokens": 96, "page_size": 8, "cpu_gemm": "torch"}
     with Engine(str(tmp_path), attention_backend="torch_native", **kw) as engine:

@@ -18,19 +18,8 @@ from radixlm import Engine
 from radixlm.errors import UnsupportedModelError, WeightsMismatchError
 from tests.runtime.conftest import hf_greedy
 from tests.runtime.executor.test_model_families import CPU_PATHS
-from tests.tiny_models import perturb_gemma_norms, save_random_model
+from tests.tiny_models import perturb_gemma_norms, save_random_model, tiny_config
 
-COMMON = dict(
-    vocab_size=49152,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    eos_token_id=2,
-    bos_token_id=1,
-)
 #: Longer than every prompt and output below: the window never masks anything.
 WIDE = 1000
 #: Shorter than all but the first prompt: the window masks keys the full layers see.
@@ -40,36 +29,25 @@ NEW = 12
 
 
 def _tiny(kind: str):
-    """The transformers config of `kind`: "<family>[-window]" (-window: NARROW)."""
-    from transformers import Gemma3TextConfig, Phi3Config, Qwen3Config
-
+    """The transformers config of `kind`: "<family>[-window]" (-window: NARROW), three
+    layers."""
     family, _, windowed = kind.partition("-")
     window = NARROW if windowed else WIDE
     if family == "qwen3":  # head_dim 32 != hidden / heads: q_proj is wider than hidden
-        return Qwen3Config(**COMMON, head_dim=32, tie_word_embeddings=False)
+        return tiny_config("qwen3", num_hidden_layers=3)
     if family == "gemma3":
-        rope = {
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
-        }
-        return Gemma3TextConfig(
-            **COMMON,
-            head_dim=32,
-            query_pre_attn_scalar=24,
-            sliding_window=window,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-            rope_parameters=rope,
-            final_logit_softcapping=3.0,
-            pad_token_id=0,
-        )
+        return tiny_config("gemma3", sliding_window=window, final_logit_softcapping=3.0)
     if family == "phi3":  # Phi-4-mini style: tied, 3/4 of each head rotated
-        rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}
         window = NARROW if windowed else None  # None: the C decode stack must step aside
-        return Phi3Config(
-            **COMMON, tie_word_embeddings=True, sliding_window=window, rope_parameters=rope
-        )
+        return tiny_config("phi3", num_hidden_layers=3, sliding_window=window)
     if family == "phi3full":  # Phi-3-mini style: untied, whole heads rotated, no window
-        return Phi3Config(**COMMON, tie_word_embeddings=False, sliding_window=None)
+        return tiny_config(
+            "phi3",
+            num_hidden_layers=3,
+            tie_word_embeddings=False,
+            sliding_window=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        )
     raise ValueError(kind)
 
 

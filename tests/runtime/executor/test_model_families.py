@@ -8,27 +8,14 @@ import pytest
 
 from radixlm import Engine
 from tests.runtime.conftest import hf_greedy
-from tests.tiny_models import save_random_model
+from tests.tiny_models import save_random_model, tiny_config
 
 
 def _tiny(kind: str):
-    from transformers import LlamaConfig, Qwen2Config
-
-    common = dict(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        eos_token_id=2,
-        bos_token_id=1,
-    )
     if kind == "qwen2":
-        return Qwen2Config(**common, tie_word_embeddings=False)
+        return tiny_config("qwen2")
     if kind == "llama-attn-bias":  # biases on q/k/v and o: the C decode stack steps aside
-        return LlamaConfig(**common, tie_word_embeddings=False, attention_bias=True)
+        return tiny_config("llama", tie_word_embeddings=False, attention_bias=True)
     if kind == "llama3-rope":
         rope = {
             "rope_type": "llama3",
@@ -38,8 +25,8 @@ def _tiny(kind: str):
             "high_freq_factor": 4.0,
             "original_max_position_embeddings": 64,
         }
-        return LlamaConfig(**common, tie_word_embeddings=False, rope_parameters=rope)
-    return LlamaConfig(**common, tie_word_embeddings=True)
+        return tiny_config("llama", tie_word_embeddings=False, rope_parameters=rope)
+    return tiny_config("llama")
 
 
 # "auto" on CPU: packed weights, C kernels and the fused decode layer; "torch": torch's
