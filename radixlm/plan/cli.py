@@ -360,7 +360,6 @@ def register(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--batches",
-        "--batch",
         type=int_list,
         default="1,2,4,8,16,32,64,128,256,512,1024",
         help="decode batch sizes (tokens per step), comma-separated integers >= 1",

@@ -17,7 +17,7 @@ def _json(capsys, *argv: str) -> dict:
 def test_shape_flags_give_distinct_experts_and_bytes(capsys):
     data = _json(
         capsys, "--num-experts", "8", "--top-k", "2", "--hidden", "512",
-        "--moe-intermediate", "1024", "--layers", "4", "--batch", "1,4,64", "--dtype", "fp32",
+        "--moe-intermediate", "1024", "--layers", "4", "--batches", "1,4,64", "--dtype", "fp32",
     )  # fmt: skip
     assert (data["num_experts"], data["top_k"], data["layers"]) == (8, 2, 4)
     rows = data["experts_per_step"]
@@ -38,7 +38,7 @@ def test_config_json_model(tmp_path, capsys):
         "num_key_value_heads": 2, "vocab_size": 128,
     }  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(config))
-    data = _json(capsys, "--model", str(tmp_path), "--batch", "2", "--dtype", "fp32")
+    data = _json(capsys, "--model", str(tmp_path), "--batches", "2", "--dtype", "fp32")
     (row,) = data["experts_per_step"]
     assert row["distinct_experts"] == pytest.approx(8 * (1 - 0.75**2))  # 3.5
     expert, shared = 3 * 64 * 32 * 4, 3 * 64 * 48 * 4
