@@ -230,8 +230,9 @@ class OpenAIServing:
         return [list(p) for p in prompt]
 
     def _encode(self, text: str) -> list[int]:
-        """Plain prompts get no special tokens (as `radixlm.Engine` does). A prompt that
-        cannot fit the context is a 400 on `prompt` (context_length_exceeded)."""
+        """Plain prompts get the tokenizer's default special tokens (as `radixlm.Engine`
+        does). A prompt that cannot fit the context is a 400 on `prompt`
+        (context_length_exceeded)."""
         try:
             return self.tm.encode(text)
         except InvalidRequestError as e:

@@ -331,7 +331,9 @@ class Engine:
         )
 
     def _encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        """A plain prompt's ids, with the special tokens the tokenizer adds by default (a
+        BOS where its post-processor adds one, e.g. Gemma's; none for SmolLM2, Qwen)."""
+        return self.tokenizer.encode(text) if text else []
 
     @staticmethod
     def _params(value, n: int) -> list[SamplingParams]:

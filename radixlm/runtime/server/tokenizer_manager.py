@@ -151,7 +151,8 @@ class TokenizerManager:
     # ---- requests ---------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of a plain prompt (no special tokens added, as `Engine` does).
+        """Token ids of a plain prompt, with the special tokens the tokenizer adds by default
+        (a BOS where its post-processor adds one; as `Engine`, SGLang and vLLM do).
 
         Raises RequestTooLargeError (param "prompt") without tokenizing when `text` has more
         characters than `max_prompt_chars` = context length x the longest token's
@@ -160,7 +161,7 @@ class TokenizerManager:
         long prompts stops at the first one that cannot fit).
         """
         self.check_chars(len(text))
-        ids = self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        ids = self.tokenizer.encode(text) if text else []
         if len(ids) >= self.context_len:
             raise RequestTooLargeError(
                 f"prompt has {len(ids)} tokens; the context length is {self.context_len}",

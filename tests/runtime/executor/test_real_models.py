@@ -74,6 +74,10 @@ def test_greedy_equals_transformers(alias, hf_model, engine):
     params = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
     outs = engine.generate(input_ids=prompts, sampling_params=params)
     assert [o["output_ids"] for o in outs] == refs
+    # Text prompts are encoded as transformers' tokenizer does by default (Gemma's BOS).
+    outs = engine.generate(PROMPTS, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == refs
+    assert [o["usage"]["prompt_tokens"] for o in outs] == [len(p) for p in prompts]
 
 
 def test_plan_kv_equals_engine(alias, engine, capsys):
