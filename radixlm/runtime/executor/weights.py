@@ -44,26 +44,45 @@ def load_weights(model: nn.Module, hf_dir: Path, config, dtype: torch.dtype, dev
         raise FileNotFoundError(f"no *.safetensors files in {hf_dir}")
     for f in files:
         state.update(load_file(f, device="cpu"))
-    state = type(model).adapt_checkpoint(state, config)
-    state = {k: v.to(dtype) for k, v in state.items()}
+    family = type(model)
+    adapted = family.adapt_checkpoint(state, config)
+    _check_no_shadowing(state, adapted, family.checkpoint_name)
+    state = {k: v.to(dtype) for k, v in adapted.items()}
     tied = getattr(config, "tie_word_embeddings", False)
     if tied:
         state.pop("lm_head.weight", None)
-    check_state(model, state, skip={"lm_head.weight"} if tied else set())
+    check_state(model, state, {"lm_head.weight"} if tied else set(), family.checkpoint_name)
     model.load_state_dict(state, strict=False, assign=True)
     if tied:
         model.tie_weights()
     return model.to(device).eval()
 
 
-def check_state(model: nn.Module, state: dict[str, torch.Tensor], skip: set[str]) -> None:
+def _check_no_shadowing(original: dict, adapted: dict, source_of) -> None:
+    """Raise WeightsMismatchError when the checkpoint holds a tensor under a parameter's
+    own name and also the tensor it is mapped from (a split `up_proj` beside the fused
+    `gate_up_proj`): one would silently replace the other."""
+    both = sorted(
+        f"{name} and {src}"
+        for name in adapted
+        if (src := source_of(name)) != name and name in original and src in original
+    )
+    if both:
+        raise WeightsMismatchError(f"checkpoint holds both {'; '.join(both)}")
+
+
+def check_state(
+    model: nn.Module, state: dict[str, torch.Tensor], skip: set[str], source_of=lambda k: k
+) -> None:
     """Raise WeightsMismatchError naming the tensors of `state` that `model` lacks, the
-    parameters and buffers `state` lacks (except `skip`), and those of the wrong shape."""
+    parameters and buffers `state` lacks (except `skip`), and those of the wrong shape,
+    each by its checkpoint name (`source_of(parameter name)`, the family's
+    `checkpoint_name`)."""
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items() if k not in skip}
-    missing = sorted(k for k in expected if k not in state)
-    unexpected = sorted(k for k in state if k not in expected)
+    missing = sorted({source_of(k) for k in expected if k not in state})
+    unexpected = sorted({source_of(k) for k in state if k not in expected})
     wrong = [
-        f"{k}: checkpoint {tuple(state[k].shape)}, config expects {shape}"
+        f"{source_of(k)}: checkpoint {tuple(state[k].shape)}, config expects {shape}"
         for k, shape in sorted(expected.items())
         if k in state and tuple(state[k].shape) != shape
     ]

@@ -155,6 +155,17 @@ BAD_WEIGHTS = {
         ),  # MHA-sized: the config has 2 KV heads of 4
         "model.layers.1.self_attn.qkv_proj.weight: checkpoint (192, 64), config expects (128, 64)",
     ),
+    "missing-fused": (  # named as the checkpoint names it, not by its split parts
+        "phi3full",
+        lambda s: s.pop("model.layers.0.mlp.gate_up_proj.weight"),
+        "missing tensors ['model.layers.0.mlp.gate_up_proj.weight']",
+    ),
+    "split-beside-fused": (  # one would silently replace the other
+        "phi3full",
+        lambda s: s.update({"model.layers.0.mlp.up_proj.weight": torch.zeros(128, 64)}),
+        "checkpoint holds both model.layers.0.mlp.up_proj.weight and "
+        "model.layers.0.mlp.gate_up_proj.weight",
+    ),
     "wrong-shape-fused-gate-up": (
         "phi3full",
         lambda s: s.update({"model.layers.0.mlp.gate_up_proj.weight": torch.zeros(128, 64)}),

@@ -100,6 +100,12 @@ class CausalLM(nn.Module):
         mapped (wrong shape for a split)."""
         return state
 
+    @classmethod
+    def checkpoint_name(cls, name: str) -> str:
+        """The checkpoint tensor that parameter `name` is loaded from through
+        `adapt_checkpoint` (default: the same name); load errors name tensors by it."""
+        return name
+
     def attention_options(self, config, layer_id: int) -> AttentionOptions:
         """How layer `layer_id` attends (biases, q/k norm, window, scale)."""
         qkv_bias = getattr(config, "attention_bias", self.qkv_bias_default)

@@ -18,6 +18,8 @@ from radixlm.runtime.executor.models.llama import MistralForCausalLM
 
 _EXPERT = re.compile(r"\.block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)\.")
 _PROJ = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+_MOE_EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.")
+_W = {proj: w for w, proj in _PROJ.items()}
 
 
 class MixtralForCausalLM(MistralForCausalLM):
@@ -31,6 +33,11 @@ class MixtralForCausalLM(MistralForCausalLM):
             name = _EXPERT.sub(lambda m: f".mlp.experts.{m[1]}.{_PROJ[m[2]]}.", name)
             out[name.replace(".block_sparse_moe.gate.", ".mlp.gate.")] = tensor
         return out
+
+    @classmethod
+    def checkpoint_name(cls, name: str) -> str:
+        name = _MOE_EXPERT.sub(lambda m: f".block_sparse_moe.experts.{m[1]}.{_W[m[2]]}.", name)
+        return name.replace(".mlp.gate.", ".block_sparse_moe.gate.")
 
     def feed_forward(self, config, layer_id, layers, prefix):
         return layers.moe(moe_options(config), prefix)

@@ -18,6 +18,14 @@ from radixlm.runtime.executor.models.llama import MistralForCausalLM
 
 _QKV = ".self_attn.qkv_proj.weight"
 _GATE_UP = ".mlp.gate_up_proj.weight"
+#: Each split parameter's suffix -> the fused checkpoint tensor's suffix.
+_FUSED = {
+    ".self_attn.q_proj.weight": _QKV,
+    ".self_attn.k_proj.weight": _QKV,
+    ".self_attn.v_proj.weight": _QKV,
+    ".mlp.gate_proj.weight": _GATE_UP,
+    ".mlp.up_proj.weight": _GATE_UP,
+}
 
 
 class Phi3ForCausalLM(MistralForCausalLM):
@@ -46,6 +54,13 @@ class Phi3ForCausalLM(MistralForCausalLM):
             else:
                 out[name] = tensor
         return out
+
+    @classmethod
+    def checkpoint_name(cls, name: str) -> str:
+        for split, fused in _FUSED.items():
+            if name.endswith(split):
+                return name[: -len(split)] + fused
+        return name
 
 
 def _split(name: str, tensor: torch.Tensor, rows: tuple[int, ...], cols: int) -> tuple:
