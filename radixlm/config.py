@@ -58,7 +58,11 @@ def csv_entries(value: str | None) -> list[str]:
 class ServerArgs:
     """Every setting of the engine. Units: tokens unless stated."""
 
-    model: str = _opt("smollm2-135m", "model alias, local Hugging Face directory, or .gguf file")
+    model: str = _opt(
+        "smollm2-135m",
+        "model alias (smollm2-135m, qwen2.5-coder-0.5b, gemma3-270m), local Hugging Face "
+        "directory, or .gguf file, of a supported family (docs/models.md)",
+    )
     dtype: str = _opt(
         "float32", "weights and activations dtype", choices=["float32", "bfloat16", "float16"]
     )

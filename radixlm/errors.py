@@ -16,8 +16,9 @@ class UnsupportedModelError(RadixLMError, ValueError):
 
 
 class WeightsMismatchError(RadixLMError, ValueError):
-    """A checkpoint's tensors do not match its config: a tensor is missing, extra, or of
-    the wrong shape. The message names every such tensor."""
+    """A checkpoint's tensors do not match its config (a tensor is missing, extra, of the
+    wrong shape, or held under two names), or a weights file cannot be read. The message
+    names every such tensor or file."""
 
 
 class InvalidRequestError(RadixLMError, ValueError):

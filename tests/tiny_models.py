@@ -22,7 +22,7 @@ def save_random_model(config, path: Path, hf_dir: Path):
             if p.dim() > 1:
                 p.normal_(0, 0.3)
     model.save_pretrained(path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(hf_dir / name, path / name)
     return model
 

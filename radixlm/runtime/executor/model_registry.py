@@ -177,7 +177,17 @@ def local_hf_dir(model: str) -> Path:
 
 
 def load_hf_config(model: str):
-    """The `transformers.PretrainedConfig` of `model` (alias, HF dir, config.json or .gguf)."""
+    """The `transformers.PretrainedConfig` of `model` (alias, HF dir, config.json or .gguf).
+    Raises as `read_hf_config`."""
+    return read_hf_config(local_hf_dir(model))
+
+
+def read_hf_config(hf_dir: Path):
+    """The `transformers.PretrainedConfig` in `hf_dir`. Raises UnsupportedModelError naming
+    the file when transformers cannot read it (not JSON, an unknown model_type)."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(local_hf_dir(model))
+    try:
+        return AutoConfig.from_pretrained(hf_dir)
+    except (OSError, ValueError, KeyError) as exc:
+        raise UnsupportedModelError(f"cannot read {Path(hf_dir) / 'config.json'}: {exc}") from None

@@ -12,10 +12,11 @@ import logging
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from radixlm.errors import WeightsMismatchError
+from radixlm.errors import ModelNotFoundError, WeightsMismatchError
 from radixlm.runtime.executor.layers import LayerFactory, TorchLayers
 from radixlm.runtime.executor.models import get_model_class
 
@@ -35,15 +36,18 @@ def load_weights(model: nn.Module, hf_dir: Path, config, dtype: torch.dtype, dev
 
     The checkpoint's names pass through the family's `adapt_checkpoint` (split fused
     tensors, renamed experts). A tied lm_head (absent from the files) shares the
-    embedding. Raises FileNotFoundError without files, WeightsMismatchError naming every
-    missing, unexpected or wrongly shaped tensor.
+    embedding. Raises ModelNotFoundError without files, WeightsMismatchError naming an
+    unreadable file or every missing, unexpected or wrongly shaped tensor.
     """
     state: dict[str, torch.Tensor] = {}
     files = sorted(Path(hf_dir).glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {hf_dir}")
+        raise ModelNotFoundError(f"no *.safetensors files in {hf_dir}")
     for f in files:
-        state.update(load_file(f, device="cpu"))
+        try:
+            state.update(load_file(f, device="cpu"))
+        except SafetensorError as exc:
+            raise WeightsMismatchError(f"{f} is not a readable safetensors file: {exc}") from None
     family = type(model)
     adapted = family.adapt_checkpoint(state, config)
     _check_no_shadowing(state, adapted, family.checkpoint_name)

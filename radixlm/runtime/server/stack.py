@@ -13,7 +13,8 @@ import torch
 
 from radixlm import omp_policy
 from radixlm.config import ServerArgs
-from radixlm.runtime.executor.model_registry import local_hf_dir
+from radixlm.errors import ModelNotFoundError
+from radixlm.runtime.executor.model_registry import local_hf_dir, read_hf_config
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.sched.decode import DecodeStrategy, NormalDecode
 from radixlm.runtime.sched.scheduler import Scheduler
@@ -31,11 +32,24 @@ class ServingStack(NamedTuple):
     scheduler: Scheduler
 
 
+#: Files one of which a Hugging Face tokenizer is read from (fast tokenizer, SentencePiece
+#: model, byte-level BPE vocabulary, WordPiece vocabulary).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
 def load_tokenizer(args: ServerArgs):
-    """The model's Hugging Face tokenizer (converting a GGUF model on first use)."""
+    """The model's Hugging Face tokenizer (converting a GGUF model on first use).
+
+    Raises ModelNotFoundError when the model directory holds none of `TOKENIZER_FILES`
+    (transformers would otherwise build an empty tokenizer that encodes nothing)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(local_hf_dir(args.model))
+    hf_dir = local_hf_dir(args.model)
+    if not any((hf_dir / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelNotFoundError(
+            f"{hf_dir} has no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there"
+        )
+    return AutoTokenizer.from_pretrained(hf_dir)
 
 
 def build_stack(args: ServerArgs) -> ServingStack:
@@ -46,7 +60,6 @@ def build_stack(args: ServerArgs) -> ServingStack:
     Raises ModelNotFoundError / UnsupportedModelError / ValueError (see ModelRunner and
     `make_decoder`).
     """
-    from transformers import AutoConfig
 
     logging.getLogger("radixlm").setLevel(args.log_level.upper())
     torch.set_num_threads(args.num_threads)
@@ -59,7 +72,7 @@ def build_stack(args: ServerArgs) -> ServingStack:
             omp_policy.DEFAULTS["GOMP_SPINCOUNT"],
         )
     hf_dir = local_hf_dir(args.model)
-    config = AutoConfig.from_pretrained(hf_dir)
+    config = read_hf_config(hf_dir)
     tokenizer = load_tokenizer(args)
     runner = ModelRunner(args, hf_dir, config)
     eos = eos_token_ids(hf_dir, config)

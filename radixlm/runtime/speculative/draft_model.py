@@ -58,14 +58,12 @@ class DraftModelDrafter(ModelTreeDrafter):
     def load(cls, args: ServerArgs, runner) -> DraftModelDrafter:
         """Load --speculative-draft-path like a target model and size its KV like the
         target's pool. Raises ValueError when the vocabularies differ."""
-        from transformers import AutoConfig
-
         from radixlm.runtime.executor.layers import TorchLayers
-        from radixlm.runtime.executor.model_registry import local_hf_dir
+        from radixlm.runtime.executor.model_registry import local_hf_dir, read_hf_config
         from radixlm.runtime.executor.weights import load_model
 
         hf_dir = local_hf_dir(args.speculative_draft_path)
-        config = AutoConfig.from_pretrained(hf_dir)
+        config = read_hf_config(hf_dir)
         if config.vocab_size != runner.config.vocab_size:
             raise ValueError(
                 f"draft model vocabulary ({config.vocab_size}) differs from the target's "

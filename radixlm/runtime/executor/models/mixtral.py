@@ -49,4 +49,5 @@ def moe_options(config) -> MoEOptions:
     try:
         return MoEOptions.from_config(config)
     except ValueError as exc:
-        raise UnsupportedModelError(str(exc)) from None
+        fields = "num_experts_per_tok, num_local_experts / num_experts, hidden_act"
+        raise UnsupportedModelError(f"MoE config fields ({fields}): {exc}") from None
