@@ -100,6 +100,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # Architectures whose q/k/v projections carry a bias (Qwen2 family).
 _QKV_BIAS_TYPES = {"qwen2", "qwen2_moe"}
+_QK_NORM_TYPES = {"qwen3", "qwen3_moe", "gemma3_text", "gemma3"}
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,11 @@ class ModelSpec:
     moe_intermediate_size: int = 0
     shared_expert_intermediate_size: int = 0
     num_dense_layers: int = 0
+    #: Qwen2-MoE scales its shared expert by sigmoid(x @ shared_expert_gate) [1, hidden].
+    shared_expert_gate: bool = False
+    # Norms: per-layer RMSNorms over hidden (Gemma 3 has four), per-head q/k norms.
+    norms_per_layer: int = 2
+    qk_norm: bool = False
 
     @property
     def attention(self) -> str:
@@ -184,7 +190,8 @@ class ModelSpec:
         return 3 * self.hidden_size * self.shared_expert_intermediate_size
 
     def router_params(self) -> int:
-        return self.hidden_size * self.num_experts
+        """The router [E, hidden] (and a shared-expert gate [1, hidden]) of one MoE layer."""
+        return self.hidden_size * (self.num_experts + self.shared_expert_gate)
 
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size
@@ -194,7 +201,9 @@ class ModelSpec:
         return 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
 
     def norm_params(self) -> int:
-        return (2 * self.num_layers + 1) * self.hidden_size
+        """RMSNorm weights: each layer's, the final one, and q/k norms of head_dim."""
+        qk = 2 * self.head_dim * self.num_layers if self.qk_norm else 0
+        return (self.norms_per_layer * self.num_layers + 1) * self.hidden_size + qk
 
     def block_linear_params(self, active_only: bool = False) -> int:
         """Weights of every linear layer inside the transformer blocks (quantizable part).
@@ -332,8 +341,22 @@ def spec_from_config(cfg: Mapping[str, Any], name: str = "model") -> ModelSpec:
         experts_per_token=int(_get(cfg, "num_experts_per_tok", default=0)) if num_experts else 0,
         moe_intermediate_size=moe_inter,
         shared_expert_intermediate_size=shared,
-        num_dense_layers=int(_get(cfg, "first_k_dense_replace", default=0)) if num_experts else 0,
+        num_dense_layers=_dense_layers(cfg) if num_experts else 0,
+        shared_expert_gate=model_type == "qwen2_moe" and shared > 0,
+        norms_per_layer=4 if model_type.startswith("gemma3") else 2,
+        qk_norm=model_type in _QK_NORM_TYPES,
     )
+
+
+def _dense_layers(cfg: dict) -> int:
+    """Layers of an MoE config that keep a dense MLP: the first `first_k_dense_replace`
+    (DeepSeek), those in `mlp_only_layers`, and those whose index + 1 is not a multiple
+    of `decoder_sparse_step` (Qwen MoE)."""
+    layers = int(cfg["num_hidden_layers"])
+    first_dense = int(_get(cfg, "first_k_dense_replace", default=0))
+    step = int(_get(cfg, "decoder_sparse_step", default=1)) or 1
+    only_mlp = set(cfg.get("mlp_only_layers") or [])
+    return sum(i < first_dense or i in only_mlp or (i + 1) % step != 0 for i in range(layers))
 
 
 def preset_names() -> list[str]:

@@ -86,3 +86,41 @@ def test_plan_equals_engine(family, tmp_path, capsys, smollm2_tokenizer_dir):
     row = _plan(capsys, *argv, "--kv-budget-bytes", budget, "--page-size", page)["rows"][0]
     assert row["kv_bytes_per_token_per_gpu"] == info["kv_bytes_per_token"]
     assert row["max_tokens"] == info["max_total_tokens"]
+
+
+SPARSE_LAYOUTS = {  # (family, config overrides, MoE layers)
+    "every-layer": ("qwen3-moe", {}, 2),
+    "every-second": ("qwen3-moe", {"num_hidden_layers": 4, "decoder_sparse_step": 2}, 2),
+    "mlp-only": ("qwen2-moe", {"num_hidden_layers": 4, "mlp_only_layers": [0, 3]}, 2),
+    "both": (  # layers 1 and 3 by the step, 1 dense by the list
+        "qwen2-moe",
+        {"num_hidden_layers": 4, "decoder_sparse_step": 2, "mlp_only_layers": [1]},
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_plan_counts_every_parameter(family):
+    """The planner's parameter count equals transformers' model, norms, q/k norms and
+    shared-expert gates included."""
+    from transformers import AutoModelForCausalLM
+
+    from radixlm.plan.models import spec_from_config
+
+    config = tiny_config(family)
+    model = AutoModelForCausalLM.from_config(config)
+    assert spec_from_config(config.to_dict()).total_params() == model.num_parameters()
+
+
+@pytest.mark.parametrize("layout", sorted(SPARSE_LAYOUTS))
+def test_plan_counts_the_sparse_layers(layout):
+    from transformers import AutoModelForCausalLM
+
+    from radixlm.plan.models import spec_from_config
+
+    family, overrides, moe_layers = SPARSE_LAYOUTS[layout]
+    config = tiny_config(family, **overrides)
+    spec = spec_from_config(config.to_dict())
+    assert spec.num_moe_layers == moe_layers
+    assert spec.total_params() == AutoModelForCausalLM.from_config(config).num_parameters()
