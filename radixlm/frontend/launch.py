@@ -48,7 +48,8 @@ def launch_server(args: ServerArgs) -> int:
         ipc, facts, tokenizer = start_children(args, signals, children)
         return _serve(args, ipc, facts, tokenizer, children, signals)
     except ChildFailed as e:
-        logger.error("server start-up failed:\n%s", e)
+        error = str(e)
+        logger.error("server start-up failed:%s%s", "\n" if "\n" in error else " ", error)
         return 1
     except RadixLMError as e:
         logger.error("server start-up failed: %s", e)

@@ -59,3 +59,25 @@ def test_startup_failure_exits_nonzero():
     assert result.returncode != 0
     assert "/nonexistent/model" in result.stderr
     assert "radixlm serving on" not in result.stdout
+
+
+def test_a_model_the_scheduler_cannot_load_is_one_error_line(tmp_path):
+    """A checkpoint the scheduler process refuses (a missing tensor): the server exits 1
+    with one line naming the error type and the tensor, and no traceback."""
+    from safetensors.torch import load_file, save_file
+
+    from radixlm.runtime import local_hf_dir
+    from tests.tiny_models import save_family_model
+
+    save_family_model("qwen3", tmp_path, local_hf_dir("smollm2-135m"))
+    state = load_file(tmp_path / "model.safetensors")
+    del state["model.layers.1.self_attn.q_norm.weight"]
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    cmd = [sys.executable, "-m", "radixlm", "serve", "--model", str(tmp_path), "--port", "0"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, result.stderr
+    assert "server start-up failed: WeightsMismatchError: " in errors[0]
+    assert "model.layers.1.self_attn.q_norm.weight" in errors[0]
+    assert "Traceback" not in result.stderr

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from radixlm.errors import RadixLMError
 from radixlm.runtime.server.messages import ProcessFailed, ProcessReady, encode
 
 logger = logging.getLogger(__name__)
@@ -128,7 +129,10 @@ def run_child(name: str, log_level: str, status_conn, body: Callable[[Callable],
     The child ignores SIGINT (the parent orchestrates shutdown), dies with its parent
     (PR_SET_PDEATHSIG on Linux, plus a parent-pid watch), and reports over
     `status_conn` (a multiprocessing Connection): `ready(info)` sends ProcessReady; an
-    exception sends ProcessFailed with the traceback and exits with status 1.
+    exception sends ProcessFailed and exits with status 1: radixlm's own errors (a model
+    it cannot load, a bad setting) as one line "Type: message", anything else with its
+    traceback. The parent logs what it receives; the child logs only what it could not
+    send.
     """
     logging.basicConfig(
         level=log_level.upper(),
@@ -143,13 +147,15 @@ def run_child(name: str, log_level: str, status_conn, body: Callable[[Callable],
 
     try:
         body(ready)
-    except Exception:
-        error = traceback.format_exc()
-        logger.error("%s process failed:\n%s", name, error)
+    except Exception as exc:
+        if isinstance(exc, RadixLMError):
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            error = traceback.format_exc()
         try:
             status_conn.send_bytes(encode(ProcessFailed(name, error)))
         except OSError:
-            pass
+            logger.error("%s process failed:\n%s", name, error)
         sys.stderr.flush()
         os._exit(1)
 

@@ -28,7 +28,7 @@ _WATCH_INTERVAL_S = 0.2
 
 
 class ChildFailed(RuntimeError):
-    """A child process exited or reported an error (message: its traceback)."""
+    """A child process exited or reported an error (message: `ProcessFailed.error`)."""
 
 
 class ChildProcess:

@@ -169,7 +169,8 @@ class ProcessReady(msgspec.Struct, tag="ready"):
 
 
 class ProcessFailed(msgspec.Struct, tag="failed"):
-    """Sent by a child process that could not start or crashed; `error` is its traceback."""
+    """Sent by a child process that could not start or crashed; `error` is "Type: message"
+    for radixlm's own errors, else the traceback."""
 
     name: str
     error: str
