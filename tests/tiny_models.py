@@ -50,7 +50,15 @@ TINY_WINDOW = 8
 #: prompts cross; MoE with dense and sparse layers.
 TINY_FAMILIES: dict[str, tuple[str, dict]] = {
     "llama": ("LlamaConfig", {"tie_word_embeddings": True}),
-    "qwen2": ("Qwen2Config", {"tie_word_embeddings": False}),
+    "qwen2": (  # layer 0 full, layer 1 sliding (use_sliding_window from max_window_layers)
+        "Qwen2Config",
+        {
+            "tie_word_embeddings": False,
+            "use_sliding_window": True,
+            "max_window_layers": 1,
+            "sliding_window": TINY_WINDOW,
+        },
+    ),
     "mistral": ("MistralConfig", {"tie_word_embeddings": False, "sliding_window": TINY_WINDOW}),
     "qwen3": ("Qwen3Config", {"head_dim": 32, "tie_word_embeddings": False}),
     "gemma3": (
@@ -95,6 +103,9 @@ TINY_FAMILIES: dict[str, tuple[str, dict]] = {
             "shared_expert_intermediate_size": 48,
             "mlp_only_layers": [0],
             "norm_topk_prob": False,
+            "use_sliding_window": True,
+            "max_window_layers": 1,
+            "sliding_window": TINY_WINDOW,
         },
     ),
     "qwen3-moe": (
@@ -106,6 +117,7 @@ TINY_FAMILIES: dict[str, tuple[str, dict]] = {
             "num_experts_per_tok": 2,
             "moe_intermediate_size": 32,
             "norm_topk_prob": True,
+            "sliding_window": TINY_WINDOW,  # every layer: Qwen3-MoE has no layer_types
         },
     ),
 }

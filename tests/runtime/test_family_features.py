@@ -148,19 +148,15 @@ def test_server_info_counts_distinct_experts_per_decode_step(family):
     }
 
 
-# Families whose layers an EAGLE head's one plain pre-norm layer cannot mirror.
-NO_EAGLE = {"mistral", "qwen3", "gemma3", "phi3", "mixtral", "qwen3-moe"}
-
-
 def test_an_eagle_head_of_the_target_shape(family, tmp_path):
-    """A random head shaped like the target: greedy output is the reference (acceptance
-    does not matter for exactness) where the head can mirror the target's layers; a clear
-    error at start where it cannot."""
+    """A random head shaped like the target, whatever the target's layers (its own layer
+    is a plain pre-norm block): greedy output is the reference (acceptance does not matter
+    for exactness)."""
     from safetensors.torch import save_file
 
     from radixlm.runtime.speculative.eagle_head import WEIGHTS_NAME, EagleConfig, EagleHead
 
-    name, path, _, refs = family
+    _, path, _, refs = family
     with Engine(path, max_total_tokens=2048, page_size=4) as e:
         target = e.runner.model
         attn = target.model.layers[0].self_attn
@@ -176,12 +172,9 @@ def test_an_eagle_head_of_the_target_shape(family, tmp_path):
             speculative_draft_path=str(tmp_path),
             speculative_budget="fixed",
         )
-        if name in NO_EAGLE:
-            with pytest.raises(ValueError, match="plain pre-norm layers"):
-                make_speculative_decode(args, e.runner)
-            return
         e.scheduler.decoder = make_speculative_decode(args, e.runner)
         outs = e.generate(input_ids=PROMPTS, sampling_params=_greedy())
         assert [o["output_ids"] for o in outs] == refs
+        assert e.scheduler.stats()["spec_verify_steps_total"] > 0
         e.scheduler.decoder = NormalDecode()
         _check_idle_pool(e)

@@ -34,6 +34,14 @@ def _tiny(kind: str):
     family, _, windowed = kind.partition("-")
     window = NARROW if windowed else WIDE
     if family == "qwen3":  # head_dim 32 != hidden / heads: q_proj is wider than hidden
+        if windowed:  # layer 0 full, layers 1-2 sliding
+            return tiny_config(
+                "qwen3",
+                num_hidden_layers=3,
+                use_sliding_window=True,
+                max_window_layers=1,
+                sliding_window=NARROW,
+            )
         return tiny_config("qwen3", num_hidden_layers=3)
     if family == "gemma3":
         return tiny_config("gemma3", sliding_window=window, final_logit_softcapping=3.0)
@@ -79,7 +87,7 @@ def saved(tmp_path_factory, hf_dir):
 
 
 GREEDY = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
-KINDS = ["qwen3", "gemma3", "gemma3-window", "phi3", "phi3-window", "phi3full"]
+KINDS = ["qwen3", "qwen3-window", "gemma3", "gemma3-window", "phi3", "phi3-window", "phi3full"]
 
 
 @pytest.mark.parametrize("path", sorted(CPU_PATHS))
@@ -101,7 +109,7 @@ def test_family_matches_transformers(kind, path, saved):
     assert [o["output_ids"] for o in batch] == refs
 
 
-@pytest.mark.parametrize("family", ["gemma3", "phi3"])
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "phi3"])
 def test_narrow_window_changes_the_reference(family, saved):
     """The windowed kinds test the window: transformers' output differs without it."""
     assert saved(family)[2] != saved(f"{family}-window")[2]
@@ -201,12 +209,6 @@ BAD_CONFIGS = {
         {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}},
         UnsupportedModelError,
         "rope_parameters.rope_type 'dynamic' is not supported",
-    ),
-    "qwen3-sliding-window": (
-        "qwen3",
-        {"use_sliding_window": True, "sliding_window": 16},
-        UnsupportedModelError,
-        "config field use_sliding_window=True is not supported",
     ),
     "phi3-longrope": (
         "phi3",

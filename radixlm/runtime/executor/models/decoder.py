@@ -169,6 +169,16 @@ class CausalLM(nn.Module):
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
+def layer_type_window(config, layer_id: int) -> int | None:
+    """The sliding window of layer `layer_id` where the config lists `layer_types` (Qwen2,
+    Qwen3, Qwen2-MoE: "sliding_attention" from `max_window_layers` on when
+    `use_sliding_window`): `sliding_window` for a sliding layer, else None."""
+    types = getattr(config, "layer_types", None)
+    if types and types[layer_id] == "sliding_attention":
+        return config.sliding_window
+    return None
+
+
 def refuse(field: str, value, supported: str) -> UnsupportedModelError:
     """The error for a config field value a family does not implement."""
     return UnsupportedModelError(f"config field {field}={value!r} is not supported ({supported})")

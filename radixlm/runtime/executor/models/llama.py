@@ -1,4 +1,5 @@
-"""Llama-family decoders: Llama, Mistral (sliding window), Qwen2 (q/k/v biases).
+"""Llama-family decoders: Llama, Mistral (sliding window), Qwen2 (q/k/v biases, sliding
+layers by `layer_types`).
 
 RoPE, RMSNorm, GQA, SwiGLU, tied or untied head, all from the shared blocks.
 References: Touvron et al. 2023 (Llama 2), Jiang et al. 2023 (Mistral 7B: sliding-window
@@ -10,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from radixlm.runtime.executor.layers.blocks import AttentionOptions
-from radixlm.runtime.executor.models.decoder import CausalLM, refuse
+from radixlm.runtime.executor.models.decoder import CausalLM, layer_type_window
 
 
 class LlamaForCausalLM(CausalLM):
@@ -27,12 +28,12 @@ class MistralForCausalLM(CausalLM):
 
 
 class Qwen2ForCausalLM(CausalLM):
-    """Qwen2: the Llama layout with biases on the q/k/v projections (not o)."""
+    """Qwen2: the Llama layout with biases on the q/k/v projections (not o); layers listed
+    "sliding_attention" in `layer_types` attend within `sliding_window`."""
 
     qkv_bias_default = True
     o_bias_with_attention_bias = False
 
-    @classmethod
-    def check_config(cls, config) -> None:
-        if getattr(config, "use_sliding_window", False):
-            raise refuse("use_sliding_window", True, "Qwen2 runs with full attention only")
+    def attention_options(self, config, layer_id: int) -> AttentionOptions:
+        opts = super().attention_options(config, layer_id)
+        return dataclasses.replace(opts, sliding_window=layer_type_window(config, layer_id))

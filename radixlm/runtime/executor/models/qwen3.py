@@ -10,20 +10,16 @@ from __future__ import annotations
 import dataclasses
 
 from radixlm.runtime.executor.layers.blocks import AttentionOptions
-from radixlm.runtime.executor.models.decoder import CausalLM, refuse
+from radixlm.runtime.executor.models.decoder import CausalLM, layer_type_window
 
 
 class Qwen3ForCausalLM(CausalLM):
-    """Qwen3: q/k norm on every layer, full causal attention.
-
-    Raises UnsupportedModelError naming `use_sliding_window` when it is set (Qwen3's
-    windowed layers are a training-time option no released checkpoint enables).
-    """
-
-    @classmethod
-    def check_config(cls, config) -> None:
-        if getattr(config, "use_sliding_window", False):
-            raise refuse("use_sliding_window", True, "Qwen3 runs with full attention only")
+    """Qwen3: q/k norm on every layer; layers listed "sliding_attention" in `layer_types`
+    (`use_sliding_window` from `max_window_layers` on) attend within `sliding_window`."""
 
     def attention_options(self, config, layer_id: int) -> AttentionOptions:
-        return dataclasses.replace(super().attention_options(config, layer_id), qk_norm=True)
+        return dataclasses.replace(
+            super().attention_options(config, layer_id),
+            qk_norm=True,
+            sliding_window=layer_type_window(config, layer_id),
+        )

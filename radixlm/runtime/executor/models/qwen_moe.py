@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from radixlm.runtime.executor.layers.blocks import AttentionOptions
-from radixlm.runtime.executor.models.decoder import CausalLM, refuse
+from radixlm.runtime.executor.models.decoder import CausalLM, layer_type_window
 from radixlm.runtime.executor.models.mixtral import moe_options
 
 
@@ -25,15 +25,15 @@ def is_sparse_layer(config, layer_id: int) -> bool:
 
 
 class Qwen2MoeForCausalLM(CausalLM):
-    """Qwen2-MoE: q/k/v biases, shared expert with its gate."""
+    """Qwen2-MoE: q/k/v biases, shared expert with its gate; layers listed
+    "sliding_attention" in `layer_types` attend within `sliding_window`."""
 
     qkv_bias_default = True
     o_bias_with_attention_bias = False
 
-    @classmethod
-    def check_config(cls, config) -> None:
-        if getattr(config, "use_sliding_window", False):
-            raise refuse("use_sliding_window", True, "full attention only")
+    def attention_options(self, config, layer_id: int) -> AttentionOptions:
+        opts = super().attention_options(config, layer_id)
+        return dataclasses.replace(opts, sliding_window=layer_type_window(config, layer_id))
 
     def feed_forward(self, config, layer_id, layers, prefix):
         if not is_sparse_layer(config, layer_id):
@@ -43,11 +43,13 @@ class Qwen2MoeForCausalLM(CausalLM):
 
 class Qwen3MoeForCausalLM(Qwen2MoeForCausalLM):
     """Qwen3-MoE: Qwen3 attention (per-head q/k RMSNorm, no q/k/v bias unless
-    `attention_bias`), experts without a shared one."""
+    `attention_bias`), experts without a shared one. Its config has no `layer_types`:
+    as in transformers, every layer attends within `sliding_window` when it is set."""
 
     qkv_bias_default = False
     o_bias_with_attention_bias = True
 
     def attention_options(self, config, layer_id: int) -> AttentionOptions:
-        opts = super().attention_options(config, layer_id)
-        return dataclasses.replace(opts, qk_norm=True)
+        opts = CausalLM.attention_options(self, config, layer_id)
+        window = getattr(config, "sliding_window", None)
+        return dataclasses.replace(opts, qk_norm=True, sliding_window=window)
