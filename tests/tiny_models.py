@@ -151,3 +151,21 @@ def save_family_model(family: str, path: Path, hf_dir: Path):
         perturb_gemma_norms(model)
         model.save_pretrained(path)
     return model
+
+
+def save_random_eagle_head(target, base_model: str, out: Path, intermediate: int) -> str:
+    """Save a seeded random EAGLE head shaped like the radixlm model `target` (its hidden
+    size and layer-0 attention) under `out`; returns the path as a string. Acceptance is
+    irrelevant for the exactness tests that use it."""
+    from safetensors.torch import save_file
+
+    from radixlm.runtime.speculative.eagle_head import WEIGHTS_NAME, EagleConfig, EagleHead
+
+    attn = target.model.layers[0].self_attn
+    cfg = EagleConfig(base_model, target.config.hidden_size, intermediate, attn.num_heads,
+                      attn.num_kv_heads, attn.head_dim, target.config.rms_norm_eps)  # fmt: skip
+    torch.manual_seed(0)
+    head = EagleHead(cfg, target.config, target.model.embed_tokens, target.lm_head)
+    save_file(head.head_state_dict(), Path(out) / WEIGHTS_NAME)
+    cfg.save(Path(out))
+    return str(out)

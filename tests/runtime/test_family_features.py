@@ -17,7 +17,7 @@ from radixlm import Engine
 from radixlm.runtime.sched.decode import NormalDecode
 from radixlm.runtime.speculative import make_speculative_decode
 from tests.runtime.conftest import hf_greedy
-from tests.tiny_models import TINY_FAMILIES, save_family_model
+from tests.tiny_models import TINY_FAMILIES, save_family_model, save_random_eagle_head
 
 NEW = 10
 # Short, repeated (n-gram drafts find matches), and longer than a sliding window.
@@ -152,24 +152,13 @@ def test_an_eagle_head_of_the_target_shape(family, tmp_path):
     """A random head shaped like the target, whatever the target's layers (its own layer
     is a plain pre-norm block): greedy output is the reference (acceptance does not matter
     for exactness)."""
-    from safetensors.torch import save_file
-
-    from radixlm.runtime.speculative.eagle_head import WEIGHTS_NAME, EagleConfig, EagleHead
-
     _, path, _, refs = family
     with Engine(path, max_total_tokens=2048, page_size=4) as e:
-        target = e.runner.model
-        attn = target.model.layers[0].self_attn
-        cfg = EagleConfig(path, target.config.hidden_size, 64, attn.num_heads,
-                          attn.num_kv_heads, attn.head_dim, target.config.rms_norm_eps)  # fmt: skip
-        torch.manual_seed(0)
-        head = EagleHead(cfg, target.config, target.model.embed_tokens, target.lm_head)
-        save_file(head.head_state_dict(), tmp_path / WEIGHTS_NAME)
-        cfg.save(tmp_path)
+        head_dir = save_random_eagle_head(e.runner.model, path, tmp_path, 64)
         args = dataclasses.replace(
             e.args,
             speculative_algorithm="eagle",
-            speculative_draft_path=str(tmp_path),
+            speculative_draft_path=head_dir,
             speculative_budget="fixed",
         )
         e.scheduler.decoder = make_speculative_decode(args, e.runner)

@@ -12,14 +12,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 from radixlm import Engine
 from radixlm.runtime.sched.decode import NormalDecode
 from radixlm.runtime.speculative import make_speculative_decode
-from radixlm.runtime.speculative.eagle_head import WEIGHTS_NAME, EagleConfig, EagleHead
 from tests.runtime.conftest import MAX_NEW, MODEL, greedy
 from tests.runtime.sched_helpers import check_pool, make_req, run_all, step, tokens
+from tests.tiny_models import save_random_eagle_head
 
 pytestmark = pytest.mark.slow
 
@@ -37,17 +36,7 @@ def engine():
 def eagle_dir(engine, tmp_path_factory):
     """A randomly initialised EAGLE head (acceptance is irrelevant for exactness)."""
     out = tmp_path_factory.mktemp("eagle")
-    target = engine.runner.model
-    attn = target.model.layers[0].self_attn
-    cfg = EagleConfig(MODEL, target.config.hidden_size, 256, attn.num_heads,
-                      attn.num_kv_heads, attn.head_dim, target.config.rms_norm_eps)  # fmt: skip
-    torch.manual_seed(0)
-    head = EagleHead(cfg, target.config, target.model.embed_tokens, target.lm_head)
-    from safetensors.torch import save_file
-
-    save_file(head.head_state_dict(), out / WEIGHTS_NAME)
-    cfg.save(out)
-    return str(out)
+    return save_random_eagle_head(engine.runner.model, MODEL, out, 256)
 
 
 def use(engine, algo: str | None, **spec) -> None:

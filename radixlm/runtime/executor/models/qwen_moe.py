@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 
 from radixlm.runtime.executor.layers.blocks import AttentionOptions
-from radixlm.runtime.executor.models.decoder import CausalLM, layer_type_window
+from radixlm.runtime.executor.models.decoder import CausalLM
+from radixlm.runtime.executor.models.llama import Qwen2ForCausalLM
 from radixlm.runtime.executor.models.mixtral import moe_options
 
 
@@ -24,16 +25,9 @@ def is_sparse_layer(config, layer_id: int) -> bool:
     return not dense and config.num_experts > 0 and (layer_id + 1) % step == 0
 
 
-class Qwen2MoeForCausalLM(CausalLM):
-    """Qwen2-MoE: q/k/v biases, shared expert with its gate; layers listed
-    "sliding_attention" in `layer_types` attend within `sliding_window`."""
-
-    qkv_bias_default = True
-    o_bias_with_attention_bias = False
-
-    def attention_options(self, config, layer_id: int) -> AttentionOptions:
-        opts = super().attention_options(config, layer_id)
-        return dataclasses.replace(opts, sliding_window=layer_type_window(config, layer_id))
+class Qwen2MoeForCausalLM(Qwen2ForCausalLM):
+    """Qwen2-MoE: Qwen2's attention (q/k/v biases, windows by `layer_types`), sparse
+    layers with a shared expert and its gate."""
 
     def feed_forward(self, config, layer_id, layers, prefix):
         if not is_sparse_layer(config, layer_id):
