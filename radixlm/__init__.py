@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _LANG_NAMES = (
     "OpenAI",
     "ProgramState",
+    "Runtime",
     "RuntimeEndpoint",
     "assistant",
     "assistant_begin",

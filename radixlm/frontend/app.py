@@ -9,6 +9,8 @@ Routes:
     GET  /get_server_info          settings, KV capacity, pool counters (tokens)
     GET  /get_model_info
     POST /flush_cache              409 while requests run or wait
+    POST /tokenize, /detokenize    token ids of a prompt or chat, text of ids (serving_tokens.py)
+    POST /abort_request            stop requests by id (SGLang's route; serving_tokens.py)
     GET  /metrics                  Prometheus text format (metrics.py)
     GET  /openapi.json, /docs      the OpenAPI document and its Swagger UI (openapi.py)
 
@@ -19,6 +21,7 @@ Origin checks: origin.py.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -34,6 +37,7 @@ from radixlm.frontend.openapi import install_openapi
 from radixlm.frontend.origin import install_origin_checks
 from radixlm.frontend.serving_native import NativeServing
 from radixlm.frontend.serving_openai import OpenAIServing
+from radixlm.frontend.serving_tokens import TokenServing
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +68,7 @@ def create_app(tm, args: ServerArgs) -> FastAPI:
     install_origin_checks(app, args)
     openai = OpenAIServing(tm, args.allow_special_tokens_in_content)
     native = NativeServing(tm)
+    tokens = TokenServing(tm, openai)
     created = int(time.time())
     auth = [Depends(_api_key_check(args.api_key))] if args.api_key else []
     api = APIRouter(dependencies=auth)
@@ -111,6 +116,18 @@ def create_app(tm, args: ServerArgs) -> FastAPI:
     @api.post("/generate")
     async def generate(request: Request) -> Response:
         return await native.generate(request)
+
+    @api.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        return await asyncio.to_thread(tokens.tokenize, await request.body())
+
+    @api.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        return await asyncio.to_thread(tokens.detokenize, await request.body())
+
+    @api.post("/abort_request")
+    async def abort_request(request: Request) -> dict[str, Any]:
+        return tokens.abort(await request.body())
 
     @api.get("/get_server_info")
     async def get_server_info() -> dict[str, Any]:

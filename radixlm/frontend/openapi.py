@@ -32,6 +32,7 @@ from pydantic.json_schema import models_json_schema
 
 from radixlm.frontend import response_types as rt
 from radixlm.frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from radixlm.frontend.serving_tokens import AbortRequest, DetokenizeRequest, TokenizeRequest
 from radixlm.runtime.sampling.sampler import SamplingParams
 
 OPENAPI_PATH = "/openapi.json"
@@ -40,7 +41,7 @@ _REF = "#/components/schemas/{model}"
 _ERRORS = {
     400: "invalid request (OpenAI error body; never 422)",
     401: "missing or wrong API key",
-    404: "unknown model",
+    404: "unknown model, or (/abort_request) no running request with that id",
     403: "a POST from a browser origin not allowed (origin.py)",
     409: "requests are running or waiting",
     415: "a POST body not sent as application/json (origin.py)",
@@ -142,6 +143,24 @@ DOCS: dict[str, PathDoc] = {
     "/get_model_info": PathDoc(rt.ModelInfo),
     "/flush_cache": PathDoc(rt.FlushCacheResponse, errors=(409,)),
     "/metrics": PathDoc(None, media="text/plain"),
+    "/tokenize": PathDoc(
+        rt.TokenizeResponse,
+        TokenizeRequest,
+        errors=(400,),
+        examples={"prompt": {"prompt": "Hello"}, "messages": {"messages": _HI}},
+    ),
+    "/detokenize": PathDoc(
+        rt.DetokenizeResponse,
+        DetokenizeRequest,
+        errors=(400,),
+        examples={"ids": {"tokens": [1, 2]}},
+    ),
+    "/abort_request": PathDoc(
+        rt.AbortResponse,
+        AbortRequest,
+        errors=(400, 404),
+        examples={"all": {"abort_all": True}},
+    ),
 }
 _PUBLIC = ("/health",)  # no API key needed
 

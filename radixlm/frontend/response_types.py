@@ -194,3 +194,23 @@ class ServerInfo(BaseModel):
 
 class FlushCacheResponse(_Body):
     message: str
+
+
+class TokenizeResponse(_Body):
+    """POST /tokenize."""
+
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeResponse(_Body):
+    """POST /detokenize."""
+
+    prompt: str
+
+
+class AbortResponse(_Body):
+    """POST /abort_request: the ids of the requests asked to stop."""
+
+    aborted: list[str]

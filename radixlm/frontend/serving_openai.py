@@ -238,6 +238,11 @@ class OpenAIServing:
         except InvalidRequestError as e:
             raise renamed(e, {"prompt": "prompt"}) from None
 
+    def chat_ids(self, messages: list[ChatMessage]) -> list[int]:
+        """Token ids of `messages` as a chat request without tools renders them (/tokenize).
+        Raises APIError (400)."""
+        return self._chat_prompt(messages, ToolSetup([], None, False))
+
     def _chat_prompt(self, messages: list[ChatMessage], tools: ToolSetup) -> list[int]:
         """Token ids of the chat template (tools rendered) with the assistant turn opened;
         400 on `messages` when their text must exceed the context."""
@@ -362,7 +367,7 @@ class OpenAIServing:
             return Response(status_code=CLIENT_CLOSED)
         usage = Usage()
         for run, r in enumerate(results):
-            _check_not_aborted(r["finish_reason"])
+            _check_not_aborted(r)
             usage.add(r["usage"], count_prompt=job.fanout.counts_prompt(run))
         if job.fanout.selects:
             results = job.fanout.best(results)
@@ -381,7 +386,7 @@ async def _stream_body(
         item = first
         while item is not None:
             index, chunk = item
-            _check_not_aborted(chunk["finish_reason"])
+            _check_not_aborted(chunk)
             for payload in job.fmt.deltas(index, chunk, job.include_usage):
                 yield sse(payload)
             if chunk["finish_reason"] is not None:
@@ -398,14 +403,18 @@ async def _stream_body(
     yield DONE
 
 
-def _check_not_aborted(finish_reason: FinishReason | None) -> None:
-    """A request the server aborted (a failed step, shutdown) is an error in OpenAI's API,
-    which has no "abort" finish_reason. Client aborts never get here: their stream is
-    closed before the scheduler answers."""
-    if finish_reason == FinishReason.ABORT:
+def _check_not_aborted(chunk: dict[str, Any]) -> None:
+    """An aborted request is an error in OpenAI's API, which has no "abort" finish_reason:
+    400 `request_aborted` when stopped through POST /abort_request, 500 when the server
+    aborted it (a failed step, shutdown). A client that disconnects never gets here: its
+    stream is closed before the scheduler answers."""
+    if chunk["finish_reason"] != FinishReason.ABORT:
+        return
+    if chunk.get("abort_requested"):
         raise APIError(
-            500, "the server aborted this request; see the server log", type="server_error"
+            400, "the request was stopped by POST /abort_request", code="request_aborted"
         )
+    raise APIError(500, "the server aborted this request; see the server log", type="server_error")
 
 
 def _tokens_param(req: SamplingFields) -> str:

@@ -123,7 +123,8 @@ async def collect(merged: AsyncIterator[tuple[int, dict]], n: int) -> list[dict[
     """Run `n` merged streams to the end (closing them on any exit).
 
     Returns one dict per index: text, output_ids, finish_reason, matched_stop, usage,
-    output_logprobs (the chunks' `TokenLogprobs` joined, or None), input_logprobs.
+    output_logprobs (the chunks' `TokenLogprobs` joined, or None), input_logprobs,
+    abort_requested (stopped through POST /abort_request).
     """
     results: list[dict[str, Any]] = [new_result() for _ in range(n)]
     async with contextlib.aclosing(merged):
@@ -136,6 +137,7 @@ async def collect(merged: AsyncIterator[tuple[int, dict]], n: int) -> list[dict[
                 r["finish_reason"] = chunk["finish_reason"]
                 r["matched_stop"] = chunk.get("matched_stop")
                 r["usage"] = chunk.get("usage")
+                r["abort_requested"] = chunk.get("abort_requested", False)
     return results
 
 
@@ -149,6 +151,7 @@ def new_result() -> dict[str, Any]:
         "usage": None,
         "output_logprobs": None,
         "input_logprobs": None,
+        "abort_requested": False,
     }
 
 

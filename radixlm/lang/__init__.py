@@ -37,6 +37,7 @@ from radixlm.lang.api import (
 from radixlm.lang.backend.base import Backend, UnsupportedByBackendError
 from radixlm.lang.backend.engine import EngineBackend
 from radixlm.lang.backend.openai import OpenAI
+from radixlm.lang.backend.runtime import Runtime
 from radixlm.lang.backend.runtime_endpoint import RuntimeEndpoint
 from radixlm.lang.chat_template import ChatTemplate
 from radixlm.lang.program import Program, function, get_default_backend, set_default_backend
@@ -50,6 +51,7 @@ __all__ = [
     "Program",
     "ProgramState",
     "ProgramStateGroup",
+    "Runtime",
     "RuntimeEndpoint",
     "UnsupportedByBackendError",
     "assistant",

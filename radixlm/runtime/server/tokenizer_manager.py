@@ -59,15 +59,17 @@ logger = logging.getLogger(__name__)
 
 
 class _ReqState:
-    """Chunks received for one request and the event that wakes its iterator."""
+    """Chunks received for one request and the event that wakes its iterator;
+    `abort_requested`: stopped through `abort_matching` (POST /abort_request)."""
 
-    __slots__ = ("chunks", "event", "finished", "error")
+    __slots__ = ("chunks", "event", "finished", "error", "abort_requested")
 
     def __init__(self) -> None:
         self.chunks: list[dict[str, Any]] = []
         self.event = asyncio.Event()
         self.finished = False
         self.error: Exception | None = None
+        self.abort_requested = False
 
 
 class TokenizerManager:
@@ -250,6 +252,8 @@ class TokenizerManager:
                     raise state.error
                 chunks, state.chunks = state.chunks, []
                 for chunk in chunks:
+                    if state.abort_requested and chunk.get("finish_reason") is not None:
+                        chunk = {**chunk, "abort_requested": True}
                     yield chunk
                 if state.finished:
                     return
@@ -266,6 +270,19 @@ class TokenizerManager:
         """Ask the scheduler to stop `rid` (no-op for unknown or finished requests)."""
         if self._send is not None:
             self._send.send(encode(AbortReq(rid)))
+
+    def abort_matching(self, rid: str | None) -> list[str]:
+        """Abort the in-flight requests whose id is `rid` or starts with `rid` + "-" (a
+        response's choices, /generate's samples), or every one for None; returns their
+        ids, sorted. Their iterators end with an abort finish whose last chunk carries
+        ``abort_requested: True`` (the routes tell it from a server-side abort)."""
+        matched = sorted(
+            r for r in self._states if rid is None or r == rid or r.startswith(f"{rid}-")
+        )
+        for r in matched:
+            self._states[r].abort_requested = True
+            self.abort(r)
+        return matched
 
     async def get_server_info(self) -> dict[str, Any]:
         """The scheduler's settings, capacity and counters (see info.server_info), and

@@ -1,0 +1,109 @@
+"""Token utility routes: `POST /tokenize`, `POST /detokenize` (vLLM's shapes) and
+`POST /abort_request` (SGLang's).
+
+- /tokenize {"prompt": str, "add_special_tokens": true} or {"messages": [...]} ->
+  {"tokens": [int], "count": int, "max_model_len": int}: a prompt as /v1/completions and
+  /generate encode it (the tokenizer's default special tokens unless add_special_tokens is
+  false), messages as /v1/chat/completions renders them (chat template, the assistant
+  turn opened).
+- /detokenize {"tokens": [int]} -> {"prompt": str} (special tokens kept, as vLLM).
+- /abort_request {"rid": str} or {"abort_all": true} -> {"aborted": [rid, ...]}: stops
+  the in-flight requests whose id is `rid` or starts with `rid` + "-" (the ids of a
+  chat/completions response's choices, `{response id}-{i}`, and of /generate's n
+  samples); their streams end with finish_reason "abort". 404 when nothing matched. With
+  --api-key set the route needs the key, like every other route: the key's holder is the
+  only caller, so the caller's own requests are all requests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from radixlm.errors import InvalidRequestError
+from radixlm.frontend.errors import APIError, invalid_request, renamed
+from radixlm.frontend.protocol import ChatMessage, _Strict
+
+#: Longest token list /detokenize takes (a context's worth of a large model).
+MAX_DETOKENIZE = 1 << 20
+
+
+class TokenizeRequest(_Strict):
+    """Exactly one of `prompt` and `messages`."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' and 'messages'")
+        if self.messages == []:
+            raise ValueError("'messages' must not be empty")
+        return self
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int] = Field(max_length=MAX_DETOKENIZE)
+
+
+class AbortRequest(_Strict):
+    """SGLang's /abort_request body: one request id, or every request."""
+
+    rid: str | None = None
+    abort_all: bool = False
+
+    @model_validator(mode="after")
+    def _target(self) -> AbortRequest:
+        if (self.rid is None) == (not self.abort_all):
+            raise ValueError("give 'rid' or 'abort_all': true (not both)")
+        return self
+
+
+class TokenServing:
+    """The three routes over a tokenizer manager `tm` and the chat renderer of
+    `OpenAIServing` (`chat_ids(messages)`)."""
+
+    def __init__(self, tm, openai):
+        self.tm = tm
+        self.openai = openai
+
+    def tokenize(self, body: bytes) -> dict[str, Any]:
+        """Raises pydantic ValidationError / APIError (HTTP 400)."""
+        req = TokenizeRequest.model_validate_json(body)
+        if req.messages is not None:
+            ids = self.openai.chat_ids(req.messages)
+        elif req.add_special_tokens:
+            try:
+                ids = self.tm.encode(req.prompt)
+            except InvalidRequestError as e:
+                raise renamed(e, {"prompt": "prompt"}) from None
+        else:
+            ids = self.tm.tokenizer.encode(req.prompt, add_special_tokens=False)
+        return {"tokens": ids, "count": len(ids), "max_model_len": self.tm.context_len}
+
+    def detokenize(self, body: bytes) -> dict[str, Any]:
+        """Raises pydantic ValidationError / APIError (HTTP 400) for ids outside the
+        vocabulary."""
+        req = DetokenizeRequest.model_validate_json(body)
+        vocab = self.tm.vocab_size
+        bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise invalid_request(
+                f"token id {bad} is outside the vocabulary [0, {vocab})", param="tokens"
+            )
+        return {"prompt": self.tm.tokenizer.decode(req.tokens)}
+
+    def abort(self, body: bytes) -> dict[str, Any]:
+        """Raises pydantic ValidationError (400), APIError 404 when no request matched."""
+        req = AbortRequest.model_validate_json(body)
+        aborted = self.tm.abort_matching(None if req.abort_all else req.rid)
+        if not aborted and not req.abort_all:
+            raise APIError(
+                404, f"no running request has the id {req.rid!r}", param="rid", code="not_found"
+            )
+        return {"aborted": aborted}

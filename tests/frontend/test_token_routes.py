@@ -1,0 +1,123 @@
+"""POST /tokenize, /detokenize and /abort_request on the shared server: token ids as the
+generation routes encode them, text of ids, and stopping running requests by id."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tests.frontend.conftest import CHAT_MESSAGES, chat_ids, wait_idle
+
+
+def test_tokenize_a_prompt_as_completions_encode_it(http, tokenizer):
+    body = http.post("/tokenize", json={"prompt": "Once upon a time"}).json()
+    ids = tokenizer.encode("Once upon a time")
+    assert body == {"tokens": ids, "count": len(ids), "max_model_len": 8192}
+    # The same ids a completion is prefilled with.
+    usage = http.post(
+        "/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 1}
+    ).json()["usage"]
+    assert usage["prompt_tokens"] == len(ids)
+
+
+def test_tokenize_messages_as_chat_renders_them(http, tokenizer):
+    body = http.post("/tokenize", json={"messages": CHAT_MESSAGES}).json()
+    assert body["tokens"] == chat_ids(tokenizer, CHAT_MESSAGES)
+    assert body["count"] == len(body["tokens"])
+
+
+def test_detokenize_round_trips(http, tokenizer):
+    ids = tokenizer.encode("The capital of France is Paris.")
+    assert http.post("/detokenize", json={"tokens": ids}).json() == {
+        "prompt": "The capital of France is Paris."
+    }
+
+
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/tokenize", {}, None),
+        ("/tokenize", {"prompt": "a", "messages": CHAT_MESSAGES}, None),
+        ("/tokenize", {"messages": []}, None),
+        ("/detokenize", {"tokens": [10**9]}, "tokens"),
+        ("/detokenize", {"tokens": ["a"]}, None),
+        ("/abort_request", {}, None),
+        ("/abort_request", {"rid": "x", "abort_all": True}, None),
+    ],
+)
+def test_bad_bodies_are_400(http, path, body, param):
+    r = http.post(path, json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    if param is not None:
+        assert error["param"] == param
+
+
+def test_abort_an_unknown_request_is_404(http):
+    r = http.post("/abort_request", json={"rid": "no-such-request"})
+    assert r.status_code == 404
+    assert r.json()["error"]["param"] == "rid"
+
+
+def test_abort_a_running_generate_by_its_rid(http):
+    """A long /generate (rid given) is stopped mid-way: it ends with finish_reason abort,
+    fewer tokens than asked, and the KV pool is idle again."""
+    result = {}
+
+    def run():
+        body = {
+            "text": "Once upon a time",
+            "rid": "long-one",
+            "sampling_params": {"max_new_tokens": 4000, "temperature": 0, "ignore_eos": True},
+        }
+        result["body"] = http.post("/generate", json=body).json()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while True:  # until the request is running
+        r = http.post("/abort_request", json={"rid": "long-one"})
+        if r.status_code == 200:
+            assert r.json() == {"aborted": ["long-one"]}
+            break
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.05)
+    thread.join(60)
+    meta = result["body"]["meta_info"]
+    assert meta["finish_reason"]["type"] == "abort"
+    assert meta["completion_tokens"] < 4000
+    wait_idle(http)
+
+
+def test_abort_all_stops_a_chat_with_n_choices(http):
+    """abort_all reaches every choice of a chat completion (ids `{id}-{i}`); the chat
+    answers 400 request_aborted."""
+    result = {}
+
+    def run():
+        body = {
+            "messages": CHAT_MESSAGES,
+            "n": 2,
+            "max_tokens": 4000,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        result["body"] = http.post("/v1/chat/completions", json=body).json()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 60
+    aborted: list[str] = []
+    while len(aborted) < 2:
+        aborted += http.post("/abort_request", json={"abort_all": True}).json()["aborted"]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    thread.join(60)
+    assert all(r.startswith("chatcmpl-") for r in aborted)
+    # OpenAI's API has no "abort" finish_reason: a 400 naming the route, not a 500.
+    assert result["body"]["error"]["code"] == "request_aborted"
+    assert "/abort_request" in result["body"]["error"]["message"]
+    wait_idle(http)
