@@ -243,7 +243,10 @@ class OpenAIServing:
             raise renamed(e, {"prompt": "prompt"}) from None
 
     def _chat_prompt(
-        self, messages: list[ChatMessage], tools: ToolSetup, variables: dict[str, Any]
+        self,
+        messages: list[ChatMessage],
+        tools: ToolSetup,
+        variables: dict[str, Any] | None = None,
     ) -> list[int]:
         """Token ids of the chat template (tools rendered, `variables` from
         chat_template_kwargs) with the assistant turn opened; 400 on `messages` when their
