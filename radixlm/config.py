@@ -46,6 +46,7 @@ HTTP_ONLY_FIELDS = (
     "health_timeout",
     "request_timeout",
     "allow_special_tokens_in_content",
+    "strict_request_fields",
 )
 
 
@@ -229,6 +230,12 @@ class ServerArgs:
         "tokenize special-token text inside chat messages (contents, tool calls, tools) as "
         "special tokens, as the chat template's own markers are; for trusted clients only "
         "(off: such text is ordinary text, so a message cannot forge a turn)",
+    )
+    strict_request_fields: bool = _opt(
+        False,
+        "refuse request fields radixlm does not know (HTTP 400 unknown_parameter) on "
+        "/v1/completions, /v1/chat/completions and /generate; off: they are ignored with "
+        "one warning per request, as vLLM and SGLang do",
     )
 
     def __post_init__(self) -> None:

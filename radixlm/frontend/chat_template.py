@@ -1,10 +1,14 @@
 """Chat messages -> prompt token ids through the tokenizer's chat template.
 
 Messages are normalised first: text content parts are joined with newlines (other part
-types are refused), ``developer`` becomes ``system``, assistant ``tool_calls`` are
-checked (``{"id", "type": "function", "function": {"name", "arguments": str}}``), and
-every message needs its content except an assistant turn that carries tool_calls or a
-refusal (as the OpenAI API requires). Tools are rendered by `tool_prompt.render_chat`.
+types are refused; a part's ``cache_control`` hint has no effect), ``developer`` becomes
+``system``, assistant ``tool_calls`` are checked (``{"id", "type": "function",
+"function": {"name", "arguments": str | object}}``, an object is serialized to JSON as
+vLLM does), an assistant's ``reasoning_content`` is passed to the template (Qwen3's
+renders it), and every message needs its content except an assistant turn that carries
+tool_calls or a refusal (as the OpenAI API requires). Tools are rendered by
+`tool_prompt.render_chat`; ``chat_template_kwargs`` (e.g. ``enable_thinking``) are extra
+template variables.
 The template writes BOS itself when the model has one; no special tokens are added on
 top (no double BOS). Special-token text in the client's strings is tokenized as text
 unless the server allows it (`ChatPrompts`).
@@ -27,11 +31,14 @@ def normalise_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return [_message(i, m) for i, m in enumerate(messages)]
 
 
-def rendered_chars(messages: list[dict[str, Any]], setup: ToolSetup) -> int:
-    """Characters of text the template will render (contents, call arguments, tools):
-    a bound checked before tokenizing."""
-    n = sum(len(m["content"]) for m in messages)
+def rendered_chars(
+    messages: list[dict[str, Any]], setup: ToolSetup, variables: dict[str, Any] | None = None
+) -> int:
+    """Characters of text the template will render (contents, reasoning, call arguments,
+    tools, template variables): a bound checked before tokenizing."""
+    n = sum(len(m["content"]) + len(m.get("reasoning_content", "")) for m in messages)
     n += sum(len(c["function"]["arguments"]) for m in messages for c in m.get("tool_calls", ()))
+    n += len(json.dumps(variables, default=str)) if variables else 0
     return n + (len(json.dumps(setup.tools)) if setup.active else 0)
 
 
@@ -55,25 +62,48 @@ class ChatPrompts:
         """The tokenizer's special strings, read on the first chat (None: not guarded)."""
         return SpecialText(self.tokenizer) if self._guard else None
 
-    def ids(self, messages: list[dict[str, Any]], setup: ToolSetup) -> list[int]:
+    def ids(
+        self,
+        messages: list[dict[str, Any]],
+        setup: ToolSetup,
+        variables: dict[str, Any] | None = None,
+    ) -> list[int]:
         """Token ids of the rendered chat with the assistant turn opened.
 
         Args:
             messages: `normalise_messages` output. setup: the request's tools.
+            variables: extra template variables (chat_template_kwargs; no
+                apply_chat_template parameter, see `request_compat.template_kwargs`);
+                their strings are client text like the messages.
         Raises APIError (400) when the template refuses the messages.
         """
+        variables = variables or {}
         special = self._special
-        if special is None or not (special.found(messages) or special.found(setup.tools)):
-            return list(self._apply(messages, setup, tokenize=True))
+        client = (messages, setup.tools, variables)
+        if special is None or not any(special.found(v) for v in client):
+            return list(self._apply(messages, setup, variables, tokenize=True))
         key = special.new_key()
         masked = ToolSetup(special.masked(setup.tools, key), setup.forced, setup.parallel)
-        return special.encode(self._apply(special.masked(messages, key), masked, False), key)
+        rendered = self._apply(
+            special.masked(messages, key), masked, special.masked(variables, key), False
+        )
+        return special.encode(rendered, key)
 
-    def _apply(self, messages: list[dict[str, Any]], setup: ToolSetup, tokenize: bool):
+    def _apply(
+        self,
+        messages: list[dict[str, Any]],
+        setup: ToolSetup,
+        variables: dict[str, Any],
+        tokenize: bool,
+    ):
         rendered, extra = render_chat(messages, setup, template_knows_tools(self.tokenizer))
         try:
             return self.tokenizer.apply_chat_template(
-                rendered, add_generation_prompt=True, tokenize=tokenize, return_dict=False, **extra
+                rendered,
+                add_generation_prompt=True,
+                tokenize=tokenize,
+                return_dict=False,
+                **{**variables, **extra},
             )
         except Exception as e:  # jinja errors: the template refused these messages
             raise invalid_request(f"the chat template failed: {e}", param="messages") from None
@@ -101,6 +131,8 @@ def _message(index: int, m: ChatMessage) -> dict[str, Any]:
         out["tool_calls"] = [_tool_call(index, j, c) for j, c in enumerate(m.tool_calls)]
     if m.role == "tool" and m.tool_call_id is not None:
         out["tool_call_id"] = m.tool_call_id
+    if m.role == "assistant" and m.reasoning_content is not None:
+        out["reasoning_content"] = m.reasoning_content
     return out
 
 
@@ -130,15 +162,18 @@ def _tool_call(index: int, j: int, call: dict[str, Any]) -> dict[str, Any]:
         call.get("type", "function") != "function"
         or not isinstance(fn, dict)
         or not isinstance(fn.get("name"), str)
-        or not isinstance(fn.get("arguments"), str)
+        or not isinstance(fn.get("arguments"), str | dict)
     ):
         raise invalid_request(
             'a tool call must be {"id", "type": "function", "function": {"name": str, '
-            '"arguments": str}}',
+            '"arguments": str | object}}',
             param=f"messages.{index}.tool_calls.{j}",
         )
+    arguments = fn["arguments"]
+    if isinstance(arguments, dict):  # some clients send the parsed object (vLLM takes it)
+        arguments = json.dumps(arguments, ensure_ascii=False)
     return {
         "id": call.get("id"),
         "type": "function",
-        "function": {"name": fn["name"], "arguments": fn["arguments"]},
+        "function": {"name": fn["name"], "arguments": arguments},
     }

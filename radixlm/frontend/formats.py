@@ -6,6 +6,12 @@ A format turns generation results into the exact JSON shapes of the OpenAI API:
 total_tokens and prompt_tokens_details.cached_tokens (prompt tokens served from the
 prefix cache). Logprob objects come from `logprob_format.py`. With n > 1 a prompt's
 tokens are counted once (as OpenAI does), its completions once per choice.
+
+Output logprobs have one entry per generated token, streamed or not: the tokens of a
+stop string the text leaves out (the one that completed the match included) and a
+matched EOS / stop token are listed too, so the entries, ``usage.completion_tokens`` and
+/generate's ``output_ids`` always count the same tokens (as vLLM's token_ids and
+logprobs do); only the text is trimmed.
 """
 
 from __future__ import annotations
@@ -15,12 +21,7 @@ from typing import Any
 
 import msgspec
 
-from radixlm.frontend.logprob_format import (
-    TokenTexts,
-    chat_logprobs,
-    clip_to_text,
-    completion_logprobs,
-)
+from radixlm.frontend.logprob_format import TokenTexts, chat_logprobs, completion_logprobs
 
 _encoder = msgspec.json.Encoder()
 
@@ -68,23 +69,6 @@ class OutputFormat:
         self.created = created
         self.model = model
         self.texts = texts  # None: logprobs not asked for
-        # streamed choice -> (output characters sent, characters of the logprob tokens sent)
-        self._shown: dict[int, tuple[int, int]] = {}
-
-    def _visible(self, index: int, chunk: dict[str, Any]) -> dict[str, Any]:
-        """`chunk` with its output logprobs limited to the tokens its text shows (see
-        `clip_to_text`). Streamed chunks are clipped on the last one only: before it,
-        text held back for a possible stop string may still be sent."""
-        lp = chunk.get("output_logprobs")
-        if self.texts is None or lp is None:
-            return chunk
-        sent, tok_chars = self._shown.get(index, (0, 0))
-        sent += len(chunk["text"])
-        if chunk["finish_reason"] is not None:
-            lp = clip_to_text(self.texts, lp, tok_chars, sent)
-        tok_chars += sum(len(self.texts.text(t)) for t in lp.token_ids)
-        self._shown[index] = (sent, tok_chars)
-        return {**chunk, "output_logprobs": lp}
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -164,7 +148,6 @@ class CompletionFormat(OutputFormat):
         first = index not in self._offsets
         if first and self.echo is not None:
             text = self.echo[index] + text
-        chunk = self._visible(index, chunk)
         logprobs, self._offsets[index] = self._logprobs(index, chunk, self._offsets.get(index, 0))
         if not text and reason is None and logprobs is None:
             return []
@@ -173,7 +156,6 @@ class CompletionFormat(OutputFormat):
 
     def full_choice(self, index: int, result: dict[str, Any]) -> dict[str, Any]:
         prefix = self.echo[index] if self.echo is not None else ""
-        result = self._visible(index, result)
         return {
             "index": index,
             "text": prefix + result["text"],
@@ -220,7 +202,6 @@ class ChatFormat(OutputFormat):
 
     def deltas(self, index: int, chunk: dict[str, Any], include_usage: bool) -> list[dict]:
         out = []
-        chunk = self._visible(index, chunk)
         logprobs = self._logprobs(chunk) if chunk.get("output_logprobs") is not None else None
         if chunk["text"] or logprobs is not None:
             choice = self._choice(index, {"content": chunk["text"]})
@@ -236,7 +217,6 @@ class ChatFormat(OutputFormat):
         return {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
 
     def full_choice(self, index: int, result: dict[str, Any]) -> dict[str, Any]:
-        result = self._visible(index, result)
         return {
             "index": index,
             "message": {"role": "assistant", "content": result["text"], "refusal": None},

@@ -108,31 +108,6 @@ def chat_logprobs(texts: TokenTexts, lp: TokenLogprobs | None, top_k: int) -> di
     return {"content": content, "refusal": None}
 
 
-def clip_to_text(
-    texts: TokenTexts, lp: TokenLogprobs | None, start: int, text_len: int
-) -> TokenLogprobs | None:
-    """The positions of output logprobs `lp` whose token starts before character
-    `text_len` of the choice text, the first token starting at character `start`.
-
-    Drops what the returned text does not show: the tokens of a trimmed stop string and
-    the matched EOS / stop token (special tokens are skipped in the text). A token that
-    straddles the cut (part of it is shown) is kept.
-    """
-    if lp is None:
-        return None
-    keep, offset = 0, start
-    for tok in lp.token_ids:
-        if offset >= text_len:
-            break
-        offset += len(texts.text(tok))
-        keep += 1
-    if keep == len(lp.token_ids):
-        return lp
-    tops = lp.top_logprobs[:keep] if lp.top_logprobs is not None else None
-    ids = lp.top_ids[:keep] if lp.top_ids is not None else None
-    return TokenLogprobs(lp.logprobs[:keep], lp.token_ids[:keep], tops, ids)
-
-
 def cumulative_logprob(lp: TokenLogprobs | None) -> float:
     """Sum of the output tokens' logprobs (best_of ranking); 0 for none."""
     if lp is None:

@@ -1,8 +1,10 @@
 """Request types of the HTTP API: OpenAI completions and chat completions, native /generate.
 
-Parsing is strict (pydantic strict mode, unknown fields refused): ``"3"`` is not an
-integer, ``true`` is not a number, and a misspelled field is an error rather than silently
-ignored. Every parse error becomes an HTTP 400 with an OpenAI error body (see errors.py).
+Known fields are typed strictly (pydantic strict mode): ``"3"`` is not an integer,
+``true`` is not a number. Unknown fields (at any depth: a message, a content part,
+stream_options) are accepted and ignored with one warning per request naming them, as
+vLLM and SGLang do; with ``--strict-request-fields`` they are refused (`check_supported`).
+Every parse error becomes an HTTP 400 with an OpenAI error body (see errors.py).
 
 OpenAI fields radixlm does not implement yet are declared with their OpenAI types, so a
 client sending the default (no-op) value works; `NOT_YET_SUPPORTED` lists the accepted
@@ -11,6 +13,9 @@ A later feature implements a field by removing its entry and mapping it in servi
 Real OpenAI fields that do not change radixlm's output (`IGNORED`: audio output,
 predicted outputs, reasoning effort, web search, storage and billing options, ...) are
 accepted and ignored; `check_supported` logs one warning per request naming them.
+vLLM / SGLang extensions that change the output (include_stop_str_in_output,
+skip_special_tokens, spaces_between_special_tokens, cache_salt, chat_template_kwargs) are
+mapped in serving code (`request_compat.py`).
 
 Response bodies are plain dicts built in `serving_openai.py` / `serving_native.py`; their
 documented schemas (for /openapi.json) are in `response_types.py`.
@@ -52,19 +57,61 @@ IGNORED: tuple[str, ...] = (
     "modalities",
     "reasoning_effort",
     "web_search_options",
+    "verbosity",
+    # Scheduling and caching hints of OpenAI / vLLM: no scheduler priorities here, and
+    # prefix caching is automatic (cache_salt is the field that changes it).
+    "priority",
+    "prompt_cache_key",
+    "safety_identifier",
+    # SGLang: splits reasoning text out of content, which only a reasoning parser does.
+    "separate_reasoning",
+    "stream_options.include_obfuscation",
 )
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    """Strictly typed; unknown fields are kept in `model_extra` for `check_supported`."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
-def check_supported(req: BaseModel) -> None:
-    """Raise a 400 APIError naming the first field set to a value radixlm cannot honour yet;
-    log one warning naming the `IGNORED` fields the request sets."""
-    ignored = [name for name in IGNORED if getattr(req, name, None) is not None]
-    if ignored:
-        logger.warning("ignoring unsupported OpenAI fields: %s", ", ".join(ignored))
+def unknown_fields(model: BaseModel, prefix: str = "") -> list[str]:
+    """Dotted paths of the fields `model` and the models inside it (lists included) hold
+    that no model declares, in request order (e.g. ``messages.0.foo``)."""
+    found = [f"{prefix}{name}" for name in model.model_extra or {}]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        items = enumerate(value) if isinstance(value, list) else [(None, value)]
+        for i, item in items:
+            if isinstance(item, BaseModel):
+                where = f"{prefix}{name}." if i is None else f"{prefix}{name}.{i}."
+                found += unknown_fields(item, where)
+    return found
+
+
+def _set(req: BaseModel, path: str) -> bool:
+    """Whether the (dotted) field `path` of `req` is set to a value other than None."""
+    value: Any = req
+    for part in path.split("."):
+        value = getattr(value, part, None)
+    return value is not None
+
+
+def check_supported(req: BaseModel, strict: bool = False, unknown: list[str] = ()) -> None:
+    """Raise a 400 APIError naming the first field set to a value radixlm cannot honour yet,
+    or (`strict`) the first unknown field (code unknown_parameter); else log one warning
+    naming the `IGNORED` fields the request sets and its unknown fields, those of
+    `unknown_fields` plus `unknown` (found by the caller, e.g. in a dict field)."""
+    extra = [*unknown_fields(req), *unknown]
+    if strict and extra:
+        raise invalid_request(
+            f"Unrecognized request argument supplied: {extra[0]}",
+            param=extra[0],
+            code="unknown_parameter",
+        )
+    ignored = [name for name in IGNORED if _set(req, name)]
+    if ignored or extra:
+        logger.warning("ignoring request fields: %s", ", ".join([*ignored, *extra]))
     for name, allowed in NOT_YET_SUPPORTED.items():
         value = getattr(req, name, None)
         if value is None:
@@ -91,6 +138,7 @@ class StreamOptions(_Strict):
 
     include_usage: bool | None = None
     continuous_usage_stats: bool | None = None
+    include_obfuscation: bool | None = None  # OpenAI's padding field; never added here
 
 
 class ResponseFormat(_Strict):
@@ -124,6 +172,16 @@ class SamplingFields(_Strict):
     regex: str | None = None
     ebnf: str | None = None
     min_tokens: int | None = Field(None, ge=0, le=_MAX_TOKENS_LIMIT)
+    # Output-text extensions (vLLM names; request_compat.py maps them).
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    # Prefix-cache namespace (vLLM): requests share cached prefixes only with the same salt.
+    cache_salt: str | None = Field(None, min_length=1)
+    # Accepted and ignored (`IGNORED`).
+    priority: int | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -146,6 +204,7 @@ class TextPart(_Strict):
     image_url: dict[str, Any] | None = None
     input_audio: dict[str, Any] | None = None
     file: dict[str, Any] | None = None
+    cache_control: dict[str, Any] | None = None  # Anthropic-style cache hint; no effect
 
 
 class ChatMessage(_Strict):
@@ -160,6 +219,8 @@ class ChatMessage(_Strict):
     refusal: str | None = None
     annotations: list[Any] | None = None
     audio: dict[str, Any] | None = None
+    # An earlier turn's reasoning (vLLM / SGLang); templates that render it (Qwen3) get it.
+    reasoning_content: str | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -184,6 +245,10 @@ class ChatCompletionRequest(SamplingFields):
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
+    verbosity: str | None = None
+    separate_reasoning: bool | None = None
+    # Extra variables for the chat template (vLLM / SGLang), e.g. {"enable_thinking": false}.
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class GenerateRequest(_Strict):
@@ -196,7 +261,9 @@ class GenerateRequest(_Strict):
     grammar of json_schema, regex, ebnf, structural_tag): one dict for all prompts or a list
     with one per prompt; its values are checked by `SamplingParams.from_any`. Logprobs:
     return_logprob, logprob_start_len (-1 default: no prompt logprobs), top_logprobs_num,
-    return_text_in_logprobs (SGLang's contract).
+    return_text_in_logprobs (SGLang's contract). SGLang's other sampling parameters are
+    mapped by `request_compat.sglang_sampling` (n, sampling_seed, skip_special_tokens, ...).
+    lora_path: only null (no adapters here). cache_salt: as on the OpenAI routes.
     """
 
     text: str | list[str] | None = None
@@ -208,3 +275,5 @@ class GenerateRequest(_Strict):
     logprob_start_len: int | None = Field(None, ge=-1, le=_MAX_TOKENS_LIMIT)
     top_logprobs_num: int | None = Field(None, ge=0, le=_MAX_TOKENS_LIMIT)
     return_text_in_logprobs: bool | None = None
+    lora_path: str | list[str | None] | None = None
+    cache_salt: str | None = Field(None, min_length=1)

@@ -12,6 +12,12 @@ strings or of token-id lists) with a list:
                    with return_logprob also input_token_logprobs, output_token_logprobs,
                    input_top_logprobs, output_top_logprobs (runtime/server/meta_info.py)}}
 
+SGLang's sampling parameters are taken (`request_compat.sglang_sampling`); with ``n`` > 1
+each prompt runs n times and the answer is a list, prompt-major (as SGLang's). With
+``max_new_tokens: 0`` nothing is generated, but with return_logprob and top_logprobs_num
+``output_top_logprobs`` holds the next-token alternatives the prefill computed (one
+position; ``output_token_logprobs`` is empty), as SGLang returns them.
+
 Streaming sends one such object per server-sent event with the text and output_ids so
 far (cumulative, as SGLang does), plus ``"index"`` for batches, then ``data: [DONE]``.
 """
@@ -32,6 +38,7 @@ from radixlm.errors import InvalidRequestError
 from radixlm.frontend import streaming
 from radixlm.frontend.errors import from_exception, invalid_request, log_failure, renamed
 from radixlm.frontend.protocol import GenerateRequest, check_supported
+from radixlm.frontend.request_compat import check_lora, sglang_sampling
 from radixlm.runtime.sampling.logprobs import LogprobOptions
 from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.server.meta_info import finish_reason_info, logprob_info
@@ -49,6 +56,7 @@ class NativeServing:
 
     def __init__(self, tm):
         self.tm = tm
+        self.strict_fields = tm.args.strict_request_fields
 
     async def generate(self, request: Request) -> Response:
         """POST /generate. Raises APIError / ValidationError / InvalidRequestError (400)."""
@@ -57,8 +65,9 @@ class NativeServing:
         # and xgrammar release the GIL), so a huge body never stalls the event loop.
         req, single, prompts, params, rids, lp = await asyncio.to_thread(self._prepare, body)
         runs = zip(prompts, params, rids)
+        salt = req.cache_salt
         merged = streaming.merge(
-            [self.tm.generate(ids, p, rid=rid, logprobs=lp) for ids, p, rid in runs]
+            [self.tm.generate(ids, p, rid=rid, extra_key=salt, logprobs=lp) for ids, p, rid in runs]
         )
         fmt = _ResultFormat(lp.return_logprob, self.tm.tokenizer, req.return_text_in_logprobs)
         try:
@@ -78,10 +87,19 @@ class NativeServing:
         """(request, single, prompt ids, SamplingParams, rids, LogprobOptions) of a
         /generate body, every prompt validated. Raises as `generate`."""
         req = GenerateRequest.model_validate_json(body)
-        check_supported(req)
+        value = req.sampling_params
+        pairs = [sglang_sampling(v, self.strict_fields) for v in _as_list(value)]
+        check_supported(req, self.strict_fields, [k for p in pairs for k in p[2]])
+        check_lora(req.lora_path)
         single, prompts = self._prompts(req)
-        params = self._params(req.sampling_params, prompts)
+        converted = [p[0] for p in pairs]
+        params = self._params(converted if isinstance(value, list) else converted[0], prompts)
         rids = self._rids(req.rid, len(prompts))
+        n = _copies([p[1] for p in pairs])
+        if n > 1:  # SGLang's parallel sampling: n runs per prompt, answered as a list
+            single = False
+            prompts, params = _repeat(prompts, n), _repeat(params, n)
+            rids = [f"{rid}-{j}" for rid in rids for j in range(n)]
         lp = LogprobOptions(
             return_logprob=bool(req.return_logprob),
             logprob_start_len=-1 if req.logprob_start_len is None else req.logprob_start_len,
@@ -133,9 +151,9 @@ class NativeServing:
         raw = value if isinstance(value, list) else [value] * n
         try:
             if isinstance(value, list):
-                params = [SamplingParams.from_any(_sglang_compat(v)) for v in value]
+                params = [SamplingParams.from_any(v) for v in value]
             else:
-                params = [SamplingParams.from_any(_sglang_compat(value))] * n
+                params = [SamplingParams.from_any(value)] * n
             for p in params:
                 self.tm.grammars.validate(p)  # json_schema / regex / ebnf compile (cached)
         except InvalidRequestError as e:
@@ -188,11 +206,25 @@ def _within_context(params: SamplingParams, room: int) -> SamplingParams:
     )
 
 
-def _sglang_compat(params: dict[str, Any] | None) -> dict[str, Any] | None:
-    """SGLang also takes a single stop string."""
-    if params is not None and isinstance(params.get("stop"), str):
-        return {**params, "stop": [params["stop"]]}
-    return params
+def _as_list(value: dict | list | None) -> list:
+    """The sampling_params dicts of a request (one None when absent)."""
+    return value if isinstance(value, list) else [value]
+
+
+def _copies(ns: list[int]) -> int:
+    """The request's n; 400 unless every sampling_params dict asks for the same (SGLang)."""
+    if len(set(ns)) > 1:
+        raise invalid_request(
+            "every sampling_params entry must ask for the same n",
+            param="sampling_params",
+            code="invalid_value",
+        )
+    return ns[0]
+
+
+def _repeat(items: list, n: int) -> list:
+    """Each item n times in a row (prompt-major)."""
+    return [x for x in items for _ in range(n)]
 
 
 class _ResultFormat:

@@ -46,6 +46,7 @@ from radixlm.frontend.protocol import (
     SamplingFields,
     check_supported,
 )
+from radixlm.frontend.request_compat import output_settings, resolve_tools, template_kwargs
 from radixlm.frontend.streaming import (
     CLIENT_CLOSED,
     DONE,
@@ -99,6 +100,7 @@ class _Job:
     logprobs: LogprobOptions
     fanout: Fanout = field(default_factory=Fanout)
     rids: list[str] = field(default_factory=list)
+    cache_salt: str | None = None
 
 
 class OpenAIServing:
@@ -112,6 +114,7 @@ class OpenAIServing:
         self.tm = tm
         self.texts = TokenTexts(tm.tokenizer)
         self.chats = ChatPrompts(tm.tokenizer, special_in_content)
+        self.strict_fields = tm.args.strict_request_fields
 
     # ---- routes -----------------------------------------------------------------------
 
@@ -173,9 +176,10 @@ class OpenAIServing:
             raise invalid_request(
                 "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs"
             )
-        tools = ToolSetup.from_request(req.tools, req.tool_choice, req.parallel_tool_calls)
+        offered, choice = resolve_tools(req.tools, req.tool_choice)
+        tools = ToolSetup.from_request(offered, choice, req.parallel_tool_calls)
         grammar = self._chat_grammar(req, tools)
-        ids = self._chat_prompt(req.messages, tools)
+        ids = self._chat_prompt(req.messages, tools, template_kwargs(req.chat_template_kwargs))
         requested = req.max_completion_tokens or req.max_tokens
         fmt_cls = ToolChatFormat if tools.active else ChatFormat
         fmt = fmt_cls(
@@ -204,7 +208,7 @@ class OpenAIServing:
                 param="model",
                 code="model_not_found",
             )
-        check_supported(req)
+        check_supported(req, strict=self.strict_fields)
         if req.stream_options is not None and not req.stream:
             raise invalid_request(
                 "'stream_options' is only allowed when 'stream' is true", param="stream_options"
@@ -243,15 +247,21 @@ class OpenAIServing:
         Raises APIError (400)."""
         return self._chat_prompt(messages, ToolSetup([], None, False))
 
-    def _chat_prompt(self, messages: list[ChatMessage], tools: ToolSetup) -> list[int]:
-        """Token ids of the chat template (tools rendered) with the assistant turn opened;
-        400 on `messages` when their text must exceed the context."""
+    def _chat_prompt(
+        self,
+        messages: list[ChatMessage],
+        tools: ToolSetup,
+        variables: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Token ids of the chat template (tools rendered, `variables` from
+        chat_template_kwargs) with the assistant turn opened; 400 on `messages` when their
+        text must exceed the context."""
         rendered = normalise_messages(messages)
         try:
-            self.tm.check_chars(rendered_chars(rendered, tools))
+            self.tm.check_chars(rendered_chars(rendered, tools, variables))
         except InvalidRequestError as e:
             raise renamed(e, {"prompt": "messages"}) from None
-        return self.chats.ids(rendered, tools)
+        return self.chats.ids(rendered, tools, variables)
 
     def _chat_grammar(self, req: ChatCompletionRequest, tools: ToolSetup) -> dict[str, str]:
         """Grammar fields from response_format, regex / ebnf or the tools (see
@@ -310,6 +320,7 @@ class OpenAIServing:
             values["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
         if req.stop_token_ids is not None:
             values["stop_token_ids"] = list(req.stop_token_ids)
+        values.update(output_settings(req))
         try:
             return SamplingParams.from_any(values)
         except InvalidRequestError as e:
@@ -342,6 +353,7 @@ class OpenAIServing:
             bool(opts and opts.include_usage),
             logprobs,
             fanout,
+            cache_salt=req.cache_salt,
         )
         job.rids = [f"{fmt.id}-{i}" for i in range(len(job.prompts))]
         return job
@@ -351,7 +363,7 @@ class OpenAIServing:
     def _streams(self, job: _Job) -> AsyncIterator[tuple[int, dict]]:
         return merge(
             [
-                self.tm.generate(ids, p, rid=r, logprobs=job.logprobs)
+                self.tm.generate(ids, p, rid=r, extra_key=job.cache_salt, logprobs=job.logprobs)
                 for ids, p, r in zip(job.prompts, job.params, job.rids)
             ]
         )

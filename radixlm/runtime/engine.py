@@ -52,7 +52,13 @@ class _Tracked:
     def __init__(self, index: int, rid: str, tokenizer, params: SamplingParams, lp):
         self.index = index
         self.rid = rid
-        self.detok = RequestDetokenizer(tokenizer, params.stop, params.no_stop_trim)
+        self.detok = RequestDetokenizer(
+            tokenizer,
+            params.stop,
+            params.no_stop_trim,
+            params.skip_special_tokens,
+            params.spaces_between_special_tokens,
+        )
         self.output_ids: list[int] = []
         self.chunks: list[dict[str, Any]] = []
         self.final: ReqOutput | None = None
@@ -111,7 +117,8 @@ class Engine:
                 (SamplingParams or dicts with SGLang's names: max_new_tokens, temperature,
                 top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos,
                 frequency_penalty, presence_penalty, repetition_penalty, logit_bias,
-                min_new_tokens, no_stop_trim, and at most one grammar: json_schema, regex,
+                min_new_tokens, no_stop_trim, skip_special_tokens,
+                spaces_between_special_tokens, and at most one grammar: json_schema, regex,
                 ebnf, structural_tag; runtime/sampling/grammar.py).
             input_ids: token ids instead of `prompt` (one list or a batch).
             stream: return an iterator of chunks instead of final results.

@@ -32,7 +32,9 @@ class TokenLogprobs(msgspec.Struct, array_like=True):
     logprobs[i]: log-probability of token_ids[i] given the tokens before it (None for the
     very first prompt token, which has no context). top_logprobs[i] / top_ids[i]: the k
     most likely tokens at that position, best first (empty where logprobs[i] is None);
-    None when no top-k was asked for.
+    None when no top-k was asked for. The top-k lists may hold one position more than
+    token_ids: the next-token position a request with max_new_tokens 0 computed in its
+    prefill, where no token was generated (`next_position_only`).
     """
 
     logprobs: list[float | None]
@@ -47,6 +49,16 @@ class TokenLogprobs(msgspec.Struct, array_like=True):
         if self.top_logprobs is not None and other.top_logprobs is not None:
             self.top_logprobs.extend(other.top_logprobs)
             self.top_ids.extend(other.top_ids)
+
+
+def next_position_only(lp: TokenLogprobs | None) -> TokenLogprobs | None:
+    """The top-k alternatives of a sampled position without its token: what a request
+    with max_new_tokens 0 returns (no token generated, but the prefill computed the next
+    position's distribution; SGLang returns it as ``output_top_logprobs``, which SGLang's
+    cot_decoding example reads). None without top-k."""
+    if lp is None or lp.top_logprobs is None:
+        return None
+    return TokenLogprobs([], [], lp.top_logprobs, lp.top_ids)
 
 
 def empty_logprobs(top_k: int) -> TokenLogprobs:

@@ -57,6 +57,10 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         min_new_tokens: EOS, stop token ids and stop strings do not end the request
             before this many tokens.
         no_stop_trim: keep the matched stop string at the end of the output text.
+        skip_special_tokens: leave special tokens (e.g. ``<|im_end|>``) out of the output
+            text; False writes them (stop strings are matched in that same text).
+        spaces_between_special_tokens: passed to the tokenizer's decode (slow tokenizers
+            put a space around special tokens; fast ones ignore it).
         json_schema / regex / ebnf / structural_tag: a grammar the output must match (a
             JSON schema as a string, a regular expression, a GBNF grammar with rule
             ``root``, an xgrammar structural tag as JSON); at most one
@@ -78,6 +82,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     logit_bias: dict[int, float] | None = None
     min_new_tokens: int = 0
     no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     json_schema: str | None = None
     regex: str | None = None
     ebnf: str | None = None

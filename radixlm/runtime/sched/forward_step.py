@@ -18,7 +18,7 @@ from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.batch import extend_batch
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.sampling.grammar import GrammarBackend
-from radixlm.runtime.sampling.logprobs import LogitsSelection, output_logprobs
+from radixlm.runtime.sampling.logprobs import LogitsSelection, next_position_only, output_logprobs
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sched.admission import Plan
 from radixlm.runtime.sched.decode import DecodeResult
@@ -115,14 +115,15 @@ class ForwardStep:
         self, reqs: list[Req], next_ids: list[int], logprobs: list, decode_tokens: int
     ) -> DecodeResult:
         """Append each request's sampled token and run the grammar and stop checks; a
-        request with max_new_tokens == 0 finishes ("length") without one."""
+        request with max_new_tokens == 0 finishes ("length") without one, returning only
+        the top-k alternatives of that next position (`next_position_only`)."""
         result = DecodeResult(decode_tokens=decode_tokens)
         for req, tok, lp in zip(reqs, next_ids, logprobs):
             result.reqs.append(req)
             if req.params.max_new_tokens == 0:
                 result.new_ids.append([])
                 result.reasons.append(FinishReason.LENGTH)
-                result.logprobs.append(None)
+                result.logprobs.append(next_position_only(lp))
                 continue
             req.output_ids.append(tok)
             grammar_done = self.grammars.accept(req, tok)

@@ -6,6 +6,20 @@ from radixlm.runtime.sched.finish import FinishReason
 from radixlm.runtime.sched.request import Req
 
 
+def decode_text(
+    tokenizer, ids: list[int], skip_special_tokens: bool = True, spaces_between: bool = True
+) -> str:
+    """`ids` as output text, special tokens left out or written (`skip_special_tokens`);
+    `spaces_between` is ``spaces_between_special_tokens``, which only slow (Python)
+    tokenizers read. The scheduler's stop-string check decodes with the same settings,
+    so a matched stop string is found again in the text it cuts."""
+    if spaces_between:
+        return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+    return tokenizer.decode(
+        ids, skip_special_tokens=skip_special_tokens, spaces_between_special_tokens=False
+    )
+
+
 class StopChecker:
     """Decides after each new token whether a request is done.
 
@@ -41,9 +55,17 @@ class StopChecker:
     def matched_stop_str(self, req: Req) -> str | None:
         """The first stop string ending in the output's decoded tail, recorded in
         `req.matched_stop`. Every token holds at least one byte, so the last
-        len(utf-8 bytes of stop)+1 tokens cover any occurrence the newest token completed."""
-        window = max(len(s.encode("utf-8")) for s in req.params.stop) + 1
-        tail = self.tokenizer.decode(req.output_ids[-window:], skip_special_tokens=True)
+        len(utf-8 bytes of stop)+1 tokens cover any occurrence the newest token completed.
+        The tail is decoded as the detokenizer decodes the text (special tokens skipped or
+        written per request), so the stop string it cuts is the one found here."""
+        p = req.params
+        window = max(len(s.encode("utf-8")) for s in p.stop) + 1
+        tail = decode_text(
+            self.tokenizer,
+            req.output_ids[-window:],
+            p.skip_special_tokens,
+            p.spaces_between_special_tokens,
+        )
         for s in req.params.stop:
             if s in tail:
                 req.matched_stop = s

@@ -9,6 +9,8 @@ ends in U+FFFD. Each step decodes only the window, so the cost per token stays c
 
 from __future__ import annotations
 
+from radixlm.runtime.sched.stop import decode_text
+
 
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas.
@@ -20,15 +22,23 @@ class IncrementalDetokenizer:
     ids[read_offset:] are pending.
     """
 
-    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+    def __init__(
+        self,
+        tokenizer,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self.spaces_between_special_tokens = spaces_between_special_tokens
         self.ids: list[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        return decode_text(
+            self.tokenizer, ids, self.skip_special_tokens, self.spaces_between_special_tokens
+        )
 
     def add(self, new_ids: list[int]) -> str:
         """Append tokens; return the newly complete text (may be empty)."""
@@ -56,13 +66,21 @@ class RequestDetokenizer:
     is cut before its first occurrence (after it with `no_stop_trim`), and on a stop
     token id (`stop_token_ids`, EOS) that token's text is left out (kept with
     `no_stop_trim`), as SGLang trims a matched stop; `output_ids` keep the token either
-    way. The concatenated deltas equal the final text.
+    way. The concatenated deltas equal the final text. skip_special_tokens and
+    spaces_between_special_tokens: see `decode_text`.
     """
 
     def __init__(
-        self, tokenizer, stop: list[str] | tuple[str, ...] = (), no_stop_trim: bool = False
+        self,
+        tokenizer,
+        stop: list[str] | tuple[str, ...] = (),
+        no_stop_trim: bool = False,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
     ):
-        self._incremental = IncrementalDetokenizer(tokenizer)
+        self._incremental = IncrementalDetokenizer(
+            tokenizer, skip_special_tokens, spaces_between_special_tokens
+        )
         self.stop = [s for s in stop if s]
         self.no_stop_trim = no_stop_trim
         self.text = ""

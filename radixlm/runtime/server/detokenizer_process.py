@@ -70,14 +70,25 @@ class DetokenizerLoop:
             state = self.states.get(rid)
             if state is None:
                 keep = bool(batch.no_stop_trim) and batch.no_stop_trim[i]
-                state = RequestDetokenizer(self.tokenizer, batch.stops[i], keep)
+                skip = not batch.skip_special_tokens or batch.skip_special_tokens[i]
+                spaces = (
+                    not batch.spaces_between_special_tokens
+                    or batch.spaces_between_special_tokens[i]
+                )
+                state = RequestDetokenizer(self.tokenizer, batch.stops[i], keep, skip, spaces)
                 self.states[rid] = state
             finished = batch.finish_reasons[i] is not None
             texts.append(state.add(batch.new_token_ids[i], finished, batch.matched_stops[i]))
             if finished:
                 del self.states[rid]
         fields = msgspec.structs.asdict(batch)
-        del fields["stops"], fields["no_stop_trim"]
+        for name in (
+            "stops",
+            "no_stop_trim",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+        ):
+            del fields[name]
         return BatchStrOut(**fields, texts=texts)
 
 

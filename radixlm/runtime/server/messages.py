@@ -136,13 +136,17 @@ class _BatchOut(msgspec.Struct):
 class BatchTokenOut(_BatchOut, tag="token_out"):
     """What one scheduler step produced. stops[i] are request i's stop strings (the
     detokenizer cuts the text before them and holds back their possible starts);
-    no_stop_trim[i] keeps the matched stop string (empty list: all False).
+    no_stop_trim[i] keeps the matched stop string (empty list: all False);
+    skip_special_tokens[i] / spaces_between_special_tokens[i]: request i's decode settings
+    (`SamplingParams`; empty list: all True).
     output_logprobs[i] / input_logprobs[i]: see `ReqOutput` (empty list: no request of
     the step asked for logprobs).
     queue_times[i]: seconds request i waited before its first admission (-1: not admitted)."""
 
     stops: list[list[str]]
     no_stop_trim: list[bool] = msgspec.field(default_factory=list)
+    skip_special_tokens: list[bool] = msgspec.field(default_factory=list)
+    spaces_between_special_tokens: list[bool] = msgspec.field(default_factory=list)
     output_logprobs: list[TokenLogprobs | None] = msgspec.field(default_factory=list)
     input_logprobs: list[TokenLogprobs | None] = msgspec.field(default_factory=list)
     queue_times: list[float] = msgspec.field(default_factory=list)

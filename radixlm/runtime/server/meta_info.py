@@ -8,7 +8,9 @@ Logprob fields (with ``return_logprob``), one entry per token, text None unless
     output_token_logprobs: [[logprob, token_id, text], ...]
     input_top_logprobs / output_top_logprobs: per position a list of
                            [logprob, token_id, text] (best first), None for the very
-                           first prompt token
+                           first prompt token; with max_new_tokens 0 and
+                           top_logprobs_num, output_top_logprobs holds the one next-token
+                           position of the prefill while output_token_logprobs is empty
 """
 
 from __future__ import annotations
@@ -41,13 +43,16 @@ def _entries(lp: TokenLogprobs | None, decode: Decode) -> list[list[Any]]:
 
 
 def _tops(lp: TokenLogprobs | None, decode: Decode) -> list[list[list[Any]] | None]:
+    """Top-k entries per position; a position past token_ids (max_new_tokens 0, see
+    `TokenLogprobs`) has its alternatives too."""
     if lp is None:
         return []
     if lp.top_logprobs is None:
         return [None if v is None else [] for v in lp.logprobs]
+    values = lp.logprobs + [0.0] * (len(lp.top_logprobs) - len(lp.logprobs))
     return [
         None if v is None else [[x, t, decode(t) if decode else None] for x, t in zip(vals, ids)]
-        for v, vals, ids in zip(lp.logprobs, lp.top_logprobs, lp.top_ids)
+        for v, vals, ids in zip(values, lp.top_logprobs, lp.top_ids)
     ]
 
 

@@ -37,6 +37,9 @@ from radixlm.runtime.server.stack import ServingStack, build_stack
 
 logger = logging.getLogger(__name__)
 
+# A request's (no_stop_trim, skip_special_tokens, spaces_between_special_tokens) defaults.
+_DEFAULT_DETOK = (False, True, True)
+
 _IDLE_POLL_MS = 1000
 _GRAMMAR_POLL_MS = 5
 
@@ -55,7 +58,9 @@ class SchedulerLoop:
         self.recv = recv
         self.send = send
         self._stops: dict[str, list[str]] = {}
-        self._keep_stop: set[str] = set()
+        # rid -> (no_stop_trim, skip_special_tokens, spaces_between_special_tokens), kept
+        # only for requests that change one of them from its default (False, True, True).
+        self._detok: dict[str, tuple[bool, bool, bool]] = {}
         self._after_failure = False
         self.steps = 0
         self.turn_start = time.monotonic()
@@ -130,20 +135,23 @@ class SchedulerLoop:
             return
         if msg.params.stop:
             self._stops[msg.rid] = msg.params.stop
-        if msg.params.no_stop_trim:
-            self._keep_stop.add(msg.rid)
+        p = msg.params
+        flags = (p.no_stop_trim, p.skip_special_tokens, p.spaces_between_special_tokens)
+        if flags != _DEFAULT_DETOK:
+            self._detok[msg.rid] = flags
 
     def _token_out(self, outputs: list[ReqOutput]) -> BatchTokenOut:
         """One step's outputs as the detokenizer's message; a finished request's stop
-        strings are forgotten here."""
-        stops, keep = [], []
+        strings and text settings are forgotten here."""
+        stops, flags = [], []
         for o in outputs:
-            keep.append(o.rid in self._keep_stop)
             if o.finish_reason is None:
                 stops.append(self._stops.get(o.rid, []))
+                flags.append(self._detok.get(o.rid, _DEFAULT_DETOK))
             else:
                 stops.append(self._stops.pop(o.rid, []))
-                self._keep_stop.discard(o.rid)
+                flags.append(self._detok.pop(o.rid, _DEFAULT_DETOK))
+        keep, skip, spaces = (list(column) for column in zip(*flags)) if flags else ([], [], [])
         out_lp = [o.output_logprobs for o in outputs]
         in_lp = [o.input_logprobs for o in outputs]
         return BatchTokenOut(
@@ -156,6 +164,8 @@ class SchedulerLoop:
             cached_tokens=[o.cached_tokens for o in outputs],
             stops=stops,
             no_stop_trim=keep if any(keep) else [],
+            skip_special_tokens=skip if not all(skip) else [],
+            spaces_between_special_tokens=spaces if not all(spaces) else [],
             output_logprobs=out_lp if any(x is not None for x in out_lp) else [],
             input_logprobs=in_lp if any(x is not None for x in in_lp) else [],
             queue_times=[o.queue_time for o in outputs],
