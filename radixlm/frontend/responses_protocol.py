@@ -246,6 +246,10 @@ def response_format(text: TextConfig | None) -> dict[str, Any] | None:
     if fmt.get("type") == "json_object":
         return {"type": "json_object"}
     if fmt.get("type") == "json_schema":
+        if not isinstance(fmt.get("name"), str):
+            raise invalid_request(
+                "text.format of type 'json_schema' needs a string 'name'", "text.format.name"
+            )
         return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
     raise invalid_request(
         "text.format.type must be 'text', 'json_object' or 'json_schema'",
