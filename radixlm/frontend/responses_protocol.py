@@ -17,7 +17,8 @@ Translation:
   message), ``reasoning`` (skipped: radixlm produces none).
 * ``tools`` (flat ``{"type": "function", "name", "description", "parameters",
   "strict"}``) -> chat tools; ``tool_choice`` ``{"type": "function", "name"}`` -> the chat
-  named choice; ``text.format`` -> ``response_format``; ``max_output_tokens`` ->
+  named choice, ``allowed_tools`` -> its mode over the listed tools only; ``text.format``
+  -> ``response_format``; ``max_output_tokens`` ->
   ``max_completion_tokens``.
 
 Fields clients send by default that do not change radixlm's output (`IGNORED`, and
@@ -225,17 +226,41 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     return out
 
 
-def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-    """The chat ``tool_choice`` of a Responses one (a named function is flat there)."""
-    if isinstance(choice, dict):
-        if choice.get("type") != "function" or set(choice) != {"type", "name"}:
-            raise invalid_request(
-                "'tool_choice' must be 'none', 'auto', 'required' or "
-                '{"type": "function", "name": ...}',
-                param="tool_choice",
-            )
-        return {"type": "function", "function": {"name": choice["name"]}}
-    return choice
+def chat_tool_choice(
+    choice: str | dict[str, Any] | None, tools: list[dict[str, Any]] | None
+) -> tuple[str | dict[str, Any] | None, list[dict[str, Any]] | None]:
+    """The chat ``tool_choice`` and tools of a Responses choice over chat-shaped `tools`.
+
+    A named function is flat in the Responses API (``{"type": "function", "name"}``);
+    ``{"type": "allowed_tools", "mode": "auto" | "required", "tools": [{"type":
+    "function", "name"}, ...]}`` keeps only the listed tools, with `mode` as the choice.
+    Raises APIError (400, param tool_choice).
+    """
+    if not isinstance(choice, dict):
+        return choice, tools
+    if choice.get("type") == "function" and set(choice) == {"type", "name"}:
+        return {"type": "function", "function": {"name": choice["name"]}}, tools
+    allowed = choice.get("tools")
+    if (
+        choice.get("type") != "allowed_tools"
+        or choice.get("mode") not in ("auto", "required")
+        or not isinstance(allowed, list)
+        or not all(isinstance(t, dict) and t.get("type") == "function" for t in allowed)
+    ):
+        raise invalid_request(
+            "'tool_choice' must be 'none', 'auto', 'required', "
+            '{"type": "function", "name": ...} or {"type": "allowed_tools", "mode": "auto" | '
+            '"required", "tools": [{"type": "function", "name": ...}]}',
+            param="tool_choice",
+        )
+    names = {t.get("name") for t in allowed}
+    known = {t["function"].get("name") for t in tools or []}
+    if not names <= known:
+        raise invalid_request(
+            f"tool_choice.tools names functions not in 'tools': {sorted(map(str, names - known))}",
+            param="tool_choice.tools",
+        )
+    return choice["mode"], [t for t in tools or [] if t["function"].get("name") in names]
 
 
 def response_format(text: TextConfig | None) -> dict[str, Any] | None:
@@ -262,11 +287,12 @@ def to_chat(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatComple
     earlier turns of ``previous_response_id`` then ``input``). Raises APIError (400)."""
     if req.instructions is not None:
         messages = [{"role": "system", "content": req.instructions}, *messages]
+    tool_choice, tools = chat_tool_choice(req.tool_choice, chat_tools(req.tools))
     body = {
         "model": req.model,
         "messages": [ChatMessage.model_validate(m) for m in messages],
-        "tools": chat_tools(req.tools),
-        "tool_choice": chat_tool_choice(req.tool_choice),
+        "tools": tools,
+        "tool_choice": tool_choice,
         "parallel_tool_calls": req.parallel_tool_calls,
         "response_format": response_format(req.text),
         "max_completion_tokens": req.max_output_tokens,

@@ -142,6 +142,22 @@ def test_named_tool_choice_forces_that_function(http):
     assert resp["tool_choice"] == {"type": "function", "name": "get_time"}
 
 
+def test_allowed_tools_choice_limits_the_tools(http):
+    other = {**WEATHER, "name": "get_time", "description": "Get the time"}
+    choice = {
+        "type": "allowed_tools",
+        "mode": "required",
+        "tools": [{"type": "function", "name": "get_time"}],
+    }
+    resp = _post(
+        http, input="Weather in Paris?", tools=[WEATHER, other], tool_choice=choice, **GREEDY
+    )
+    assert [i["name"] for i in resp["output"] if i["type"] == "function_call"] == ["get_time"]
+    bad = {**choice, "tools": [{"type": "function", "name": "nope"}]}
+    r = http.post("/v1/responses", json={"input": "Hi", "tools": [WEATHER], "tool_choice": bad})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice.tools"
+
+
 def test_json_schema_text_format(http):
     schema = {
         "type": "object",
