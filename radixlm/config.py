@@ -47,6 +47,7 @@ HTTP_ONLY_FIELDS = (
     "request_timeout",
     "allow_special_tokens_in_content",
     "strict_request_fields",
+    "responses_store_size",
 )
 
 
@@ -237,6 +238,11 @@ class ServerArgs:
         "/v1/completions, /v1/chat/completions and /generate; off: they are ignored with "
         "one warning per request, as vLLM and SGLang do",
     )
+    responses_store_size: int = _opt(
+        1024,
+        "responses kept in memory for GET /v1/responses/{id} and previous_response_id "
+        "(least recently used dropped first; 0: nothing is stored)",
+    )
 
     def __post_init__(self) -> None:
         """Check types and ranges. Raises ValueError with the field name and allowed values."""
@@ -265,6 +271,8 @@ class ServerArgs:
             )
         if self.cuda_graph_max_bs < 1 or self.max_queued_requests < 1:
             raise ValueError("cuda_graph_max_bs and max_queued_requests must be >= 1")
+        if self.responses_store_size < 0:
+            raise ValueError(f"responses_store_size must be >= 0, got {self.responses_store_size}")
         if self.schedule_fallback_queue_len < 1 or self.schedule_conservativeness <= 0:
             raise ValueError(
                 "schedule_fallback_queue_len must be >= 1 and schedule_conservativeness > 0"

@@ -5,6 +5,7 @@ Routes:
                                    (no API key needed)
     GET  /v1/models, /v1/models/{id}
     POST /v1/completions, /v1/chat/completions   (serving_openai.py)
+    POST /v1/responses, GET /v1/responses/{id}   (serving_responses.py; not in /openapi.json)
     POST /generate                 SGLang's native route (serving_native.py)
     GET  /get_server_info          settings, KV capacity, pool counters (tokens)
     GET  /get_model_info
@@ -37,6 +38,7 @@ from radixlm.frontend.openapi import install_openapi
 from radixlm.frontend.origin import install_origin_checks
 from radixlm.frontend.serving_native import NativeServing
 from radixlm.frontend.serving_openai import OpenAIServing
+from radixlm.frontend.serving_responses import ResponsesServing
 from radixlm.frontend.serving_tokens import TokenServing
 
 logger = logging.getLogger(__name__)
@@ -69,6 +71,7 @@ def create_app(tm, args: ServerArgs) -> FastAPI:
     openai = OpenAIServing(tm, args.allow_special_tokens_in_content)
     native = NativeServing(tm)
     tokens = TokenServing(tm, openai)
+    responses = ResponsesServing(openai, args.responses_store_size)
     created = int(time.time())
     auth = [Depends(_api_key_check(args.api_key))] if args.api_key else []
     api = APIRouter(dependencies=auth)
@@ -112,6 +115,14 @@ def create_app(tm, args: ServerArgs) -> FastAPI:
     @api.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await openai.chat(request)
+
+    @api.post("/v1/responses", include_in_schema=False)
+    async def create_response(request: Request) -> Response:
+        return await responses.create(request)
+
+    @api.get("/v1/responses/{response_id}", include_in_schema=False)
+    async def get_response(response_id: str) -> dict[str, Any]:
+        return await responses.get(response_id)
 
     @api.post("/generate")
     async def generate(request: Request) -> Response:

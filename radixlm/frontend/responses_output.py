@@ -1,0 +1,148 @@
+"""Response objects of the Responses API: output items, usage and the response body.
+
+Shapes follow the OpenAI API reference ("The response object"):
+
+* a ``message`` output item: ``{"id": "msg_...", "type": "message", "role":
+  "assistant", "status", "content": [{"type": "output_text", "text", "annotations": [],
+  "logprobs": []}]}``;
+* a ``function_call`` output item: ``{"id": "fc_...", "type": "function_call", "status":
+  "completed", "call_id": "call_...", "name", "arguments"}`` (arguments: JSON text);
+* ``usage``: ``input_tokens``, ``input_tokens_details.cached_tokens`` (prompt tokens
+  served from the prefix cache), ``output_tokens``, ``output_tokens_details.
+  reasoning_tokens`` (always 0: radixlm separates no reasoning here), ``total_tokens``.
+
+A response is ``completed``, or ``incomplete`` with ``incomplete_details.reason``
+``"max_output_tokens"`` when generation stopped at the token budget (or the context).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from radixlm.frontend.responses_protocol import ResponsesRequest
+from radixlm.frontend.tool_calls import new_call_id, parse_tool_calls
+from radixlm.runtime.sched.finish import FinishReason
+
+
+def item_id(prefix: str) -> str:
+    """An output item id: ``msg_`` / ``fc_`` + 32 hex digits."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def message_item(mid: str, text: str | None, status: str) -> dict[str, Any]:
+    """A message item; `text` None: no content part yet (a streamed item just opened)."""
+    content = [] if text is None else [text_part(text)]
+    return {"id": mid, "type": "message", "role": "assistant", "status": status, "content": content}
+
+
+def call_item(fid: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {
+        "id": fid,
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
+
+
+def status_of(finish_reason: str | None) -> str:
+    """``incomplete`` when the token budget ended the output, else ``completed``."""
+    return "incomplete" if finish_reason == FinishReason.LENGTH else "completed"
+
+
+def output_items(text: str, tools_active: bool, status: str) -> list[dict[str, Any]]:
+    """The output items of a finished generation's `text`: a message with the text before
+    any tool call (left out when empty and calls were made), then one function_call item
+    per parsed call (tool_calls.py)."""
+    if tools_active:
+        parsed = parse_tool_calls(text, final=True)
+        content, calls = parsed.content, parsed.calls
+    else:
+        content, calls = text, []
+    items = []
+    if content or not calls:
+        items.append(message_item(item_id("msg"), content or "", status))
+    for call in calls:
+        fid = item_id("fc")
+        items.append(call_item(fid, new_call_id(), call.name, call.arguments, "completed"))
+    return items
+
+
+def assistant_turn(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat assistant message (ChatMessage fields) of a response's output items, as a
+    later turn renders it."""
+    texts = [p["text"] for it in items if it["type"] == "message" for p in it["content"]]
+    calls = [
+        {
+            "id": it["call_id"],
+            "type": "function",
+            "function": {"name": it["name"], "arguments": it["arguments"]},
+        }
+        for it in items
+        if it["type"] == "function_call"
+    ]
+    turn: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if calls:
+        turn["tool_calls"] = calls
+    elif turn["content"] is None:
+        turn["content"] = ""
+    return turn
+
+
+def usage(counts: dict[str, int] | None) -> dict[str, Any] | None:
+    """Responses usage from a finished request's {prompt_tokens, completion_tokens,
+    cached_tokens}."""
+    if counts is None:
+        return None
+    return {
+        "input_tokens": counts["prompt_tokens"],
+        "input_tokens_details": {"cached_tokens": counts["cached_tokens"]},
+        "output_tokens": counts["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": counts["prompt_tokens"] + counts["completion_tokens"],
+    }
+
+
+def response_body(
+    rid: str,
+    created: int,
+    model: str,
+    req: ResponsesRequest,
+    status: str,
+    output: list[dict[str, Any]],
+    counts: dict[str, int] | None,
+) -> dict[str, Any]:
+    """The response object; `status` in_progress / completed / incomplete; `counts` the
+    runtime usage (None while in progress)."""
+    fmt = req.text.format if req.text is not None and req.text.format else {"type": "text"}
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": None,
+        "incomplete_details": ({"reason": "max_output_tokens"} if status == "incomplete" else None),
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": bool(req.parallel_tool_calls),
+        "previous_response_id": req.previous_response_id,
+        "reasoning": {"effort": None, "summary": None},
+        "store": req.store is not False,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "text": {"format": fmt},
+        "tool_choice": "auto" if req.tool_choice is None else req.tool_choice,
+        "tools": req.tools or [],
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "truncation": "disabled",
+        "usage": usage(counts),
+        "user": req.user,
+        "metadata": req.metadata or {},
+    }

@@ -1,0 +1,55 @@
+"""Stored responses of the Responses API (``store: true``), in memory, bounded.
+
+Each entry is a response body (what GET /v1/responses/{id} returns) and its
+conversation: the chat messages of every turn so far (input items of this and earlier
+responses chained by ``previous_response_id``, then this response's output as one
+assistant turn), without ``instructions``, which OpenAI does not carry over. A
+continuation renders that conversation before its new input, so its prompt starts with
+the previous prompt and output and that prefix is served from the radix cache.
+
+The store is an LRU of at most `capacity` responses (``--responses-store-size``): storing
+or reading an entry makes it the most recent; the least recent one is dropped past the
+bound. Entries live only in this HTTP process (lost on restart).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class StoredResponse:
+    """body: the response object (dict); conversation: chat message dicts (ChatMessage
+    fields) ending with this response's output turn."""
+
+    body: dict[str, Any]
+    conversation: list[dict[str, Any]]
+
+
+class ResponseStore:
+    """An LRU map of response id -> StoredResponse holding at most `capacity` entries."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        """The stored response (now the most recent), or None when unknown or dropped."""
+        entry = self._entries.get(response_id)
+        if entry is not None:
+            self._entries.move_to_end(response_id)
+        return entry
+
+    def put(self, response_id: str, entry: StoredResponse) -> None:
+        """Store `entry`, dropping the least recently used entries past `capacity`."""
+        if self.capacity <= 0:
+            return
+        self._entries[response_id] = entry
+        self._entries.move_to_end(response_id)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)

@@ -1,0 +1,161 @@
+"""Server-sent events of a streamed Responses API request (``"stream": true``).
+
+Event order (OpenAI API reference, "Streaming events"); every event carries ``type`` and
+a ``sequence_number`` counting from 0, and is sent as ``event: <type>`` + ``data: <json>``:
+
+1. ``response.created``, ``response.in_progress`` (the response, status in_progress);
+2. per text output: ``response.output_item.added`` (a message item),
+   ``response.content_part.added``, ``response.output_text.delta`` ...,
+   ``response.output_text.done``, ``response.content_part.done``,
+   ``response.output_item.done``;
+3. per tool call: ``response.output_item.added`` (a function_call item, arguments ""),
+   ``response.function_call_arguments.delta`` ..., ``response.function_call_arguments.done``,
+   ``response.output_item.done``;
+4. ``response.completed`` (or ``response.incomplete`` when the token budget ended the
+   output) with the whole response, usage included.
+
+An error after the 200 header is sent as an ``error`` event. The deltas concatenate to
+the text and arguments of the final output items; with tools the text is split into
+message text and calls by `tool_calls.ToolCallStream` (text after the first call is
+dropped, as in the non-streamed output).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from radixlm.frontend.responses_output import (
+    call_item,
+    item_id,
+    message_item,
+    text_part,
+)
+from radixlm.frontend.tool_calls import ToolCallStream
+
+_encoder = msgspec.json.Encoder()
+
+
+class ResponseEvents:
+    """Builds the event stream of one response; `items` are its output items so far
+    (the final output once `finish` ran).
+
+    Args:
+        tools_active: the output is parsed for tool calls.
+    """
+
+    def __init__(self, tools_active: bool):
+        self.seq = 0
+        self.items: list[dict[str, Any]] = []
+        self._calls = ToolCallStream() if tools_active else None
+        self._message: dict[str, Any] | None = None  # the open message item
+        self._text = ""  # its text so far
+        self._call: dict[str, Any] | None = None  # the open function_call item
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        """One SSE event of type `kind` with the next sequence number."""
+        data = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return b"event: " + kind.encode() + b"\ndata: " + _encoder.encode(data) + b"\n\n"
+
+    def opening(self, response: dict[str, Any]) -> list[bytes]:
+        return [
+            self.event("response.created", response=response),
+            self.event("response.in_progress", response=response),
+        ]
+
+    def feed(self, delta: str, final: bool) -> list[bytes]:
+        """Events for a text delta of the generation (`final`: its last one)."""
+        if self._calls is None:
+            content, frags = delta, []
+        else:
+            content, frags = self._calls.feed(delta, final)
+        out = []
+        if content:
+            if self._message is None:
+                out += self._open_message()
+            self._text += content
+            out.append(self.event("response.output_text.delta", **self._where(), delta=content))
+        for frag in frags:
+            if "id" in frag:  # a new call: earlier items are complete
+                out += self._close_message("completed") + self._close_call()
+                self._call = call_item(
+                    item_id("fc"), frag["id"], frag["function"]["name"], "", "in_progress"
+                )
+                self.items.append(self._call)
+                out.append(self._item_event("response.output_item.added", self._call))
+                continue
+            piece = frag["function"]["arguments"]
+            self._call["arguments"] += piece
+            out.append(
+                self.event(
+                    "response.function_call_arguments.delta",
+                    item_id=self._call["id"],
+                    output_index=len(self.items) - 1,
+                    delta=piece,
+                )
+            )
+        return out
+
+    def finish(self, status: str) -> list[bytes]:
+        """Close the open items (`status`: completed / incomplete); a response with no
+        output gets one empty message, as the non-streamed output has."""
+        out = []
+        if not self.items:
+            out += self._open_message()
+        return out + self._close_message(status) + self._close_call()
+
+    def closing(self, response: dict[str, Any]) -> bytes:
+        """The last event: response.completed, or response.incomplete."""
+        kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+        return self.event(kind, response=response)
+
+    # ---- items ------------------------------------------------------------------------
+
+    def _where(self) -> dict[str, Any]:
+        return {
+            "item_id": self._message["id"],
+            "output_index": len(self.items) - 1,
+            "content_index": 0,
+            "logprobs": [],
+        }
+
+    def _item_event(self, kind: str, item: dict[str, Any]) -> bytes:
+        return self.event(kind, output_index=self.items.index(item), item=item)
+
+    def _open_message(self) -> list[bytes]:
+        self._message = message_item(item_id("msg"), None, "in_progress")
+        self.items.append(self._message)
+        added = self._item_event("response.output_item.added", self._message)
+        where = {k: v for k, v in self._where().items() if k != "logprobs"}
+        return [added, self.event("response.content_part.added", **where, part=text_part(""))]
+
+    def _close_message(self, status: str) -> list[bytes]:
+        if self._message is None:
+            return []
+        where = self._where()
+        part = text_part(self._text)
+        done = self.event("response.output_text.done", **where, text=self._text)
+        where.pop("logprobs")
+        part_done = self.event("response.content_part.done", **where, part=part)
+        self._message.update(status=status, content=[part])
+        item_done = self._item_event("response.output_item.done", self._message)
+        self._message = None
+        return [done, part_done, item_done]
+
+    def _close_call(self) -> list[bytes]:
+        if self._call is None:
+            return []
+        call = self._call
+        call["status"] = "completed"
+        index = self.items.index(call)
+        done = self.event(
+            "response.function_call_arguments.done",
+            item_id=call["id"],
+            output_index=index,
+            name=call["name"],
+            arguments=call["arguments"],
+        )
+        self._call = None
+        return [done, self._item_event("response.output_item.done", call)]
