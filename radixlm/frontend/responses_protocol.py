@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixlm.frontend.errors import APIError, invalid_request
-from radixlm.frontend.protocol import ChatCompletionRequest, ChatMessage
+from radixlm.frontend.protocol import ChatCompletionRequest, ChatMessage, unknown_fields
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,9 @@ _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    """Strictly typed; unknown fields are kept in `model_extra` (see `warn_ignored`)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class TextConfig(_Strict):
@@ -107,9 +109,18 @@ class ResponsesRequest(_Strict):
     prompt: dict[str, Any] | None = None
     conversation: str | dict[str, Any] | None = None
 
-    def warn_ignored(self) -> None:
-        """Log one warning naming the set fields radixlm ignores."""
-        names = [n for n in IGNORED if getattr(self, n) is not None]
+    def warn_ignored(self, strict: bool = False) -> None:
+        """Log one warning naming the set fields radixlm ignores and the unknown ones; with
+        `strict` (--strict-request-fields) an unknown field is a 400 unknown_parameter, as
+        on the other generation routes."""
+        extra = unknown_fields(self)
+        if strict and extra:
+            raise invalid_request(
+                f"Unrecognized request argument supplied: {extra[0]}",
+                param=extra[0],
+                code="unknown_parameter",
+            )
+        names = [n for n in IGNORED if getattr(self, n) is not None] + extra
         if self.text is not None and self.text.verbosity is not None:
             names.append("text.verbosity")
         if self.background:

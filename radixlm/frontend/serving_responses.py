@@ -120,7 +120,7 @@ class ResponsesServing:
 
     def _turn(self, body: bytes) -> _Turn:
         req = ResponsesRequest.model_validate_json(body)
-        req.warn_ignored()
+        req.warn_ignored(self.openai.strict_fields)
         history: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
             prev = self.store.get(req.previous_response_id)

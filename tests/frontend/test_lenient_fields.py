@@ -269,3 +269,10 @@ def test_strict_mode_refuses_unknown_fields(strict, route, extra, param):
 @pytest.mark.parametrize("route,extra", ACCEPTED)
 def test_strict_mode_accepts_the_known_extensions(strict, route, extra):
     assert _post(strict, route, extra).status_code == 200
+
+
+def test_strict_mode_covers_the_responses_api(strict):
+    r = strict.post("/v1/responses", json={"input": "Hi", "max_output_tokens": 2, "bogus": 1})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "bogus"
+    assert r.json()["error"]["code"] == "unknown_parameter"
