@@ -46,6 +46,8 @@ HTTP_ONLY_FIELDS = (
     "health_timeout",
     "request_timeout",
     "allow_special_tokens_in_content",
+    "tool_call_parser",
+    "reasoning_parser",
 )
 
 
@@ -229,6 +231,19 @@ class ServerArgs:
         "tokenize special-token text inside chat messages (contents, tool calls, tools) as "
         "special tokens, as the chat template's own markers are; for trusted clients only "
         "(off: such text is ordinary text, so a message cannot forge a turn)",
+    )
+    tool_call_parser: str = _opt(
+        "auto",
+        "how chat output is parsed into tool calls: auto (detected from the chat template; "
+        "hermes when it shows no known convention), hermes, llama3, mistral, deepseek or "
+        "pythonic (see docs/serving.md)",
+        choices=["auto", "hermes", "llama3", "mistral", "deepseek", "pythonic"],
+    )
+    reasoning_parser: str = _opt(
+        "none",
+        "split <think>...</think> reasoning out of chat content into reasoning_content: "
+        "none, deepseek-r1 (the output starts inside the reasoning) or qwen3",
+        choices=["none", "deepseek-r1", "qwen3"],
     )
 
     def __post_init__(self) -> None:
