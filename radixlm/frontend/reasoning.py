@@ -11,8 +11,9 @@ Modes (SGLang's and vLLM's reasoning parsers of the same names):
   reasoning as with ``deepseek-r1``.
 
 An output cut inside the reasoning (no ``</think>``) is all reasoning. Reasoning is
-stripped of surrounding whitespace, content after ``</think>`` of leading whitespace. `ReasoningStream` gives the same split
-piece by piece: what it has sent is always a prefix of the final reasoning / content.
+stripped of surrounding whitespace, content after ``</think>`` of leading whitespace.
+`ReasoningStream` gives the same split piece by piece: what it has sent is always a
+prefix of the final reasoning / content.
 """
 
 from __future__ import annotations

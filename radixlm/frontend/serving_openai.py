@@ -46,6 +46,7 @@ from radixlm.frontend.protocol import (
     SamplingFields,
     check_supported,
 )
+from radixlm.frontend.reasoning import ReasoningParser, prompt_opens_think
 from radixlm.frontend.streaming import (
     CLIENT_CLOSED,
     DONE,
@@ -59,7 +60,8 @@ from radixlm.frontend.streaming import (
 )
 from radixlm.frontend.structured import check_grammar, request_grammar
 from radixlm.frontend.tool_calls import ToolChatFormat
-from radixlm.frontend.tool_prompt import ToolSetup
+from radixlm.frontend.tool_parsers import ToolParser, make_tool_parser
+from radixlm.frontend.tool_prompt import ToolSetup, template_knows_tools
 from radixlm.runtime.sampling.logprobs import LogprobOptions
 from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.finish import FinishReason
@@ -112,6 +114,8 @@ class OpenAIServing:
         self.tm = tm
         self.texts = TokenTexts(tm.tokenizer)
         self.chats = ChatPrompts(tm.tokenizer, special_in_content)
+        self.tool_parser = make_tool_parser(tm.args.tool_call_parser, tm.tokenizer)
+        self.native_tools = template_knows_tools(tm.tokenizer)
 
     # ---- routes -----------------------------------------------------------------------
 
@@ -174,17 +178,20 @@ class OpenAIServing:
                 "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs"
             )
         tools = ToolSetup.from_request(req.tools, req.tool_choice, req.parallel_tool_calls)
-        grammar = self._chat_grammar(req, tools)
+        parser = self._chat_tool_parser(tools)
+        grammar = self._chat_grammar(req, tools, parser)
         ids = self._chat_prompt(req.messages, tools)
         requested = req.max_completion_tokens or req.max_tokens
-        fmt_cls = ToolChatFormat if tools.active else ChatFormat
-        fmt = fmt_cls(
-            f"chatcmpl-{uuid.uuid4().hex}",
-            int(time.time()),
-            self.tm.model_name,
-            texts=self.texts if req.logprobs else None,
-            top_logprobs=req.top_logprobs or 0,
-        )
+        reasoning = self._reasoning(req, ids)
+        head = (f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.tm.model_name)
+        shown = {
+            "texts": self.texts if req.logprobs else None,
+            "top_logprobs": req.top_logprobs or 0,
+        }
+        if parser is None and reasoning is None:
+            fmt: ChatFormat = ChatFormat(*head, **shown)
+        else:
+            fmt = ToolChatFormat(*head, tool_parser=parser, reasoning=reasoning, **shown)
         logprobs = LogprobOptions(
             return_logprob=bool(req.logprobs), top_logprobs_num=req.top_logprobs or 0
         )
@@ -248,11 +255,35 @@ class OpenAIServing:
             raise renamed(e, {"prompt": "messages"}) from None
         return self.chats.ids(rendered, tools)
 
-    def _chat_grammar(self, req: ChatCompletionRequest, tools: ToolSetup) -> dict[str, str]:
+    def _chat_tool_parser(self, tools: ToolSetup) -> ToolParser | None:
+        """The parser of a chat's output: None without tools; Hermes when the output is
+        in the Hermes convention whatever the model's own (a forcing grammar writes it,
+        or the template renders no tools so `tool_prompt` teaches it); else the
+        server's (``--tool-call-parser``)."""
+        if not tools.active:
+            return None
+        if tools.forced is not None or not self.native_tools:
+            return make_tool_parser("hermes")
+        return self.tool_parser
+
+    def _reasoning(self, req: ChatCompletionRequest, ids: list[int]) -> ReasoningParser | None:
+        """The request's reasoning parser (``--reasoning-parser``), or None when there is
+        none or the request sets ``separate_reasoning: false`` (reasoning stays in content).
+        The output starts inside the reasoning when the prompt's end opens ``<think>``."""
+        mode = self.tm.args.reasoning_parser
+        if mode == "none" or getattr(req, "separate_reasoning", True) is False:
+            return None
+        return ReasoningParser(mode, prompt_opens_think(self.tm.tokenizer.decode(ids[-4:])))
+
+    def _chat_grammar(
+        self, req: ChatCompletionRequest, tools: ToolSetup, parser: ToolParser | None
+    ) -> dict[str, str]:
         """Grammar fields from response_format, regex / ebnf or the tools (see
-        ToolSetup.grammar); a forced tool choice excludes the others."""
+        ToolSetup.grammar); a forced tool choice excludes the others. With ``auto`` the
+        grammar (Hermes tags) applies only to output parsed as Hermes."""
         grammar = request_grammar(req, self.tm.grammars)
-        calls = tools.grammar()
+        hermes = parser is not None and parser.name == "hermes"  # always when forced
+        calls = tools.grammar() if hermes else None
         if calls is None:
             return grammar
         if grammar and tools.forced is not None:

@@ -8,7 +8,8 @@ with ``--reasoning-parser``, by a `ReasoningParser` first (its reasoning goes to
 Non-streamed: ``message.content`` is what the tool parser leaves as content,
 ``message.tool_calls`` the complete calls (fresh ids), ``message.reasoning_content`` the
 reasoning (None when empty; only with a reasoning parser). A call cut by ``max_tokens``
-is dropped with its markup and the finish reason stays ``length``; markup that holds no
+is dropped with its markup (a partial start tag too) and the finish reason stays
+``length``; markup that holds no
 call (malformed) stays in the content with the finish reason unchanged. A request that
 stopped after emitting calls finishes with ``tool_calls``.
 
@@ -53,12 +54,13 @@ class ToolCallStream:
     def has_calls(self) -> bool:
         return self._stream.has_calls
 
-    def feed(self, delta: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
-        """Add a text delta (`final`: it is the last); returns new content and fragments."""
+    def feed(self, delta: str, final: bool, cut: bool = False) -> tuple[str, list[dict[str, Any]]]:
+        """Add a text delta (`final`: it is the last; `cut`: the output was cut by
+        ``max_tokens``); returns new content and fragments."""
         got = self._stream.feed(delta)
         content, calls = got.content, got.calls
         if final:
-            rest = self._stream.finish()
+            rest = self._stream.finish(cut)
             content, calls = content + rest.content, calls + rest.calls
         return content, [c.to_openai() for c in calls]
 
@@ -88,14 +90,15 @@ class _ChoiceStream:
         self.tools = ToolCallStream(tools) if tools is not None else None
         self.reasoning: ReasoningStream | None = reasoning.stream() if reasoning else None
 
-    def feed(self, text: str, final: bool) -> tuple[str, str, list[dict[str, Any]]]:
-        """(reasoning piece, content piece, tool-call fragments) for a text delta."""
-        reasoning = ""
+    def feed(self, text: str, reason: str | None) -> tuple[str, str, list[dict[str, Any]]]:
+        """(reasoning piece, content piece, tool-call fragments) for a text delta;
+        reason: the finish reason (None before the last delta)."""
+        reasoning, final = "", reason is not None
         if self.reasoning is not None:
             reasoning, text = self.reasoning.feed(text, final)
         frags: list[dict[str, Any]] = []
         if self.tools is not None:
-            text, frags = self.tools.feed(text, final)
+            text, frags = self.tools.feed(text, final, cut=reason == FinishReason.LENGTH)
         return reasoning, text, frags
 
 
@@ -128,7 +131,7 @@ class ToolChatFormat(ChatFormat):
         stream = self._streams.setdefault(index, _ChoiceStream(self.tool_parser, self.reasoning))
         chunk = OutputFormat._visible(self, index, chunk)
         reason = chunk["finish_reason"]
-        reasoning, content, frags = stream.feed(chunk["text"], final=reason is not None)
+        reasoning, content, frags = stream.feed(chunk["text"], reason)
         out = []
         if reasoning:
             choice = self._choice(index, {"reasoning_content": reasoning})
@@ -154,7 +157,8 @@ class ToolChatFormat(ChatFormat):
             message["content"] = text or None
         calls: list[ToolCall] = []
         if self.tool_parser is not None:
-            content, calls = self.tool_parser.parse(text)
+            cut = result["finish_reason"] == FinishReason.LENGTH
+            content, calls = self.tool_parser.parse(text, cut)
             if content != text or calls:
                 message["content"] = content
             if calls:

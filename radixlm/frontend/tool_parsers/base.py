@@ -9,13 +9,13 @@ that may still turn into markup (a partial start tag) is held back from content.
 
 On that one method the base class builds:
 
-* `ToolParser.parse(text) -> Parsed(content, calls)`: the complete calls (arguments
-  valid JSON object text). A call cut short (by ``max_tokens``) is dropped, and so is its
-  markup: content is the text before the calls (None when empty). When markup is found
+* `ToolParser.parse(text, cut=False) -> Parsed(content, calls)`: the complete calls
+  (arguments valid JSON object text). A call cut short (by ``max_tokens``) is dropped,
+  and so is its markup: content is the text before the calls (None when empty). When markup is found
   but no call in it parses (malformed), the whole text is the content, as SGLang and
   vLLM answer.
-* `ToolParser.stream() -> ToolStream`: ``feed(delta) -> Delta`` and ``finish() ->
-  Delta``; a `Delta` holds a content piece and `CallDelta` fragments (a call's first
+* `ToolParser.stream() -> ToolStream`: ``feed(delta) -> Delta`` and ``finish(cut=False)
+  -> Delta``; a `Delta` holds a content piece and `CallDelta` fragments (a call's first
   fragment has its index, id and name; the next ones argument pieces). For a well-formed
   output the fragments join to exactly `parse`'s calls and the content pieces to its
   content. A call already started when the output is cut stays as sent (fragments cannot
@@ -176,10 +176,15 @@ class ToolParser:
         so nothing is held back. Never raises on any input."""
         raise NotImplementedError
 
-    def parse(self, text: str) -> Parsed:
-        """Content and complete calls of a finished output (see the module docstring)."""
+    def parse(self, text: str, cut: bool = False) -> Parsed:
+        """Content and complete calls of a finished output (see the module docstring).
+        cut: the output was cut by ``max_tokens``, so trailing text that may begin markup
+        (``<tool_c``) is the start of a call and is dropped too."""
         scan = self.scan(text, final=True)
         if not scan.found:
+            held = self.scan(text, final=False) if cut else scan
+            if not held.found and held.content != text.rstrip():
+                return Parsed(held.content or None, [])
             return Parsed(text, [])
         calls = [c for c in scan.calls if valid_arguments(c)]
         if not calls and not scan.cut:  # markup that holds no call: malformed, keep the text
@@ -211,11 +216,12 @@ class ToolStream:
         self.text += delta
         return self._diff(self.parser.scan(self.text, final=False))
 
-    def finish(self) -> Delta:
-        """The output is complete: returns what was held back."""
+    def finish(self, cut: bool = False) -> Delta:
+        """The output is complete (`cut`: by ``max_tokens``, see `ToolParser.parse`):
+        returns what was held back."""
         scan = self.parser.scan(self.text, final=True)
         if not self.ids:
-            content, calls = self.parser.parse(self.text)
+            content, calls = self.parser.parse(self.text, cut)
             scan = Scan(content or "", calls)
         return self._diff(scan)
 

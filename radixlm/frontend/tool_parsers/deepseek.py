@@ -27,16 +27,14 @@ _V3_HEAD = re.compile(rf"\s*function{SEP}([^\n]+)\n```(?:json)?\n")
 _V31_HEAD = re.compile(rf"\s*([^\s<]+){SEP}\s*(?=[{{\[])")
 
 
-def _block_call(body: str, closed: bool) -> ToolCall | None:
+def _block_call(body: str) -> ToolCall | None:
     """The call of one block body (text up to its end marker or the end of the text);
-    None while its name is not known. A closed body that is no call gives an incomplete
-    call (malformed, never returned by `parse`)."""
+    None until its name and the start of its JSON arguments are known (for good, in a
+    closed body: malformed)."""
     head = _V3_HEAD.match(body) or _V31_HEAD.match(body)
-    if head is None or head.end() == len(body):
-        return ToolCall("", "", complete=False) if closed else None
+    if head is None or head.end() == len(body) or body[head.end()] not in "{[":
+        return None
     start = head.end()
-    if body[start] not in "{[":
-        return ToolCall(head.group(1), "", complete=False) if closed else None
     end = json_value_end(body, start)
     return ToolCall(head.group(1).strip(), body[start:end], complete=end is not None)
 
@@ -55,9 +53,8 @@ class DeepSeekParser(ToolParser):
         section = text[first:].split(CALLS_END, 1)[0]
         blocks = section.split(CALL_BEGIN)[1:]
         calls = []
-        for i, block in enumerate(blocks):
-            closed = CALL_END in block or i < len(blocks) - 1
-            call = _block_call(block.split(CALL_END, 1)[0], closed)
+        for block in blocks:
+            call = _block_call(block.split(CALL_END, 1)[0])
             if call is None:
                 break
             calls.append(call)
