@@ -46,7 +46,7 @@ class ReasoningParser:
     def scan(self, text: str, final: bool) -> Split:
         """The split of `text` so far; `final`: nothing more comes (nothing held back)."""
         body = text.lstrip()
-        if not final and body and THINK_START.startswith(body):
+        if not final and THINK_START.startswith(body):
             return Split("", "")  # may still be an opening <think>
         if body.startswith(THINK_START):
             body = body[len(THINK_START) :]

@@ -182,7 +182,10 @@ class OpenAIServing:
         grammar = self._chat_grammar(req, tools, parser)
         ids = self._chat_prompt(req.messages, tools)
         requested = req.max_completion_tokens or req.max_tokens
-        reasoning = self._reasoning(req, ids)
+        # A grammar that holds from the first token (a forced call, a response format)
+        # leaves no room for reasoning; Hermes tags triggered under "auto" do.
+        auto_tags = tools.active and tools.forced is None and "structural_tag" in grammar
+        reasoning = self._reasoning(req, ids) if not grammar or auto_tags else None
         head = (f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.tm.model_name)
         shown = {
             "texts": self.texts if req.logprobs else None,
