@@ -118,3 +118,27 @@ def test_chat_format_reasoning_only_cut_in_thought():
     plain = fmt.full_choice(1, {"text": "Just 4.", "finish_reason": FinishReason.STOP})
     assert plain["message"]["reasoning_content"] is None
     assert plain["message"]["content"] == "Just 4." and plain["finish_reason"] == "stop"
+
+
+def test_route_reasoning_per_request(tokenizer):
+    """--reasoning-parser applies unless the request sets separate_reasoning: false; the
+    prompt's opened <think> puts the output inside the reasoning."""
+    from types import SimpleNamespace
+
+    from radixlm.config import ServerArgs
+    from radixlm.frontend.serving_openai import OpenAIServing
+    from radixlm.runtime.server.ipc import IpcPaths
+    from radixlm.runtime.server.tokenizer_manager import TokenizerManager
+
+    from .conftest import MODEL
+
+    facts = {"vocab_size": 49152, "context_length": 64, "max_total_tokens": 1024}
+    ipc = IpcPaths("/nonexistent", "ipc://a", "ipc://b", "ipc://c")
+    args = ServerArgs(model=MODEL, reasoning_parser="qwen3")
+    serving = OpenAIServing(TokenizerManager(args, ipc, facts, tokenizer=tokenizer))
+    plain = tokenizer.encode("<|im_start|>assistant\n")
+    opened = tokenizer.encode("<|im_start|>assistant\n<think>\n")
+    assert serving._reasoning(SimpleNamespace(separate_reasoning=False), plain) is None
+    assert serving._reasoning(SimpleNamespace(), plain).split("a</think>b") == ("", "a</think>b")
+    assert serving._reasoning(SimpleNamespace(), opened).split("a</think>b") == ("a", "b")
+    assert serving.tool_parser.name == "hermes"  # auto: SmolLM2's template shows none
