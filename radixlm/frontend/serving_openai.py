@@ -59,7 +59,7 @@ from radixlm.frontend.streaming import (
     until_disconnect,
 )
 from radixlm.frontend.structured import check_grammar, request_grammar
-from radixlm.frontend.tool_calls import ToolChatFormat
+from radixlm.frontend.tool_calls import ToolChatFormat, output_tool_parser
 from radixlm.frontend.tool_parsers import ToolParser, make_tool_parser
 from radixlm.frontend.tool_prompt import ToolSetup, template_knows_tools
 from radixlm.runtime.sampling.logprobs import LogprobOptions
@@ -178,7 +178,7 @@ class OpenAIServing:
                 "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs"
             )
         tools = ToolSetup.from_request(req.tools, req.tool_choice, req.parallel_tool_calls)
-        parser = self._chat_tool_parser(tools)
+        parser = output_tool_parser(self.tool_parser, tools, self.native_tools)
         grammar = self._chat_grammar(req, tools, parser)
         ids = self._chat_prompt(req.messages, tools)
         requested = req.max_completion_tokens or req.max_tokens
@@ -257,17 +257,6 @@ class OpenAIServing:
         except InvalidRequestError as e:
             raise renamed(e, {"prompt": "messages"}) from None
         return self.chats.ids(rendered, tools)
-
-    def _chat_tool_parser(self, tools: ToolSetup) -> ToolParser | None:
-        """The parser of a chat's output: None without tools; Hermes when the output is
-        in the Hermes convention whatever the model's own (a forcing grammar writes it,
-        or the template renders no tools so `tool_prompt` teaches it); else the
-        server's (``--tool-call-parser``)."""
-        if not tools.active:
-            return None
-        if tools.forced is not None or not self.native_tools:
-            return make_tool_parser("hermes")
-        return self.tool_parser
 
     def _reasoning(self, req: ChatCompletionRequest, ids: list[int]) -> ReasoningParser | None:
         """The request's reasoning parser (``--reasoning-parser``), or None when there is

@@ -27,6 +27,7 @@ from radixlm.frontend.formats import ChatFormat, OutputFormat
 from radixlm.frontend.reasoning import ReasoningParser, ReasoningStream
 from radixlm.frontend.tool_parsers import Parsed, ToolCall, ToolParser, new_call_id
 from radixlm.frontend.tool_parsers.hermes import HermesParser
+from radixlm.frontend.tool_prompt import ToolSetup
 from radixlm.runtime.sched.finish import FinishReason
 
 _HERMES = HermesParser()
@@ -63,6 +64,20 @@ class ToolCallStream:
             rest = self._stream.finish(cut)
             content, calls = content + rest.content, calls + rest.calls
         return content, [c.to_openai() for c in calls]
+
+
+def output_tool_parser(
+    configured: ToolParser, tools: ToolSetup, native_tools: bool
+) -> ToolParser | None:
+    """The parser of one request's output: None without tools; Hermes when the output is
+    in the Hermes convention whatever the model's own (a forcing grammar writes it, or
+    the template renders no tools, `native_tools` False, so `tool_prompt` teaches it);
+    else `configured` (the server's ``--tool-call-parser``)."""
+    if not tools.active:
+        return None
+    if tools.forced is not None or not native_tools:
+        return _HERMES
+    return configured
 
 
 def message_tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:

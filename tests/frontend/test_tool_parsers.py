@@ -307,3 +307,17 @@ def test_registry_matches_the_flag():
     assert field.metadata["choices"] == ["auto", *TOOL_PARSERS]
     with pytest.raises(ValueError, match="unknown tool-call parser 'nope'"):
         make_tool_parser("nope")
+
+
+def test_output_parser_is_hermes_when_taught_or_forced():
+    from radixlm.frontend.tool_calls import output_tool_parser
+    from radixlm.frontend.tool_prompt import ToolSetup
+
+    tool = {"type": "function", "function": {"name": "f"}}
+    mistral = make_tool_parser("mistral")
+    auto = ToolSetup.from_request([tool], "auto", None)
+    forced = ToolSetup.from_request([tool], "required", None)
+    assert output_tool_parser(mistral, auto, native_tools=True) is mistral
+    assert output_tool_parser(mistral, auto, native_tools=False).name == "hermes"
+    assert output_tool_parser(mistral, forced, native_tools=True).name == "hermes"
+    assert output_tool_parser(mistral, ToolSetup.from_request(None, None, None), True) is None
