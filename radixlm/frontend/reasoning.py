@@ -18,7 +18,7 @@ prefix of the final reasoning / content.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from radixlm.frontend.tool_parsers.base import held_back
 
@@ -90,5 +90,20 @@ class ReasoningStream:
 
 def prompt_opens_think(prompt_tail: str) -> bool:
     """Whether a prompt's last text (a few tokens decoded) leaves ``<think>`` open."""
-    tail = prompt_tail.rstrip()
-    return tail.endswith(THINK_START)
+    return prompt_tail.rstrip().endswith(THINK_START)
+
+
+def request_reasoning(
+    mode: str, req: Any, tokenizer: Any, ids: list[int]
+) -> ReasoningParser | None:
+    """The reasoning parser of one chat request, or None.
+
+    Args:
+        mode: ``--reasoning-parser`` (``none`` or one of `REASONING_PARSERS`). req: the
+            request; its ``separate_reasoning`` false (vLLM / SGLang's field) keeps the
+            reasoning in content. tokenizer, ids: the rendered prompt, whose end tells
+            whether the output starts inside ``<think>``.
+    """
+    if mode == "none" or getattr(req, "separate_reasoning", True) is False:
+        return None
+    return ReasoningParser(mode, prompt_opens_think(tokenizer.decode(ids[-4:])))

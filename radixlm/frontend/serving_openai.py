@@ -46,7 +46,7 @@ from radixlm.frontend.protocol import (
     SamplingFields,
     check_supported,
 )
-from radixlm.frontend.reasoning import ReasoningParser, prompt_opens_think
+from radixlm.frontend.reasoning import request_reasoning
 from radixlm.frontend.streaming import (
     CLIENT_CLOSED,
     DONE,
@@ -185,7 +185,9 @@ class OpenAIServing:
         # A grammar that holds from the first token (a forced call, a response format)
         # leaves no room for reasoning; Hermes tags triggered under "auto" do.
         auto_tags = tools.active and tools.forced is None and "structural_tag" in grammar
-        reasoning = self._reasoning(req, ids) if not grammar or auto_tags else None
+        mode = self.tm.args.reasoning_parser
+        free = not grammar or auto_tags
+        reasoning = request_reasoning(mode, req, self.tm.tokenizer, ids) if free else None
         head = (f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.tm.model_name)
         shown = {
             "texts": self.texts if req.logprobs else None,
@@ -257,15 +259,6 @@ class OpenAIServing:
         except InvalidRequestError as e:
             raise renamed(e, {"prompt": "messages"}) from None
         return self.chats.ids(rendered, tools)
-
-    def _reasoning(self, req: ChatCompletionRequest, ids: list[int]) -> ReasoningParser | None:
-        """The request's reasoning parser (``--reasoning-parser``), or None when there is
-        none or the request sets ``separate_reasoning: false`` (reasoning stays in content).
-        The output starts inside the reasoning when the prompt's end opens ``<think>``."""
-        mode = self.tm.args.reasoning_parser
-        if mode == "none" or getattr(req, "separate_reasoning", True) is False:
-            return None
-        return ReasoningParser(mode, prompt_opens_think(self.tm.tokenizer.decode(ids[-4:])))
 
     def _chat_grammar(
         self, req: ChatCompletionRequest, tools: ToolSetup, parser: ToolParser | None

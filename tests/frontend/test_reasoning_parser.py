@@ -4,10 +4,16 @@ together with tool calls (no server)."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 
-from radixlm.frontend.reasoning import ReasoningParser, Split, prompt_opens_think
+from radixlm.frontend.reasoning import (
+    ReasoningParser,
+    Split,
+    prompt_opens_think,
+    request_reasoning,
+)
 from radixlm.frontend.tool_calls import ToolChatFormat
 from radixlm.frontend.tool_parsers import make_tool_parser
 from radixlm.runtime.sched.finish import FinishReason
@@ -120,25 +126,15 @@ def test_chat_format_reasoning_only_cut_in_thought():
     assert plain["message"]["content"] == "Just 4." and plain["finish_reason"] == "stop"
 
 
-def test_route_reasoning_per_request(tokenizer):
+def test_request_reasoning(tokenizer):
     """--reasoning-parser applies unless the request sets separate_reasoning: false; the
     prompt's opened <think> puts the output inside the reasoning."""
-    from types import SimpleNamespace
-
-    from radixlm.config import ServerArgs
-    from radixlm.frontend.serving_openai import OpenAIServing
-    from radixlm.runtime.server.ipc import IpcPaths
-    from radixlm.runtime.server.tokenizer_manager import TokenizerManager
-
-    from .conftest import MODEL
-
-    facts = {"vocab_size": 49152, "context_length": 64, "max_total_tokens": 1024}
-    ipc = IpcPaths("/nonexistent", "ipc://a", "ipc://b", "ipc://c")
-    args = ServerArgs(model=MODEL, reasoning_parser="qwen3")
-    serving = OpenAIServing(TokenizerManager(args, ipc, facts, tokenizer=tokenizer))
     plain = tokenizer.encode("<|im_start|>assistant\n")
     opened = tokenizer.encode("<|im_start|>assistant\n<think>\n")
-    assert serving._reasoning(SimpleNamespace(separate_reasoning=False), plain) is None
-    assert serving._reasoning(SimpleNamespace(), plain).split("a</think>b") == ("", "a</think>b")
-    assert serving._reasoning(SimpleNamespace(), opened).split("a</think>b") == ("a", "b")
-    assert serving.tool_parser.name == "hermes"  # auto: SmolLM2's template shows none
+    keep = SimpleNamespace(separate_reasoning=False)
+    assert request_reasoning("qwen3", keep, tokenizer, plain) is None
+    assert request_reasoning("none", SimpleNamespace(), tokenizer, plain) is None
+    split = request_reasoning("qwen3", SimpleNamespace(), tokenizer, plain).split
+    assert split("a</think>b") == ("", "a</think>b")
+    split = request_reasoning("qwen3", SimpleNamespace(), tokenizer, opened).split
+    assert split("a</think>b") == ("a", "b")

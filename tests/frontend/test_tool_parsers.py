@@ -321,3 +321,8 @@ def test_output_parser_is_hermes_when_taught_or_forced():
     assert output_tool_parser(mistral, auto, native_tools=False).name == "hermes"
     assert output_tool_parser(mistral, forced, native_tools=True).name == "hermes"
     assert output_tool_parser(mistral, ToolSetup.from_request(None, None, None), True) is None
+
+
+def test_auto_on_the_bundled_model_is_hermes(tokenizer):
+    """SmolLM2's template renders no tools: auto keeps today's Hermes convention."""
+    assert make_tool_parser("auto", tokenizer).name == "hermes"
