@@ -48,6 +48,8 @@ HTTP_ONLY_FIELDS = (
     "allow_special_tokens_in_content",
     "strict_request_fields",
     "responses_store_size",
+    "tool_call_parser",
+    "reasoning_parser",
 )
 
 
@@ -242,6 +244,19 @@ class ServerArgs:
         1024,
         "responses kept in memory for GET /v1/responses/{id} and previous_response_id "
         "(least recently used dropped first; 0: nothing is stored)",
+    )
+    tool_call_parser: str = _opt(
+        "auto",
+        "how chat output is parsed into tool calls: auto (detected from the chat template; "
+        "hermes when it shows no known convention), hermes, llama3, mistral, deepseek or "
+        "pythonic (see docs/serving.md)",
+        choices=["auto", "hermes", "llama3", "mistral", "deepseek", "pythonic"],
+    )
+    reasoning_parser: str = _opt(
+        "none",
+        "split <think>...</think> reasoning out of chat content into reasoning_content: "
+        "none, deepseek-r1 (the output starts inside the reasoning) or qwen3",
+        choices=["none", "deepseek-r1", "qwen3"],
     )
 
     def __post_init__(self) -> None:

@@ -46,6 +46,7 @@ from radixlm.frontend.protocol import (
     SamplingFields,
     check_supported,
 )
+from radixlm.frontend.reasoning import request_reasoning
 from radixlm.frontend.request_compat import output_settings, resolve_tools, template_kwargs
 from radixlm.frontend.streaming import (
     CLIENT_CLOSED,
@@ -59,8 +60,9 @@ from radixlm.frontend.streaming import (
     until_disconnect,
 )
 from radixlm.frontend.structured import check_grammar, request_grammar
-from radixlm.frontend.tool_calls import ToolChatFormat
-from radixlm.frontend.tool_prompt import ToolSetup
+from radixlm.frontend.tool_calls import ToolChatFormat, output_tool_parser
+from radixlm.frontend.tool_parsers import ToolParser, make_tool_parser
+from radixlm.frontend.tool_prompt import ToolSetup, template_knows_tools
 from radixlm.runtime.sampling.logprobs import LogprobOptions
 from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.finish import FinishReason
@@ -115,6 +117,8 @@ class OpenAIServing:
         self.texts = TokenTexts(tm.tokenizer)
         self.chats = ChatPrompts(tm.tokenizer, special_in_content)
         self.strict_fields = tm.args.strict_request_fields
+        self.tool_parser = make_tool_parser(tm.args.tool_call_parser, tm.tokenizer)
+        self.native_tools = template_knows_tools(tm.tokenizer)
 
     # ---- routes -----------------------------------------------------------------------
 
@@ -178,17 +182,25 @@ class OpenAIServing:
             )
         offered, choice = resolve_tools(req.tools, req.tool_choice)
         tools = ToolSetup.from_request(offered, choice, req.parallel_tool_calls)
-        grammar = self._chat_grammar(req, tools)
+        parser = output_tool_parser(self.tool_parser, tools, self.native_tools)
+        grammar = self._chat_grammar(req, tools, parser)
         ids = self._chat_prompt(req.messages, tools, template_kwargs(req.chat_template_kwargs))
         requested = req.max_completion_tokens or req.max_tokens
-        fmt_cls = ToolChatFormat if tools.active else ChatFormat
-        fmt = fmt_cls(
-            f"chatcmpl-{uuid.uuid4().hex}",
-            int(time.time()),
-            self.tm.model_name,
-            texts=self.texts if req.logprobs else None,
-            top_logprobs=req.top_logprobs or 0,
-        )
+        # A grammar that holds from the first token (a forced call, a response format)
+        # leaves no room for reasoning; Hermes tags triggered under "auto" do.
+        auto_tags = tools.active and tools.forced is None and "structural_tag" in grammar
+        mode = self.tm.args.reasoning_parser
+        free = not grammar or auto_tags
+        reasoning = request_reasoning(mode, req, self.tm.tokenizer, ids) if free else None
+        head = (f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), self.tm.model_name)
+        shown = {
+            "texts": self.texts if req.logprobs else None,
+            "top_logprobs": req.top_logprobs or 0,
+        }
+        if parser is None and reasoning is None:
+            fmt: ChatFormat = ChatFormat(*head, **shown)
+        else:
+            fmt = ToolChatFormat(*head, tool_parser=parser, reasoning=reasoning, **shown)
         logprobs = LogprobOptions(
             return_logprob=bool(req.logprobs), top_logprobs_num=req.top_logprobs or 0
         )
@@ -263,11 +275,15 @@ class OpenAIServing:
             raise renamed(e, {"prompt": "messages"}) from None
         return self.chats.ids(rendered, tools, variables)
 
-    def _chat_grammar(self, req: ChatCompletionRequest, tools: ToolSetup) -> dict[str, str]:
+    def _chat_grammar(
+        self, req: ChatCompletionRequest, tools: ToolSetup, parser: ToolParser | None
+    ) -> dict[str, str]:
         """Grammar fields from response_format, regex / ebnf or the tools (see
-        ToolSetup.grammar); a forced tool choice excludes the others."""
+        ToolSetup.grammar); a forced tool choice excludes the others. With ``auto`` the
+        grammar (Hermes tags) applies only to output parsed as Hermes."""
         grammar = request_grammar(req, self.tm.grammars)
-        calls = tools.grammar()
+        hermes = parser is not None and parser.name == "hermes"  # always when forced
+        calls = tools.grammar() if hermes else None
         if calls is None:
             return grammar
         if grammar and tools.forced is not None:

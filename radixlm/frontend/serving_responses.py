@@ -60,6 +60,7 @@ from radixlm.frontend.streaming import (
     merge,
     until_disconnect,
 )
+from radixlm.frontend.tool_calls import output_tool_parser
 from radixlm.frontend.tool_prompt import ToolSetup
 from radixlm.runtime.sampling.sampler import SamplingParams
 
@@ -149,7 +150,8 @@ class ResponsesServing:
         chat = to_chat(req, conversation)
         openai._check_common(chat)
         tools = ToolSetup.from_request(chat.tools, chat.tool_choice, chat.parallel_tool_calls)
-        grammar = openai._chat_grammar(chat, tools)
+        parser = output_tool_parser(openai.tool_parser, tools, openai.native_tools)
+        grammar = openai._chat_grammar(chat, tools, parser)
         ids = openai._chat_prompt(chat.messages, tools)
         params = openai._params(
             chat, chat.max_completion_tokens, len(ids), DEFAULT_CHAT_MAX_TOKENS, "messages"

@@ -6,8 +6,8 @@
 * `render_chat` builds the chat-template input. A template that knows tools (its source
   mentions ``tools``) gets ``tools=`` plus assistant ``tool_calls`` (arguments as dicts)
   and ``tool`` messages as they are. Otherwise (SmolLM2's ChatML template renders
-  neither) the tool list and the calling convention of `tool_calls.py` go into the
-  system message, earlier calls are written into the assistant text in that convention,
+  neither) the tool list and the Hermes calling convention (`tool_parsers/hermes.py`) go
+  into the system message, earlier calls are written into the assistant text in it,
   and tool results become ``<tool_response>`` user turns.
 * ``required`` / named choices are enforced with an xgrammar structural tag: the output
   is one ``<tool_call>`` (several when ``parallel_tool_calls`` is true) whose name is one
@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from radixlm.errors import InvalidRequestError
 from radixlm.frontend.errors import invalid_request, renamed
-from radixlm.frontend.tool_calls import CALL_END, CALL_START
+from radixlm.frontend.tool_parsers.hermes import CALL_END, CALL_START
 from radixlm.runtime.sampling.grammar import check_json_schema
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
