@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixlm.frontend.formats import ChatFormat, OutputFormat
+from radixlm.frontend.formats import ChatFormat
 from radixlm.frontend.reasoning import ReasoningParser, ReasoningStream
 from radixlm.frontend.tool_parsers import Parsed, ToolCall, ToolParser, new_call_id
 from radixlm.frontend.tool_parsers.hermes import HermesParser
@@ -122,7 +122,8 @@ class ToolChatFormat(ChatFormat):
 
     tool_parser: parses tool calls (None: tools are not rendered); reasoning: splits
     reasoning out first (None: no reasoning parser, or the request keeps it in content).
-    Logprobs are clipped on the raw output text (reasoning and markup included).
+    Logprobs list every generated token (reasoning and markup included), as the plain
+    chat format's do.
     """
 
     def __init__(
@@ -139,12 +140,8 @@ class ToolChatFormat(ChatFormat):
         self.reasoning = reasoning
         self._streams: dict[int, _ChoiceStream] = {}
 
-    def _visible(self, index: int, chunk: dict[str, Any]) -> dict[str, Any]:
-        return chunk  # clipped on the raw text before parsing (see deltas / full_choice)
-
     def deltas(self, index: int, chunk: dict[str, Any], include_usage: bool) -> list[dict]:
         stream = self._streams.setdefault(index, _ChoiceStream(self.tool_parser, self.reasoning))
-        chunk = OutputFormat._visible(self, index, chunk)
         reason = chunk["finish_reason"]
         reasoning, content, frags = stream.feed(chunk["text"], reason)
         out = []
@@ -163,7 +160,6 @@ class ToolChatFormat(ChatFormat):
         return out
 
     def full_choice(self, index: int, result: dict[str, Any]) -> dict[str, Any]:
-        result = OutputFormat._visible(self, index, result)
         choice = super().full_choice(index, result)
         message, text = choice["message"], result["text"]
         if self.reasoning is not None:
