@@ -31,6 +31,7 @@ class FakeTokenizerManager:
     vocab_size = 100
     tokenizer = None
     observer = None
+    args = ServerArgs()
 
     def __init__(self):
         self.flushes = 0
