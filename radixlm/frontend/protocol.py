@@ -63,8 +63,6 @@ IGNORED: tuple[str, ...] = (
     "priority",
     "prompt_cache_key",
     "safety_identifier",
-    # SGLang: splits reasoning text out of content, which only a reasoning parser does.
-    "separate_reasoning",
     "stream_options.include_obfuscation",
 )
 

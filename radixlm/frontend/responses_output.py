@@ -21,7 +21,7 @@ import uuid
 from typing import Any
 
 from radixlm.frontend.responses_protocol import ResponsesRequest
-from radixlm.frontend.tool_calls import new_call_id, parse_tool_calls
+from radixlm.frontend.tool_parsers import ToolParser, new_call_id
 from radixlm.runtime.sched.finish import FinishReason
 
 
@@ -56,13 +56,13 @@ def status_of(finish_reason: str | None) -> str:
     return "incomplete" if finish_reason == FinishReason.LENGTH else "completed"
 
 
-def output_items(text: str, tools_active: bool, status: str) -> list[dict[str, Any]]:
+def output_items(text: str, parser: ToolParser | None, status: str) -> list[dict[str, Any]]:
     """The output items of a finished generation's `text`: a message with the text before
     any tool call (left out when empty and calls were made), then one function_call item
-    per parsed call (tool_calls.py)."""
-    if tools_active:
-        parsed = parse_tool_calls(text, final=True)
-        content, calls = parsed.content, parsed.calls
+    per complete call `parser` finds (None: no tools; an ``incomplete`` output drops a
+    call it cut, markup included, as `ToolParser.parse` does)."""
+    if parser is not None:
+        content, calls = parser.parse(text, cut=status == "incomplete")
     else:
         content, calls = text, []
     items = []

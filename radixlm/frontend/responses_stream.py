@@ -16,12 +16,15 @@ a ``sequence_number`` counting from 0, and is sent as ``event: <type>`` + ``data
 
 An error after the 200 header is sent as an ``error`` event. The deltas concatenate to
 the text and arguments of the final output items; with tools the text is split into
-message text and calls by `tool_calls.ToolCallStream` (text after the first call is
-dropped, as in the non-streamed output).
+message text and calls by the request's tool-call parser (`ToolParser.stream`: text that
+may begin call markup is held back, markup never reaches the message). A call the token
+budget cut after its first fragment was sent stays, marked ``incomplete``; the
+non-streamed output drops it.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
@@ -32,7 +35,7 @@ from radixlm.frontend.responses_output import (
     message_item,
     text_part,
 )
-from radixlm.frontend.tool_calls import ToolCallStream
+from radixlm.frontend.tool_parsers import ToolParser
 
 _encoder = msgspec.json.Encoder()
 
@@ -42,13 +45,13 @@ class ResponseEvents:
     (the final output once `finish` ran).
 
     Args:
-        tools_active: the output is parsed for tool calls.
+        parser: the tool-call parser of the output (None: no tools, all text is message).
     """
 
-    def __init__(self, tools_active: bool):
+    def __init__(self, parser: ToolParser | None):
         self.seq = 0
         self.items: list[dict[str, Any]] = []
-        self._calls = ToolCallStream() if tools_active else None
+        self._calls = parser.stream() if parser is not None else None
         self._message: dict[str, Any] | None = None  # the open message item
         self._text = ""  # its text so far
         self._call: dict[str, Any] | None = None  # the open function_call item
@@ -65,12 +68,18 @@ class ResponseEvents:
             self.event("response.in_progress", response=response),
         ]
 
-    def feed(self, delta: str, final: bool) -> list[bytes]:
-        """Events for a text delta of the generation (`final`: its last one)."""
+    def feed(self, delta: str, final: bool, status: str) -> list[bytes]:
+        """Events for a text delta of the generation (`final`: its last one, `status` then
+        ``incomplete`` when the token budget cut it). Text that may begin call markup is
+        held back until it is known; a cut call's markup never reaches the message."""
         if self._calls is None:
             content, frags = delta, []
         else:
-            content, frags = self._calls.feed(delta, final)
+            d = self._calls.feed(delta)
+            content, frags = d.content, list(d.calls)
+            if final:
+                end = self._calls.finish(cut=status == "incomplete")
+                content, frags = content + end.content, frags + end.calls
         out = []
         if content:
             if self._message is None:
@@ -78,15 +87,14 @@ class ResponseEvents:
             self._text += content
             out.append(self.event("response.output_text.delta", **self._where(), delta=content))
         for frag in frags:
-            if "id" in frag:  # a new call: earlier items are complete
+            if frag.id is not None:  # a new call: earlier items are complete
                 out += self._close_message("completed") + self._close_call()
-                self._call = call_item(
-                    item_id("fc"), frag["id"], frag["function"]["name"], "", "in_progress"
-                )
+                self._call = call_item(item_id("fc"), frag.id, frag.name, "", "in_progress")
                 self.items.append(self._call)
                 out.append(self._item_event("response.output_item.added", self._call))
+            piece = frag.arguments
+            if not piece:
                 continue
-            piece = frag["function"]["arguments"]
             self._call["arguments"] += piece
             out.append(
                 self.event(
@@ -148,7 +156,9 @@ class ResponseEvents:
         if self._call is None:
             return []
         call = self._call
-        call["status"] = "completed"
+        # A call the token budget cut stays as sent (fragments cannot be taken back),
+        # marked incomplete: its arguments are not a whole JSON value.
+        call["status"] = "completed" if _is_json(call["arguments"]) else "incomplete"
         index = self.items.index(call)
         done = self.event(
             "response.function_call_arguments.done",
@@ -159,3 +169,11 @@ class ResponseEvents:
         )
         self._call = None
         return [done, self._item_event("response.output_item.done", call)]
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True

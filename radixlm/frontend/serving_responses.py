@@ -61,6 +61,7 @@ from radixlm.frontend.streaming import (
     until_disconnect,
 )
 from radixlm.frontend.tool_calls import output_tool_parser
+from radixlm.frontend.tool_parsers import ToolParser
 from radixlm.frontend.tool_prompt import ToolSetup
 from radixlm.runtime.sampling.sampler import SamplingParams
 
@@ -75,7 +76,7 @@ class _Turn:
     created: int
     ids: list[int]
     params: SamplingParams
-    tools_active: bool
+    tool_parser: ToolParser | None  # None: tools are not rendered, the text is a message
     conversation: list[dict[str, Any]]
 
 
@@ -102,7 +103,7 @@ class ResponsesServing:
             return Response(status_code=CLIENT_CLOSED)
         _check_not_aborted(result)
         status = status_of(result["finish_reason"])
-        items = output_items(result["text"], turn.tools_active, status)
+        items = output_items(result["text"], turn.tool_parser, status)
         return JSONResponse(self._finish(turn, status, items, result["usage"]))
 
     async def get(self, response_id: str) -> dict[str, Any]:
@@ -135,17 +136,18 @@ class ResponsesServing:
             history = prev.conversation
         conversation = [*history, *input_messages(req.input)]
         try:
-            ids, params, tools = self._prepare(req, conversation)
+            ids, params, parser = self._prepare(req, conversation)
         except APIError as e:
             raise responses_param(e) from None
         rid = f"resp_{uuid.uuid4().hex}"
-        return _Turn(req, rid, int(time.time()), ids, params, tools.active, conversation)
+        return _Turn(req, rid, int(time.time()), ids, params, parser, conversation)
 
     def _prepare(
         self, req: ResponsesRequest, conversation: list[dict[str, Any]]
-    ) -> tuple[list[int], SamplingParams, ToolSetup]:
+    ) -> tuple[list[int], SamplingParams, ToolParser | None]:
         """The chat completion steps of `OpenAIServing` for the equivalent chat request
-        (chat field names in errors; the caller renames them)."""
+        (chat field names in errors; the caller renames them): prompt ids, sampling, and
+        the tool-call parser of the output (`--tool-call-parser`, Hermes when forced)."""
         openai = self.openai
         chat = to_chat(req, conversation)
         openai._check_common(chat)
@@ -162,7 +164,7 @@ class ResponsesServing:
             self.tm.validate(ids, params)
         except InvalidRequestError as e:
             raise renamed(e, _request_fields(chat, "messages")) from None
-        return ids, params, tools
+        return ids, params, parser
 
     # ---- output -----------------------------------------------------------------------
 
@@ -182,7 +184,7 @@ class ResponsesServing:
         self, turn: _Turn, first: tuple[int, dict] | None, merged: AsyncIterator[tuple[int, dict]]
     ) -> AsyncIterator[bytes]:
         """The SSE bytes of a streamed response (see responses_stream.py)."""
-        events = ResponseEvents(turn.tools_active)
+        events = ResponseEvents(turn.tool_parser)
         opening = response_body(
             turn.id, turn.created, self.tm.model_name, turn.req, "in_progress", [], None
         )
@@ -194,10 +196,10 @@ class ResponsesServing:
                 _, chunk = item
                 reason = chunk["finish_reason"]
                 _check_not_aborted(chunk)
-                for data in events.feed(chunk["text"], final=reason is not None):
+                status = status_of(reason)
+                for data in events.feed(chunk["text"], reason is not None, status):
                     yield data
                 if reason is not None:
-                    status = status_of(reason)
                     for data in events.finish(status):
                         yield data
                     yield events.closing(self._finish(turn, status, events.items, chunk["usage"]))

@@ -340,3 +340,32 @@ def test_store_is_a_bounded_lru():
     empty = ResponseStore(0)
     empty.put("a", StoredResponse({"id": "a"}, []))
     assert empty.get("a") is None
+
+
+@pytest.mark.parametrize("budget", [3, 10, 18])
+def test_a_call_cut_by_max_output_tokens_leaks_no_markup(http, budget):
+    """A forced call cut by the token budget: no call markup in any message text, streamed
+    or not; the non-streamed output drops the cut call; a streamed call already begun
+    stays, marked incomplete unless its arguments are whole JSON."""
+    body = dict(
+        input="Weather in Paris?",
+        tools=[WEATHER],
+        tool_choice="required",
+        max_output_tokens=budget,
+        **GREEDY,
+    )
+    resp = _post(http, **body)
+    assert resp["status"] == "incomplete"
+    for item in resp["output"]:
+        if item["type"] == "message":
+            assert "<tool" not in "".join(p["text"] for p in item["content"])
+        else:
+            json.loads(item["arguments"])  # only whole calls are kept
+    events = _events(http, **body)
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert "<tool" not in deltas
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.incomplete"
+    for item in final["output"]:
+        if item["type"] == "function_call" and item["status"] == "completed":
+            json.loads(item["arguments"])
