@@ -9,12 +9,10 @@ pool; the URL comes from the line ``radixlm serving on http://HOST:PORT`` it pri
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,12 +21,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from radixlm.lang.backend.runtime import ready_url
+
 MODEL = "smollm2-135m"
 SERVER_ARGS = ("--model", MODEL, "--port", "0", "--num-threads", "1", "--max-total-tokens", "20000")
 START_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0
 API_KEY = "test-key"
-_READY = "radixlm serving on "
 
 
 class ServerProcess(subprocess.Popen):
@@ -52,26 +51,13 @@ def start_server(*extra_args: str, timeout: float = START_TIMEOUT_S) -> tuple[Se
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = ServerProcess(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     proc.stderr_path = Path(log.name)
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def drain() -> None:  # keeps the pipe from filling; hands lines to the waiter
-        for line in proc.stdout:
-            lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=drain, daemon=True).start()
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            stop_server(proc)
-            raise RuntimeError(f"server did not start in {timeout} s:\n{proc.log_tail()}") from None
-        if line is None:
-            proc.wait()
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{proc.log_tail()}")
-        if line.startswith(_READY):
-            return proc, line[len(_READY) :].strip()
+    try:
+        return proc, ready_url(proc, timeout)
+    except TimeoutError:
+        stop_server(proc)
+        raise RuntimeError(f"server did not start in {timeout} s:\n{proc.log_tail()}") from None
+    except ChildProcessError:
+        raise RuntimeError(f"server exited with {proc.returncode}:\n{proc.log_tail()}") from None
 
 
 def stop_server(proc: subprocess.Popen) -> int:

@@ -45,6 +45,32 @@ def serve_flags(options: dict[str, Any]) -> list[str]:
     return flags
 
 
+def ready_url(proc: subprocess.Popen, timeout: float) -> str:
+    """The base URL a `radixlm serve` process (stdout a text pipe) prints once it accepts
+    requests (`READY`). Its stdout is drained by a daemon thread, so the pipe never fills.
+    Raises TimeoutError when it does not start in `timeout` seconds, ChildProcessError
+    when it exits first (then waited for)."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def drain() -> None:
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=drain, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError(f"no '{READY.strip()}' line in {timeout} s") from None
+        if line is None:
+            proc.wait()
+            raise ChildProcessError(f"the server exited with {proc.returncode}")
+        if line.startswith(READY):
+            return line[len(READY) :].strip()
+
+
 class Runtime(RuntimeEndpoint):
     """A `radixlm serve` child process and the backend over it.
 
@@ -89,30 +115,17 @@ class Runtime(RuntimeEndpoint):
         return self.base_url
 
     def _wait_ready(self, timeout: float) -> str:
-        lines: queue.Queue[str | None] = queue.Queue()
-
-        def drain() -> None:  # keeps the pipe from filling; hands lines to the waiter
-            for line in self._proc.stdout:
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=drain, daemon=True).start()
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self.shutdown()
-                raise ServerError(
-                    f"the server did not start in {timeout} s:\n{self.log_tail()}"
-                ) from None
-            if line is None:
-                self._proc.wait()
-                raise ServerError(
-                    f"the server exited with {self._proc.returncode}:\n{self.log_tail()}"
-                )
-            if line.startswith(READY):
-                return line[len(READY) :].strip()
+        try:
+            return ready_url(self._proc, timeout)
+        except TimeoutError:
+            self.shutdown()
+            raise ServerError(
+                f"the server did not start in {timeout} s:\n{self.log_tail()}"
+            ) from None
+        except ChildProcessError:
+            raise ServerError(
+                f"the server exited with {self._proc.returncode}:\n{self.log_tail()}"
+            ) from None
 
     def log_tail(self, n: int = 20) -> str:
         """The last `n` lines of the server's log."""
