@@ -245,6 +245,17 @@ class ServerArgs:
         "responses kept in memory for GET /v1/responses/{id} and previous_response_id "
         "(least recently used dropped first; 0: nothing is stored)",
     )
+    session_pin_budget: int | None = _opt(
+        None,
+        "tokens of KV that open sessions and stored responses may pin in the radix cache "
+        "(never evicted while pinned; past the budget the least recently used pin is "
+        "released; none: a quarter of the KV pool; 0: no pinning)",
+    )
+    session_timeout: float = _opt(
+        600.0,
+        "seconds a session (open_session) or a stored response's pin may stay unused "
+        "before it is closed and its pinned prefix released",
+    )
     tool_call_parser: str = _opt(
         "auto",
         "how chat output is parsed into tool calls: auto (detected from the chat template; "
@@ -286,6 +297,10 @@ class ServerArgs:
             )
         if self.cuda_graph_max_bs < 1 or self.max_queued_requests < 1:
             raise ValueError("cuda_graph_max_bs and max_queued_requests must be >= 1")
+        if self.session_pin_budget is not None and self.session_pin_budget < 0:
+            raise ValueError(f"session_pin_budget must be >= 0, got {self.session_pin_budget}")
+        if self.session_timeout <= 0:
+            raise ValueError(f"session_timeout must be > 0 (seconds), got {self.session_timeout}")
         if self.responses_store_size < 0:
             raise ValueError(f"responses_store_size must be >= 0, got {self.responses_store_size}")
         if self.schedule_fallback_queue_len < 1 or self.schedule_conservativeness <= 0:

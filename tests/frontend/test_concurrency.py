@@ -21,7 +21,8 @@ LONG = {"max_tokens": 4000, "ignore_eos": True, "temperature": 0, "stream": True
 
 def _check_accounting(info: dict) -> None:
     mem = info["memory"]
-    assert mem["free"] + mem["evictable"] + mem["protected"] + mem["held"] == mem["total"]
+    parts = ("free", "evictable", "protected", "pinned", "held")
+    assert sum(mem[k] for k in parts) == mem["total"]
 
 
 def test_16_concurrent_streams_share_the_system_prompt(server, tokenizer):

@@ -40,9 +40,12 @@ def tokens(outs: list[ReqOutput]) -> list[int]:
 
 
 def check_pool(sched, idle: bool) -> None:
-    """free + evictable + protected + held == total; nothing held or locked when idle."""
+    """free + evictable + protected + pinned + held == total; nothing held or locked
+    (but pins) when idle."""
     mem = sched.memory_accounting()
-    assert mem["free"] + mem["evictable"] + mem["protected"] + mem["held"] == mem["total"], mem
+    parts = ("free", "evictable", "protected", "pinned", "held")
+    assert sum(mem[k] for k in parts) == mem["total"], mem
+    assert mem["pinned"] == sched.pins.pinned_tokens(), mem
     if idle:
         assert mem["held"] == 0 and mem["protected"] == 0, mem
         assert sched.req_pool.available() == sched.req_pool.size

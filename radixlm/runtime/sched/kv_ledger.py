@@ -179,17 +179,21 @@ class KVLedger:
 
     # ---- introspection ------------------------------------------------------------------
 
-    def accounting(self, running: Sequence[Req], chunked: Req | None) -> dict[str, int]:
-        """Token counts free, evictable, protected, held (by the requests with a row: the
-        running ones and the one mid-chunk) and total; their sum free + evictable +
-        protected + held equals total."""
+    def accounting(
+        self, running: Sequence[Req], chunked: Req | None, pinned: int = 0
+    ) -> dict[str, int]:
+        """Token counts free, evictable, protected (locked cache not pinned), pinned (the
+        `pinned` tokens of `PinTable`: locked cache nodes on pinned paths), held (by the
+        requests with a row: the running ones and the one mid-chunk) and total; their sum
+        free + evictable + protected + pinned + held equals total."""
         ps = self.page_size
         holders = [*running, chunked] if chunked is not None else running
         held = sum((self.pages(0, r.kv_len) - r.prefix_len // ps) * ps for r in holders)
         return {
             "free": self.allocator.available(),
             "evictable": self.tree.evictable_size(),
-            "protected": self.tree.protected_size(),
+            "protected": self.tree.protected_size() - pinned,
+            "pinned": pinned,
             "held": held,
             "total": self.allocator.total,
         }

@@ -51,8 +51,10 @@ from radixlm.runtime.sched.decode import (
 from radixlm.runtime.sched.finish import FinishReason
 from radixlm.runtime.sched.forward_step import ForwardStep
 from radixlm.runtime.sched.kv_ledger import KVLedger
+from radixlm.runtime.sched.pins import PinTable
 from radixlm.runtime.sched.request import Req, ReqOutput
 from radixlm.runtime.sched.retraction import NewTokenRatio, retraction_order
+from radixlm.runtime.sched.sessions import SessionManager, SessionParams
 from radixlm.runtime.sched.stats import SchedulerCounters, format_stats
 from radixlm.runtime.sched.stop import StopChecker
 
@@ -98,6 +100,10 @@ class Scheduler:
         )
         self.ratio = NewTokenRatio(args.schedule_conservativeness)
         self.kv = KVLedger(runner, self.tree, self.ratio)  # rows, slots, reservations
+        budget = args.session_pin_budget
+        self.pins = PinTable(self.tree, self.allocator.total // 4 if budget is None else budget)
+        bos = getattr(tokenizer, "bos_token_id", None)
+        self.sessions = SessionManager(self.pins, args.session_timeout, bos)
         self.counters = SchedulerCounters()
         self.stop = StopChecker(eos_token_ids, runner.context_len, tokenizer)
         self.sampler = Sampler(eos_token_ids)
@@ -122,14 +128,21 @@ class Scheduler:
 
     # ---- queue management -------------------------------------------------------------
 
-    def add_request(self, req: Req) -> None:
-        """Queue a validated request.
+    def add_request(
+        self, req: Req, session: SessionParams | None = None, pin_key: str | None = None
+    ) -> None:
+        """Queue a validated request; with `session`, as a turn of that session (its
+        prompt becomes the continued turn's sequence + `req.input_ids`, `sessions.py`);
+        with `pin_key`, its sequence is pinned under that key when it finishes.
 
         Raises:
+            InvalidRequestError: an unknown session or turn (HTTP 400).
             RequestTooLargeError: prompt + max_new_tokens can never fit the KV pool or
                 the context (HTTP 400).
             QueueFullError: the waiting queue already holds max_queued_requests (HTTP 503).
         """
+        if session is not None:
+            req.input_ids = self.sessions.compose(req.rid, session, req.input_ids)
         try:
             self.check_fits(len(req.input_ids), req.params.max_new_tokens)
         except RequestTooLargeError:
@@ -145,6 +158,8 @@ class Scheduler:
         if seed is None:  # reproducible per engine: drawn in arrival order
             seed = self._seed_rng.getrandbits(63)
         req.seed = seed
+        for rid in self.sessions.start(req, session, pin_key):  # replace: other branches
+            self.abort(rid)
         if job is None:
             self.waiting.append(req)
         else:
@@ -269,6 +284,8 @@ class Scheduler:
                 self.waiting.remove(req)
                 self._start(req, match)
         self.chunked = adder.chunked
+        if not adder.plan and not self.running and self.chunked is None:
+            self.pins.release_oldest()  # only pins keep the waiting requests out: free one
         return adder.plan
 
     def _start(self, req: Req, match) -> None:
@@ -338,6 +355,7 @@ class Scheduler:
                 self.chunked = None
             self.kv.discard(req)
             req.finish_reason = FinishReason.ABORT
+            self.sessions.finished(req)
             self.counters.aborted += 1
             self._pending.append(req.step_output([]))
 
@@ -355,6 +373,8 @@ class Scheduler:
             if short() <= 0 or (req is not self.chunked and len(self.running) == 1):
                 continue
             self._retract(req)
+        while short() > 0 and self.pins.release_oldest() is not None:
+            pass  # the last resort: a pin never stops the one running request
         self.ratio.on_retract(self.running)
         logger.info("retracted; new_token_ratio %.3f, %s", self.ratio.value, self._log_line())
 
@@ -393,6 +413,7 @@ class Scheduler:
         req.finish_reason = reason
         if release:
             self.kv.release(req)
+        self.sessions.finished(req)  # after release: a pin locks the sequence just cached
         out = req.step_output(list(new_ids), logprobs)
         if reason is FinishReason.ABORT:
             self.counters.aborted += 1
@@ -403,7 +424,7 @@ class Scheduler:
 
     def memory_accounting(self) -> dict[str, int]:
         """Token counts: free + evictable + protected + held == total (checked in tests)."""
-        return self.kv.accounting(self.running, self.chunked)
+        return self.kv.accounting(self.running, self.chunked, self.pins.pinned_tokens())
 
     def stats(self) -> dict[str, int | float | str]:
         """Counters for `/get_server_info` and logs (`SchedulerCounters.as_dict`), the

@@ -30,7 +30,9 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
     and the CPU weight layout (`packed`, `input-major`, or None on CUDA), its weight format
     (`gguf` or `fp32` for packed panels, else None) and how many projections it keeps as
     quantized GGUF panels (`quantized_weights`). `moe` (None for a dense model) gives the
-    distinct experts per MoE layer per decode step by batch size (`ExpertStats`)."""
+    distinct experts per MoE layer per decode step by batch size (`ExpertStats`).
+    `sessions`: open sessions, pins (sessions and stored responses), pinned tokens, the
+    pin budget and the pins released over it (`SessionManager.info`)."""
     return {
         "args": dataclasses.asdict(args),
         "resolved": {
@@ -51,6 +53,7 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
         "num_running": len(scheduler.running),
         "num_waiting": len(scheduler.waiting),
         "scheduler": scheduler.stats(),
+        "sessions": scheduler.sessions.info(),
         "moe": runner.expert_stats.report(),
     }
 
@@ -59,10 +62,12 @@ def flush_cache(scheduler: Scheduler) -> tuple[bool, str]:
     """Drop every cached prefix and return its KV slots to the pool.
 
     Refused (False, reason) while requests run or wait: their matched prefixes are locked.
+    Pins are released first (sessions stay open; their next turn is computed afresh).
     """
     busy = len(scheduler.running) + len(scheduler.waiting) + (scheduler.chunked is not None)
     if busy:
         return False, f"cannot flush the cache while {busy} requests are running or waiting"
+    scheduler.pins.release_all()
     tree = scheduler.tree
     tree.evict(tree.evictable_size())
     tree.reset()
