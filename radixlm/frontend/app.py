@@ -12,6 +12,7 @@ Routes:
     POST /flush_cache              409 while requests run or wait
     POST /tokenize, /detokenize    token ids of a prompt or chat, text of ids (serving_tokens.py)
     POST /abort_request            stop requests by id (SGLang's route; serving_tokens.py)
+    POST /open_session, /close_session   SGLang's sessions (serving_sessions.py)
     GET  /metrics                  Prometheus text format (metrics.py)
     GET  /openapi.json, /docs      the OpenAPI document and its Swagger UI (openapi.py)
 
@@ -39,6 +40,7 @@ from radixlm.frontend.origin import install_origin_checks
 from radixlm.frontend.serving_native import NativeServing
 from radixlm.frontend.serving_openai import OpenAIServing
 from radixlm.frontend.serving_responses import ResponsesServing
+from radixlm.frontend.serving_sessions import SessionServing
 from radixlm.frontend.serving_tokens import TokenServing
 
 logger = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ def create_app(tm, args: ServerArgs) -> FastAPI:
     openai = OpenAIServing(tm, args.allow_special_tokens_in_content)
     native = NativeServing(tm)
     tokens = TokenServing(tm, openai)
+    sessions = SessionServing(tm)
     responses = ResponsesServing(openai, args.responses_store_size)
     created = int(time.time())
     auth = [Depends(_api_key_check(args.api_key))] if args.api_key else []
@@ -139,6 +142,14 @@ def create_app(tm, args: ServerArgs) -> FastAPI:
     @api.post("/abort_request")
     async def abort_request(request: Request) -> dict[str, Any]:
         return tokens.abort(await request.body())
+
+    @api.post("/open_session")
+    async def open_session(request: Request) -> Response:
+        return await sessions.open(await request.body())
+
+    @api.post("/close_session")
+    async def close_session(request: Request) -> Response:
+        return await sessions.close(await request.body())
 
     @api.get("/get_server_info")
     async def get_server_info() -> dict[str, Any]:

@@ -166,10 +166,10 @@ class SchedulerStatsCollector:
 
     Gauges: num_running_reqs, num_queue_reqs, token_usage ((total - free - evictable) /
     total KV tokens), cache_hit_rate (cached / prompt tokens since start),
-    max_total_tokens, and the speculative-decoding figures spec_accept_length,
-    spec_accept_rate, spec_draft_time_share (0 without speculation). Counters:
-    retractions_total, aborts_total (scheduler-side counts, which include client
-    disconnects and failed steps).
+    max_total_tokens, pinned_tokens (runtime/sched/pins.py), and the speculative-decoding
+    figures spec_accept_length, spec_accept_rate, spec_draft_time_share (0 without
+    speculation). Counters: retractions_total, aborts_total (scheduler-side counts,
+    which include client disconnects and failed steps).
     """
 
     _GAUGES = (
@@ -178,6 +178,7 @@ class SchedulerStatsCollector:
         ("token_usage", "token_usage", "Fraction of KV slots held (not free or evictable)."),
         ("cache_hit_rate", "cache_hit_rate", "Cached / prompt tokens since start."),
         ("max_total_tokens", "total", "KV pool size in tokens."),
+        ("pinned_tokens", "pinned", "KV tokens pinned by sessions and stored responses."),
         (
             "spec_accept_length",
             "spec_accept_length",

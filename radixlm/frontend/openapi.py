@@ -32,6 +32,7 @@ from pydantic.json_schema import models_json_schema
 
 from radixlm.frontend import response_types as rt
 from radixlm.frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from radixlm.frontend.serving_sessions import CloseSessionRequest, OpenSessionRequest
 from radixlm.frontend.serving_tokens import AbortRequest, DetokenizeRequest, TokenizeRequest
 from radixlm.runtime.sampling.sampler import SamplingParams
 
@@ -59,6 +60,8 @@ _WAITS_ON_SCHEDULER = (
     "/get_server_info",
     "/metrics",
     "/flush_cache",
+    "/open_session",
+    "/close_session",
 )
 # One server-sent event: its data is a JSON chunk (the route's response shape, per chunk),
 # an error body, or the text [DONE] that ends the stream.
@@ -161,6 +164,14 @@ DOCS: dict[str, PathDoc] = {
         errors=(400, 404),
         examples={"all": {"abort_all": True}},
     ),
+    "/open_session": PathDoc(
+        None,
+        OpenSessionRequest,
+        errors=(400,),
+        media="application/json",
+        examples={"new": {"capacity_of_str_len": 1024}},
+    ),
+    "/close_session": PathDoc(None, CloseSessionRequest, errors=(400,)),
 }
 _PUBLIC = ("/health",)  # no API key needed
 

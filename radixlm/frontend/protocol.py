@@ -249,6 +249,19 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
+class SessionParamsModel(_Strict):
+    """SGLang's ``session_params`` of /generate (serving_sessions.py, docs/agents.md):
+    the session `id`, the earlier request `rid` to continue (None: a new branch), `offset`
+    (keep that many tokens of its sequence; None or 0: all), `replace` (drop the other
+    branches), `drop_previous_output` (continue from its prompt only)."""
+
+    id: str = Field(min_length=1)
+    rid: str | None = None
+    offset: int | None = Field(None, ge=0, le=_MAX_TOKENS_LIMIT)
+    replace: bool | None = None
+    drop_previous_output: bool | None = None
+
+
 class GenerateRequest(_Strict):
     """POST /generate (SGLang's native route).
 
@@ -262,6 +275,7 @@ class GenerateRequest(_Strict):
     return_text_in_logprobs (SGLang's contract). SGLang's other sampling parameters are
     mapped by `request_compat.sglang_sampling` (n, sampling_seed, skip_special_tokens, ...).
     lora_path: only null (no adapters here). cache_salt: as on the OpenAI routes.
+    session_params: a turn of a session (`SessionParamsModel`; one prompt, n = 1).
     """
 
     text: str | list[str] | None = None
@@ -275,3 +289,4 @@ class GenerateRequest(_Strict):
     return_text_in_logprobs: bool | None = None
     lora_path: str | list[str | None] | None = None
     cache_salt: str | None = Field(None, min_length=1)
+    session_params: SessionParamsModel | None = None

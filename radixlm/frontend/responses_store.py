@@ -9,12 +9,14 @@ the previous prompt and output and that prefix is served from the radix cache.
 
 The store is an LRU of at most `capacity` responses (``--responses-store-size``): storing
 or reading an entry makes it the most recent; the least recent one is dropped past the
-bound. Entries live only in this HTTP process (lost on restart).
+bound. Entries live only in this HTTP process (lost on restart). `on_drop` is told the
+id of each entry the bound drops (the server releases its pinned prefix then).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +31,12 @@ class StoredResponse:
 
 
 class ResponseStore:
-    """An LRU map of response id -> StoredResponse holding at most `capacity` entries."""
+    """An LRU map of response id -> StoredResponse holding at most `capacity` entries;
+    `on_drop(id)` is called for each entry dropped past the bound."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, on_drop: Callable[[str], None] | None = None):
         self.capacity = capacity
+        self.on_drop = on_drop
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
 
     def __len__(self) -> int:
@@ -52,4 +56,6 @@ class ResponseStore:
         self._entries[response_id] = entry
         self._entries.move_to_end(response_id)
         while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+            dropped, _ = self._entries.popitem(last=False)
+            if self.on_drop is not None:
+                self.on_drop(dropped)

@@ -39,6 +39,7 @@ from radixlm.frontend import streaming
 from radixlm.frontend.errors import from_exception, invalid_request, log_failure, renamed
 from radixlm.frontend.protocol import GenerateRequest, check_supported
 from radixlm.frontend.request_compat import check_lora, sglang_sampling
+from radixlm.frontend.serving_sessions import session_params
 from radixlm.runtime.sampling.logprobs import LogprobOptions
 from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.server.meta_info import finish_reason_info, logprob_info
@@ -65,9 +66,12 @@ class NativeServing:
         # and xgrammar release the GIL), so a huge body never stalls the event loop.
         req, single, prompts, params, rids, lp = await asyncio.to_thread(self._prepare, body)
         runs = zip(prompts, params, rids)
-        salt = req.cache_salt
+        salt, session = req.cache_salt, session_params(req, len(prompts))
         merged = streaming.merge(
-            [self.tm.generate(ids, p, rid=rid, extra_key=salt, logprobs=lp) for ids, p, rid in runs]
+            [
+                self.tm.generate(ids, p, rid=rid, extra_key=salt, logprobs=lp, session=session)
+                for ids, p, rid in runs
+            ]
         )
         fmt = _ResultFormat(lp.return_logprob, self.tm.tokenizer, req.return_text_in_logprobs)
         try:

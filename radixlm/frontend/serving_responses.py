@@ -9,7 +9,9 @@ With ``store`` (default true) the response and its conversation are kept in a bo
 in-memory LRU (responses_store.py, ``--responses-store-size``): GET /v1/responses/{id}
 returns it and ``previous_response_id`` continues it, rendering the earlier turns before
 the new input, so the earlier prompt and output are a cached prefix (reported in
-``usage.input_tokens_details.cached_tokens``).
+``usage.input_tokens_details.cached_tokens``). A stored response's prompt + output stay
+pinned in the radix cache (`pin_key`, runtime/sched/sessions.py) within
+--session-pin-budget until the store drops it or --session-timeout passes unused.
 
 Errors: an unknown ``previous_response_id`` is 404 (param previous_response_id, code
 previous_response_not_found), as is GET of an unknown or dropped id; malformed input is
@@ -66,6 +68,11 @@ from radixlm.frontend.tool_prompt import ToolSetup
 from radixlm.runtime.sampling.sampler import SamplingParams
 
 
+def pin_key(response_id: str) -> str:
+    """The scheduler pin key of a stored response's prefix."""
+    return f"response:{response_id}"
+
+
 @dataclass
 class _Turn:
     """One prepared request: its id (also the runtime rid), the prompt and sampling, and
@@ -87,13 +94,15 @@ class ResponsesServing:
     def __init__(self, openai: OpenAIServing, store_size: int):
         self.openai = openai
         self.tm = openai.tm
-        self.store = ResponseStore(store_size)
+        self.store = ResponseStore(store_size, lambda rid: self.tm.unpin(pin_key(rid)))
 
     async def create(self, request: Request) -> Response:
         """POST /v1/responses. Raises APIError (400, 404) / pydantic ValidationError (400)."""
         body = await request.body()
         turn = await asyncio.to_thread(self._turn, body)
-        merged = merge([self.tm.generate(turn.ids, turn.params, rid=turn.id)])
+        stored = turn.req.store is not False and self.store.capacity > 0
+        pin = pin_key(turn.id) if stored else None
+        merged = merge([self.tm.generate(turn.ids, turn.params, rid=turn.id, pin_key=pin)])
         try:
             if turn.req.stream:
                 first = await first_chunk(request, merged)

@@ -3,7 +3,8 @@
 Wire format: msgpack (`encode`), decoded by one `Decoder` for the tagged union `Message`.
 No pickle. Flow (DESIGN §2):
 
-    TokenizerManager --GenerateReq/AbortReq/FlushCacheReq/GetInfoReq--> Scheduler
+    TokenizerManager --GenerateReq/AbortReq/FlushCacheReq/GetInfoReq/OpenSessionReq/
+                       CloseSessionReq/UnpinReq--> Scheduler
     Scheduler --BatchTokenOut (one per step) / control replies--> Detokenizer
     Detokenizer --BatchStrOut / control replies (forwarded as is)--> TokenizerManager
     Scheduler, Detokenizer --Heartbeat (every ~0.5 s, see heartbeat.py)--> TokenizerManager
@@ -27,6 +28,7 @@ from radixlm.errors import (
 from radixlm.runtime.sampling.logprobs import LogprobOptions, TokenLogprobs
 from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.finish import FinishReason
+from radixlm.runtime.sched.sessions import SessionParams
 
 
 class GenerateReq(msgspec.Struct, tag="generate", kw_only=True):
@@ -37,6 +39,10 @@ class GenerateReq(msgspec.Struct, tag="generate", kw_only=True):
         namespaces never share cached KV.
     logprobs: SGLang's logprob options (`LogprobOptions`, see `Req`): output-token
         logprobs, prompt logprobs from a position (-1: none), alternatives per position.
+    session: SGLang's session_params (runtime/sched/sessions.py): input_ids are appended
+        to the continued turn's sequence in the scheduler.
+    pin_key: pin the finished sequence in the radix cache under this key (a stored
+        Responses API response) until an `UnpinReq` or --session-timeout.
     """
 
     rid: str
@@ -44,6 +50,8 @@ class GenerateReq(msgspec.Struct, tag="generate", kw_only=True):
     params: SamplingParams
     extra_key: str | None = None
     logprobs: LogprobOptions = LogprobOptions()
+    session: SessionParams | None = None
+    pin_key: str | None = None
 
 
 class AbortReq(msgspec.Struct, tag="abort"):
@@ -64,8 +72,34 @@ class GetInfoReq(msgspec.Struct, tag="get_info"):
     rid: str
 
 
+class OpenSessionReq(msgspec.Struct, tag="open_session", kw_only=True):
+    """Open a session (SGLang's OpenSessionReqInput); the ControlResp's info carries
+    ``session_id``, or ok False with the reason (an id already open). timeout: idle
+    seconds before it closes (None: --session-timeout)."""
+
+    rid: str
+    session_id: str | None = None
+    capacity_of_str_len: int = 0
+    timeout: float | None = None
+
+
+class CloseSessionReq(msgspec.Struct, tag="close_session"):
+    """Close a session, release its pin and abort its running requests; the ControlResp
+    is ok False for an unknown session."""
+
+    rid: str
+    session_id: str
+
+
+class UnpinReq(msgspec.Struct, tag="unpin"):
+    """Release the pin under `key` (a stored response was dropped); no reply."""
+
+    key: str
+
+
 class ControlResp(msgspec.Struct, tag="control"):
-    """Reply to FlushCacheReq / GetInfoReq, matched to its request by `rid`."""
+    """Reply to FlushCacheReq / GetInfoReq / OpenSessionReq / CloseSessionReq, matched to
+    its request by `rid`."""
 
     rid: str
     ok: bool
@@ -199,6 +233,9 @@ Message = (
     | AbortReq
     | FlushCacheReq
     | GetInfoReq
+    | OpenSessionReq
+    | CloseSessionReq
+    | UnpinReq
     | ControlResp
     | ReqError
     | BatchTokenOut

@@ -15,7 +15,7 @@ import time
 import zmq
 
 from radixlm.config import ServerArgs
-from radixlm.errors import RadixLMError, ServerError
+from radixlm.errors import InvalidRequestError, RadixLMError, ServerError
 from radixlm.runtime.sched.request import Req, ReqOutput
 from radixlm.runtime.server.heartbeat import HeartbeatThread
 from radixlm.runtime.server.info import flush_cache, model_facts, server_info
@@ -23,13 +23,16 @@ from radixlm.runtime.server.ipc import IpcPaths, pull_socket, push_socket, run_c
 from radixlm.runtime.server.messages import (
     AbortReq,
     BatchTokenOut,
+    CloseSessionReq,
     ControlResp,
     FlushCacheReq,
     GenerateReq,
     GetInfoReq,
     Heartbeat,
     Message,
+    OpenSessionReq,
     ReqError,
+    UnpinReq,
     decode,
     encode,
 )
@@ -78,6 +81,7 @@ class SchedulerLoop:
         """Handle waiting messages, then run one step (or wait for work while idle)."""
         sched = self.scheduler
         self.turn_start = time.monotonic()
+        sched.sessions.expire()  # idle sessions and stored-response pins time out
         idle = not (sched.has_work() or self._after_failure)
         # While grammars compile, step now and then to admit the compiled requests.
         wait_ms = _GRAMMAR_POLL_MS if sched.compiling else _IDLE_POLL_MS
@@ -112,8 +116,29 @@ class SchedulerLoop:
         elif isinstance(msg, GetInfoReq):
             info = server_info(self.args, self.stack.runner, self.scheduler)
             self.send.send(encode(ControlResp(msg.rid, True, info=info)))
+        elif isinstance(msg, (OpenSessionReq, CloseSessionReq, UnpinReq)):
+            self._session_control(msg)
         else:
             logger.error("scheduler got unexpected message %s", type(msg).__name__)
+
+    def _session_control(self, msg: OpenSessionReq | CloseSessionReq | UnpinReq) -> None:
+        """Open or close a session (answered with a ControlResp: ok False and the reason
+        for a duplicate or unknown id), or release a stored response's pin."""
+        sessions = self.scheduler.sessions
+        if isinstance(msg, UnpinReq):
+            sessions.unpin(msg.key)
+            return
+        try:
+            if isinstance(msg, OpenSessionReq):
+                sid = sessions.open(msg.session_id, msg.capacity_of_str_len, msg.timeout)
+                resp = ControlResp(msg.rid, True, info={"session_id": sid})
+            else:
+                for rid in sessions.close(msg.session_id):
+                    self.scheduler.abort(rid)
+                resp = ControlResp(msg.rid, True)
+        except InvalidRequestError as e:
+            resp = ControlResp(msg.rid, False, str(e))
+        self.send.send(encode(resp))
 
     def _add_request(self, msg: GenerateReq) -> None:
         """Queue `msg` in the scheduler, or send its refusal (ReqError 503: queue full,
@@ -124,7 +149,7 @@ class SchedulerLoop:
             req = Req.new(
                 msg.rid, msg.input_ids, msg.params, extra_key=msg.extra_key, logprobs=msg.logprobs
             )
-            self.scheduler.add_request(req)
+            self.scheduler.add_request(req, msg.session, msg.pin_key)
         except RadixLMError as e:  # refused (queue full, too large, bad grammar)
             self.send.send(encode(ReqError.of(msg.rid, e)))
             return

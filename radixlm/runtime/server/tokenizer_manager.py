@@ -36,18 +36,22 @@ from radixlm.errors import (
 from radixlm.runtime.sampling.grammar import GrammarCompiler
 from radixlm.runtime.sampling.logprobs import LogprobOptions
 from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.sched.sessions import SessionParams
 from radixlm.runtime.server.heartbeat import Liveness
 from radixlm.runtime.server.ipc import IpcPaths, pull_socket, push_socket
 from radixlm.runtime.server.messages import (
     AbortReq,
     BatchStrOut,
+    CloseSessionReq,
     ControlResp,
     FlushCacheReq,
     GenerateReq,
     GetInfoReq,
     Heartbeat,
     Message,
+    OpenSessionReq,
     ReqError,
+    UnpinReq,
     decode,
     encode,
 )
@@ -209,8 +213,12 @@ class TokenizerManager:
         rid: str | None = None,
         extra_key: str | None = None,
         logprobs: LogprobOptions | None = None,
+        session: SessionParams | None = None,
+        pin_key: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
-        """Run one request; yield its chunks as they arrive.
+        """Run one request; yield its chunks as they arrive. With `session` it is a turn
+        of that session (the scheduler prepends the continued turn's sequence); with
+        `pin_key` its finished sequence stays pinned in the cache until `unpin(pin_key)`.
 
         Each chunk: ``rid``, ``text`` (new text), ``output_ids`` (new token ids),
         ``finish_reason`` (None or a `FinishReason`), ``matched_stop``, and
@@ -237,7 +245,13 @@ class TokenizerManager:
             raise ServerError("the tokenizer manager is not started")
         data = _encode_request(
             GenerateReq(
-                rid=rid, input_ids=input_ids, params=params, extra_key=extra_key, logprobs=lp
+                rid=rid,
+                input_ids=input_ids,
+                params=params,
+                extra_key=extra_key,
+                logprobs=lp,
+                session=session,
+                pin_key=pin_key,
             )
         )
         state = self._states[rid] = _ReqState()
@@ -289,6 +303,37 @@ class TokenizerManager:
         ``liveness``: each child's last heartbeat (see `Liveness.report`)."""
         resp = await self._control_call(GetInfoReq)
         return {**resp.info, "liveness": self.liveness.report(time.monotonic())}
+
+    async def open_session(
+        self, session_id: str | None, capacity_of_str_len: int, timeout: float | None = None
+    ) -> str:
+        """Open a session in the scheduler; returns its id. Raises InvalidRequestError
+        (param session_id) when that id is already open."""
+
+        def msg(rid: str) -> OpenSessionReq:
+            return OpenSessionReq(
+                rid=rid,
+                session_id=session_id,
+                capacity_of_str_len=capacity_of_str_len,
+                timeout=timeout,
+            )
+
+        resp = await self._control_call(msg)
+        if not resp.ok:
+            raise InvalidRequestError(resp.message, param="session_id", code="invalid_value")
+        return resp.info["session_id"]
+
+    async def close_session(self, session_id: str) -> None:
+        """Close a session (its pin released, its running requests aborted). Raises
+        InvalidRequestError (param session_id) when it does not exist."""
+        resp = await self._control_call(lambda rid: CloseSessionReq(rid, session_id))
+        if not resp.ok:
+            raise InvalidRequestError(resp.message, param="session_id", code="invalid_value")
+
+    def unpin(self, key: str) -> None:
+        """Release the pin a request made with `pin_key=key` (unknown keys are ignored)."""
+        if self._send is not None:
+            self._send.send(encode(UnpinReq(key)))
 
     async def flush_cache(self) -> tuple[bool, str]:
         """Drop the prefix cache; (False, reason) while requests run or wait."""

@@ -28,7 +28,7 @@ class _Scheduler:
         self.error = error
         self.queued: list = []
 
-    def add_request(self, req) -> None:
+    def add_request(self, req, session=None, pin_key=None) -> None:
         if self.error is not None:
             raise self.error
         self.queued.append(req)
