@@ -51,6 +51,14 @@ if TYPE_CHECKING:
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
+def mla_kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    """Latent KV bytes per token of a DeepSeek config in `dtype`: num_hidden_layers *
+    (kv_lora_rank + qk_rope_head_dim) * element size (DeepSeek-V3, bf16: 70,272)."""
+    return latent_kv_bytes_per_token(
+        config.num_hidden_layers, config.kv_lora_rank, config.qk_rope_head_dim, dtype
+    )
+
+
 class MLADecoderLayer(nn.Module):
     """Pre-norm block x + attn(norm(x)), then x + mlp(norm(x)), whose attention is
     `MLAAttention`; norms and the dense MLP come from `layers`, `mlp` (an MoE block)
@@ -181,10 +189,7 @@ class DeepseekV2ForCausalLM(CausalLM):
         return MLADecoderLayer(config, layer_id, layers, prefix, interleaved, mlp)
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        c = self.config
-        return latent_kv_bytes_per_token(
-            c.num_hidden_layers, c.kv_lora_rank, c.qk_rope_head_dim, dtype
-        )
+        return mla_kv_bytes_per_token(self.config, dtype)
 
     def create_kv_pool(
         self, num_slots: int, dtype: torch.dtype, device, padding_slots: int
