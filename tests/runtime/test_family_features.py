@@ -3,9 +3,7 @@ transformers' own config classes): greedy output equals transformers token for t
 with chunked prefill, page sizes 1 and 16, prefix-cache hits, retraction, parallel
 siblings and speculation (n-gram and draft-model); logprobs equal transformers'
 log-softmax; a grammar constrains every family the same way; the KV pool's accounting
-holds afterwards; MoE models count their experts per decode step. DeepSeek's multi-head
-latent attention caches its latent (`LatentKVPool`) and reports its size as `radixlm plan
-kv` computes it."""
+holds afterwards; MoE models count their experts per decode step."""
 
 from __future__ import annotations
 
@@ -16,8 +14,6 @@ import pytest
 import torch
 
 from radixlm import Engine
-from radixlm.plan.kv import kv_bytes_per_token
-from radixlm.plan.models import load_model
 from radixlm.runtime.sched.decode import NormalDecode
 from radixlm.runtime.speculative import make_speculative_decode
 from tests.runtime.conftest import hf_greedy
@@ -64,20 +60,6 @@ def test_chunked_prefill_and_cache_hits(family, page_size):
             (len(p) - 1) // page_size * page_size for p in PROMPTS
         ]
         _check_idle_pool(e)
-
-
-def test_kv_bytes_per_token_equals_the_planner(family):
-    """/get_server_info's KV bytes per token is `radixlm plan kv`'s for the same config
-    (MLA: the latent and the RoPE key per layer), and the pool holds exactly that much."""
-    _, path, _, _ = family
-    with Engine(path, max_total_tokens=256) as e:
-        info = e.get_server_info()
-        pool = e.runner.kv_pool
-        per_slot = sum(b[0].numel() * b.element_size() for b in pool.k_buffer)
-        if pool.v_buffer[0].data_ptr() != pool.k_buffer[0].data_ptr():  # V stored apart
-            per_slot += sum(b[0].numel() * b.element_size() for b in pool.v_buffer)
-    assert pool.dtype == torch.float32
-    assert info["kv_bytes_per_token"] == kv_bytes_per_token(load_model(path), "fp32") == per_slot
 
 
 def test_retraction_and_siblings(family):
