@@ -45,6 +45,23 @@ TINY_SHAPE = dict(
 TINY_WINDOW = 8
 
 
+#: The multi-head latent attention shape of the tiny DeepSeek configs: every head its own
+#: KV head in transformers' expansion, a latent of 32 and a RoPE key of 16, value heads (24)
+#: narrower than query/key heads (16 + 16); three layers, the first dense.
+TINY_MLA = dict(
+    num_hidden_layers=3,
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=16,
+    v_head_dim=24,
+    moe_intermediate_size=32,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    tie_word_embeddings=False,
+)
+
+
 #: family -> (transformers config class, its settings beyond `TINY_SHAPE`): explicit
 #: head_dim 32 != hidden / heads where the family has the field; windows that the test
 #: prompts cross; MoE with dense and sparse layers.
@@ -120,6 +137,41 @@ TINY_FAMILIES: dict[str, tuple[str, dict]] = {
             "sliding_window": TINY_WINDOW,  # every layer: Qwen3-MoE has no layer_types
         },
     ),
+    "deepseek-v2": (  # MLA without q LoRA; layer 0 dense, then group-limited softmax MoE
+        "DeepseekV2Config",
+        {
+            **TINY_MLA,
+            "q_lora_rank": None,
+            "n_routed_experts": 8,
+            "n_shared_experts": 2,
+            "topk_method": "group_limited_greedy",
+            "n_group": 4,
+            "topk_group": 2,
+            "routed_scaling_factor": 1.5,
+        },
+    ),
+    "deepseek-v3": (  # MLA with q LoRA, YaRN; layer 0 dense, then sigmoid grouped MoE
+        "DeepseekV3Config",
+        {
+            **TINY_MLA,
+            "q_lora_rank": 48,
+            "n_routed_experts": 8,
+            "n_shared_experts": 1,
+            "n_group": 4,
+            "topk_group": 2,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5,
+            "rope_interleave": True,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 128,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+        },
+    ),
 }
 
 
@@ -143,12 +195,25 @@ def perturb_gemma_norms(model) -> None:
                 p.normal_(2.0 if ".post_" in name else 0.0, 0.5)
 
 
+def draw_correction_biases(model) -> None:
+    """Draw a DeepSeek-V3 model's router correction biases (in place; zero at init), so
+    that they change which experts are chosen."""
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for name, p in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                p.normal_(0.0, 0.3)
+
+
 def save_family_model(family: str, path: Path, hf_dir: Path):
-    """`save_random_model` of `tiny_config(family)` (Gemma's norms drawn too); returns the
-    fp32 transformers model."""
+    """`save_random_model` of `tiny_config(family)` (Gemma's norms and DeepSeek-V3's
+    correction biases drawn too); returns the fp32 transformers model."""
     model = save_random_model(tiny_config(family), path, hf_dir)
     if family.startswith("gemma"):
         perturb_gemma_norms(model)
+        model.save_pretrained(path)
+    if family == "deepseek-v3":
+        draw_correction_biases(model)
         model.save_pretrained(path)
     return model
 

@@ -21,12 +21,14 @@ from radixlm.kernels.torch_native import TorchNativeBackend
 
 def supports_pool(kv_pool, num_heads: int | None) -> bool:
     """Whether the C kernels can serve this pool: float32 or float16 CPU buffers, head_dim a
-    multiple of 8, and (when known) the query heads a multiple of the KV heads."""
+    multiple of 8, V as wide as K (not a latent pool), and (when known) the query heads a
+    multiple of the KV heads."""
     k = kv_pool.k_buffer[0]
     return (
         k.dtype in KV_DTYPES
         and k.device.type == "cpu"
         and k.shape[2] % 8 == 0
+        and kv_pool.v_buffer[0].shape[2] == k.shape[2]
         and (num_heads is None or num_heads % k.shape[1] == 0)
     )
 

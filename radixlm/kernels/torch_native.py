@@ -79,7 +79,7 @@ class TorchNativeBackend(AttentionBackend):
         """One SDPA per request; `mask_of(i, n, s, p)` -> bool [n, s] or None (causal)."""
         k_buf = self.kv_pool.k_buffer[layer_id]
         v_buf = self.kv_pool.v_buffer[layer_id]
-        out = torch.empty_like(q)
+        out = q.new_empty(*q.shape[:2], v_buf.shape[-1])  # V may be narrower than K (MLA)
         start = 0
         for i, (n, s, p) in enumerate(zip(self._ext_lens, self._seq_lens, self._pre_lens)):
             slots = self._slots[i, :s]
@@ -101,12 +101,13 @@ class TorchNativeBackend(AttentionBackend):
         return out
 
     def forward_decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
-        shape = (*self._slots.shape, *self.kv_pool.k_buffer[layer_id].shape[1:])
         flat = self._slots.flatten()
         # index_select is several times faster than advanced indexing on CPU.
         k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
-        k = k_buf.index_select(0, flat).view(shape).to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
-        v = v_buf.index_select(0, flat).view(shape).to(q.dtype).transpose(1, 2)
+        k = k_buf.index_select(0, flat).view(*self._slots.shape, *k_buf.shape[1:])
+        v = v_buf.index_select(0, flat).view(*self._slots.shape, *v_buf.shape[1:])
+        k = k.to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
+        v = v.to(q.dtype).transpose(1, 2)  # [B, Hkv, L, Dv]
         window = self.sliding_windows[layer_id]
         if window is None:
             mask = self._decode_mask

@@ -30,12 +30,19 @@ def _plan_kv(capsys, model: str) -> float:
 
 
 def _transformers_kv_bytes(config) -> int:
-    """fp32 K and V bytes per token summed over the layers of transformers' model."""
+    """fp32 cache bytes per token summed over the layers of transformers' model: K and V
+    heads, or (multi-head latent attention) the latent and the RoPE key it caches."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     kv_heads = config.get_text_config().num_key_value_heads
-    return sum(2 * kv_heads * layer.self_attn.head_dim * 4 for layer in model.model.layers)
+
+    def per_layer(attn) -> int:
+        if hasattr(attn, "kv_lora_rank"):
+            return (attn.kv_lora_rank + attn.qk_rope_head_dim) * 4
+        return 2 * kv_heads * attn.head_dim * 4
+
+    return sum(per_layer(layer.self_attn) for layer in model.model.layers)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

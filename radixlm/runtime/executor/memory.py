@@ -4,6 +4,8 @@ Layout (DESIGN.md section 3):
   * `ReqToTokenPool.req_to_token`: int32 [max_running_requests, context_len]; row r, column p
     holds the KV slot of position p of the request in row r.
   * `KVPool`: per layer K and V buffers [num_slots, num_kv_heads, head_dim].
+  * `LatentKVPool` (multi-head latent attention): per layer one buffer [num_slots, 1,
+    kv_lora_rank + rope_dim] holding the latent and the RoPE key; V is its latent part.
   * `PagedAllocator`: hands out whole pages of `page_size` slots; page 0 (slots
     0..page_size-1) is reserved as padding and never allocated, so slot 0 is always valid
     to read and never holds live data.
@@ -110,12 +112,86 @@ class KVPool:
         self.k_buffer[layer_id].index_copy_(0, loc, k.to(self.dtype))
         self.v_buffer[layer_id].index_copy_(0, loc, v.to(self.dtype))
 
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy every layer's K and V rows of slots `src` into slots `dst` (int64 [n], on
+        the pool's device; the two may overlap: each buffer's rows are read before written)."""
+        for buf in self.k_buffer + self.v_buffer:
+            buf.index_copy_(0, dst, buf.index_select(0, src))
+
+
+class LatentKVPool:
+    """The KV cache of multi-head latent attention (DeepSeek-V2, Liu et al. 2024, section
+    2.1): per layer and token one row [kv_lora_rank latent ; rope_dim RoPE key], shared by
+    every head, instead of per-head K and V.
+
+    Attention in the absorbed form reads it as multi-query attention with one KV head:
+    `k_buffer[l]` [num_slots, 1, kv_lora_rank + rope_dim] is the key, and `v_buffer[l]` is
+    the view `k_buffer[l][:, :, :kv_lora_rank]` (the latent; no storage of its own).
+    `set_kv` writes the key row only, since the value is part of it. Same attributes as
+    `KVPool` (k_buffer, v_buffer, dtype, bytes_per_token), so the allocator, the radix
+    cache and the backends index it the same way.
+
+    Args:
+        num_slots: slots per buffer including the reserved padding page.
+        num_layers: decoder layers. kv_lora_rank, rope_dim: the latent and RoPE key widths.
+        dtype: storage dtype. padding_slots: leading slots zeroed (the reserved page).
+
+    Bytes per token = num_layers * (kv_lora_rank + rope_dim) * dtype size
+    (`latent_kv_bytes_per_token`). On the CPU the buffers lie in one huge-page mapping and
+    are zeroed at start, as `KVPool`'s are (see there).
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        num_layers: int,
+        kv_lora_rank: int,
+        rope_dim: int,
+        dtype: torch.dtype,
+        device: str | torch.device = "cpu",
+        padding_slots: int = 1,
+    ):
+        shape = (num_slots, 1, kv_lora_rank + rope_dim)
+        cpu = torch.device(device).type == "cpu"
+        self._arena, bufs = None, []
+        if cpu:
+            self._arena, bufs = empty_in_huge_pages([(shape, dtype)] * num_layers)
+        if self._arena is None:
+            bufs = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        for buf in bufs:
+            (buf if cpu else buf[:padding_slots]).zero_()
+        self.k_buffer = bufs
+        self.v_buffer = [buf[:, :, :kv_lora_rank] for buf in bufs]
+        self.kv_lora_rank = kv_lora_rank
+        self.dtype = dtype
+        self.bytes_per_token = latent_kv_bytes_per_token(num_layers, kv_lora_rank, rope_dim, dtype)
+
+    def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the rows k [T, 1, kv_lora_rank + rope_dim] of T new tokens into slots `loc`
+        (int64 [T]); v (their latents, k's leading part) is not written twice."""
+        self.k_buffer[layer_id].index_copy_(0, loc, k.to(self.dtype))
+
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy every layer's rows of slots `src` into slots `dst` (int64 [n], on the pool's
+        device; they may overlap). Only `k_buffer`: copying the aliasing `v_buffer` again
+        would read rows the first copy already overwrote."""
+        for buf in self.k_buffer:
+            buf.index_copy_(0, dst, buf.index_select(0, src))
+
 
 def kv_bytes_per_token(
     num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> int:
     """KV bytes per cached token: layers * kv_heads * head_dim * 2 (K and V) * element size."""
     return num_layers * num_kv_heads * head_dim * 2 * torch.empty((), dtype=dtype).element_size()
+
+
+def latent_kv_bytes_per_token(
+    num_layers: int, kv_lora_rank: int, rope_dim: int, dtype: torch.dtype
+) -> int:
+    """Latent KV bytes per cached token: layers * (kv_lora_rank + rope_dim) * element size
+    (DeepSeek-V3 in bf16: 61 * 576 * 2 = 70,272)."""
+    return num_layers * (kv_lora_rank + rope_dim) * torch.empty((), dtype=dtype).element_size()
 
 
 class PagedAllocator:

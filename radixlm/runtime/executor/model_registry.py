@@ -19,6 +19,7 @@ safetensors directory under the cache directory (``$RADIXLM_CACHE_DIR`` or
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -182,12 +183,24 @@ def load_hf_config(model: str):
     return read_hf_config(local_hf_dir(model))
 
 
+#: model_type -> the transformers config class that reads it, for configs whose own
+#: class is remote code over an architecture transformers has (Kimi-K2: DeepSeek-V3).
+CONFIG_ALIASES = {"kimi_k2": "DeepseekV3Config"}
+
+
 def read_hf_config(hf_dir: Path):
-    """The `transformers.PretrainedConfig` in `hf_dir`. Raises UnsupportedModelError naming
-    the file when transformers cannot read it (not JSON, an unknown model_type)."""
+    """The `transformers.PretrainedConfig` in `hf_dir` (a `CONFIG_ALIASES` model_type read
+    by its class). Raises UnsupportedModelError naming the file when transformers cannot
+    read it (not JSON, an unknown model_type)."""
+    import transformers
     from transformers import AutoConfig
 
+    path = Path(hf_dir) / "config.json"
     try:
+        model_type = json.loads(path.read_text()).get("model_type") if path.is_file() else None
+        alias = CONFIG_ALIASES.get(model_type)
+        if alias is not None:
+            return getattr(transformers, alias).from_pretrained(hf_dir)
         return AutoConfig.from_pretrained(hf_dir)
     except (OSError, ValueError, KeyError) as exc:
         raise UnsupportedModelError(f"cannot read {Path(hf_dir) / 'config.json'}: {exc}") from None

@@ -21,11 +21,9 @@ from radixlm.runtime.executor.expert_stats import ExpertStats
 from radixlm.runtime.executor.layers import CudaLayers, LayerFactory, cpu_layers
 from radixlm.runtime.executor.layers.cpu_linear import FloatPanels, GgufPanels
 from radixlm.runtime.executor.memory import (
-    KVPool,
     PagedAllocator,
     ReqToTokenPool,
     available_memory_bytes,
-    kv_bytes_per_token,
     kv_capacity_tokens,
 )
 from radixlm.runtime.executor.model_registry import resolve_model_path
@@ -74,10 +72,8 @@ class ModelRunner:
         self.expert_stats = ExpertStats(self.model)
 
         attn = self.model.model.layers[0].self_attn
-        num_layers = config.num_hidden_layers
-        self.kv_bytes_per_token = kv_bytes_per_token(
-            num_layers, attn.num_kv_heads, attn.head_dim, kv_dtype
-        )
+        #: KV bytes per token as the model's own pool stores them (`create_kv_pool`).
+        self.kv_bytes_per_token = self.model.kv_bytes_per_token(kv_dtype)
         if args.max_total_tokens is not None:
             self.max_total_tokens = args.max_total_tokens // args.page_size * args.page_size
             self.kv_budget_bytes = self.max_total_tokens * self.kv_bytes_per_token
@@ -101,14 +97,8 @@ class ModelRunner:
                 config.max_position_embeddings,
             )
         kv_start = time.perf_counter()
-        self.kv_pool = KVPool(
-            self.max_total_tokens + args.page_size,
-            num_layers,
-            attn.num_kv_heads,
-            attn.head_dim,
-            kv_dtype,
-            self.device,
-            padding_slots=args.page_size,
+        self.kv_pool = self.model.create_kv_pool(
+            self.max_total_tokens + args.page_size, kv_dtype, self.device, args.page_size
         )
         kv_seconds = time.perf_counter() - kv_start
         self.allocator = PagedAllocator(self.max_total_tokens, args.page_size)

@@ -35,7 +35,8 @@ def load_weights(model: nn.Module, hf_dir: Path, config, dtype: torch.dtype, dev
     `dtype`, and move it to `device`; returns it in eval mode, before any post-load step.
 
     The checkpoint's names pass through the family's `adapt_checkpoint` (split fused
-    tensors, renamed experts). A tied lm_head (absent from the files) shares the
+    tensors, renamed experts); tensors named with a suffix in the family's `fp32_tensors`
+    stay float32 (DeepSeek-V3's router). A tied lm_head (absent from the files) shares the
     embedding. Raises ModelNotFoundError without files, WeightsMismatchError naming an
     unreadable file or every missing, unexpected or wrongly shaped tensor.
     """
@@ -51,7 +52,8 @@ def load_weights(model: nn.Module, hf_dir: Path, config, dtype: torch.dtype, dev
     family = type(model)
     adapted = family.adapt_checkpoint(state, config)
     _check_no_shadowing(state, adapted, family.checkpoint_name)
-    state = {k: v.to(dtype) for k, v in adapted.items()}
+    fp32 = family.fp32_tensors
+    state = {k: v.to(torch.float32 if k.endswith(fp32) else dtype) for k, v in adapted.items()}
     tied = getattr(config, "tie_word_embeddings", False)
     if tied:
         state.pop("lm_head.weight", None)

@@ -299,9 +299,8 @@ class SpeculativeDecode:
     def _copy_kv(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move accepted tree nodes' K/V (target and drafter) from `src` to `dst` slots."""
         pool = self.runner.kv_pool
-        src_d, dst_d = src.to(pool.k_buffer[0].device), dst.to(pool.k_buffer[0].device)
-        for buf in pool.k_buffer + pool.v_buffer:
-            buf.index_copy_(0, dst_d, buf.index_select(0, src_d))
+        device = pool.k_buffer[0].device
+        pool.copy_slots(src.to(device), dst.to(device))
         self.drafter.copy_slots(src, dst)
 
     def _hidden(self) -> torch.Tensor | None:

@@ -70,7 +70,8 @@ class DraftModelDrafter(ModelTreeDrafter):
                 f"({runner.config.vocab_size}); the draft must share the tokenizer"
             )
         model = load_model(hf_dir, config, runner.dtype, runner.device, TorchLayers())
-        pool, backend = draft_kv(args, runner, [la.self_attn for la in model.model.layers])
+        attns = [la.self_attn for la in model.model.layers]
+        pool, backend = draft_kv(args, runner, attns, model.create_kv_pool)
         logger.info(
             "draft model %s: %d layers, KV %d bytes/token",
             args.speculative_draft_path,
@@ -130,6 +131,4 @@ class DraftModelDrafter(ModelTreeDrafter):
             self._dkv[v.req] = v.start + kept
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        src, dst = src.to(self.device), dst.to(self.device)
-        for buf in self.kv_pool.k_buffer + self.kv_pool.v_buffer:
-            buf.index_copy_(0, dst, buf.index_select(0, src))
+        self.kv_pool.copy_slots(src.to(self.device), dst.to(self.device))

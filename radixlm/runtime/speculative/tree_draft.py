@@ -23,7 +23,7 @@ from radixlm.runtime.executor.memory import KVPool
 from radixlm.runtime.speculative.base import DraftContext, Drafter, DraftTree
 
 
-def draft_kv(args, runner, attns: list) -> tuple[KVPool, object]:
+def draft_kv(args, runner, attns: list, new_pool=None) -> tuple[KVPool, object]:
     """A drafter's own K/V pool, slot-aligned with the target's, and its attention backend.
 
     Args:
@@ -31,21 +31,28 @@ def draft_kv(args, runner, attns: list) -> tuple[KVPool, object]:
         runner: the target's ModelRunner (pool size, KV dtype, device, backend name).
         attns: the drafter's attention modules, one per layer (num_heads, num_kv_heads,
             head_dim, scaling, sliding_window; the first one's shape for all).
+        new_pool: new_pool(num_slots, dtype, device, padding_slots) -> the pool, where the
+            drafter is a model with its own cache layout (`CausalLM.create_kv_pool`: a
+            latent pool for MLA); None for a `KVPool` of the attention modules' shape.
 
     Returns:
-        (pool, backend): a KVPool with as many slots as the target's, and an attention
+        (pool, backend): a pool with as many slots as the target's, and an attention
         backend over it with the drafter's scale and sliding windows.
     """
     attn, num_layers = attns[0], len(attns)
-    pool = KVPool(
-        runner.kv_pool.k_buffer[0].shape[0],
-        num_layers,
-        attn.num_kv_heads,
-        attn.head_dim,
-        runner.kv_pool.dtype,
-        runner.device,
-        padding_slots=args.page_size,
-    )
+    num_slots, dtype = runner.kv_pool.k_buffer[0].shape[0], runner.kv_pool.dtype
+    if new_pool is not None:
+        pool = new_pool(num_slots, dtype, runner.device, args.page_size)
+    else:
+        pool = KVPool(
+            num_slots,
+            num_layers,
+            attn.num_kv_heads,
+            attn.head_dim,
+            dtype,
+            runner.device,
+            padding_slots=args.page_size,
+        )
     backend = create_attention_backend(
         runner.attention_backend,
         pool,

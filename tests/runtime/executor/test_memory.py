@@ -1,4 +1,4 @@
-"""Paged allocator, request-to-token pool and KV pool sizing."""
+"""Paged allocator, request-to-token pool, KV pool sizing and the latent (MLA) KV pool."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import torch
 
 from radixlm.runtime.executor.memory import (
     KVPool,
+    LatentKVPool,
     OutOfSlotsError,
     PagedAllocator,
     ReqToTokenPool,
     kv_bytes_per_token,
     kv_capacity_tokens,
+    latent_kv_bytes_per_token,
 )
 
 
@@ -112,3 +114,21 @@ def test_kv_bytes_per_token_smollm2_fp32():
     assert pool.bytes_per_token == 46_080
     assert pool.k_buffer[0].shape == (8, 3, 64)
     assert kv_capacity_tokens(46_080 * 100 + 5, 46_080, 16) == 96
+
+
+def test_latent_pool_stores_one_row_whose_head_is_the_value():
+    """[latent ; rope key] per slot and layer; V is the latent part of that same storage,
+    so writing K writes V; a move between overlapping slot ranges keeps every row."""
+    pool = LatentKVPool(16, num_layers=2, kv_lora_rank=6, rope_dim=2, dtype=torch.float32,
+                        padding_slots=4)  # fmt: skip
+    assert pool.k_buffer[1].shape == (16, 1, 8) and pool.v_buffer[1].shape == (16, 1, 6)
+    assert pool.v_buffer[1].data_ptr() == pool.k_buffer[1].data_ptr()
+    assert pool.bytes_per_token == latent_kv_bytes_per_token(2, 6, 2, torch.float32) == 64
+    rows = torch.arange(4 * 8, dtype=torch.float32).view(4, 1, 8)
+    loc = torch.tensor([5, 6, 7, 8])
+    pool.set_kv(1, loc, rows, rows[..., :6])
+    assert torch.equal(pool.v_buffer[1][loc], rows[..., :6])
+    pool.copy_slots(torch.tensor([6, 7, 8]), torch.tensor([5, 6, 7]))
+    assert torch.equal(pool.k_buffer[1][5:8], rows[1:])
+    assert torch.equal(pool.v_buffer[1][5:8], rows[1:, :, :6])
+    assert pool.k_buffer[0].abs().sum() == 0

@@ -9,9 +9,18 @@ scaled by sigmoid(shared_expert_gate(x)).
 Routing follows transformers 5.25 (`models/{mixtral,qwen2_moe,qwen3_moe}/modeling_*.py`):
 logits = x @ gate.T in x's dtype, softmax over the experts in fp32, top-k (torch.topk, so
 the same experts on ties), the k weights renormalised to sum 1 where `norm_topk_prob`
-(Mixtral always), cast back to x's dtype. The sigmoid router (DeepSeek-V3's scores,
-without its correction bias, group limit or scaling factor) takes sigmoid(logits) in fp32
+(Mixtral always), cast back to x's dtype. The sigmoid router takes sigmoid(logits) in fp32
 instead of the softmax.
+
+DeepSeek's routers add (transformers 5.25 `models/deepseek_v{2,3}/modeling_*.py`;
+DeepSeek-V2 report section 2.2; DeepSeek-V3 report section 2.1.2):
+  * a group limit (`num_groups` > 1): the E experts form equal groups, each scored by its
+    best expert (V2's group_limited_greedy, `group_score` "max") or the sum of its best two
+    (V3, "top2_sum"); only the experts of the `topk_groups` best groups may be chosen;
+  * V3's correction bias (`correction_bias`, the gate's `e_score_correction_bias` [E]):
+    added to the scores to choose the experts, not to their weights;
+  * `routed_scaling_factor`, multiplying the final weights.
+The weights are the chosen experts' scores (gathered, so without the bias).
 
 The block holds its weights under the checkpoint's names relative to `prefix`
 (`gate.weight`, `experts.{e}.{gate,up,down}_proj.weight`, `shared_expert.*`,
@@ -31,6 +40,7 @@ from torch import nn
 from radixlm.runtime.executor.layers.moe_experts import ExpertsImpl, TorchExperts
 
 ROUTERS = ("softmax", "sigmoid")
+GROUP_SCORES = ("max", "top2_sum")
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,11 @@ class MoEOptions:
         shared_intermediate: width of the shared expert every token runs, or None.
         shared_expert_gate: scale the shared expert by sigmoid(x @ shared_expert_gate.T).
         activation: the experts' gate activation; only "silu" (SwiGLU).
+        num_groups, topk_groups: the group limit (module docstring); 1 and 1 for none.
+        group_score: how a group is scored, one of `GROUP_SCORES`.
+        correction_bias: the gate holds `e_score_correction_bias` [E], added to the scores
+            for the choice only.
+        routed_scaling_factor: multiplies the routed experts' weights.
     Raises ValueError on a bad value (named).
     """
 
@@ -57,6 +72,11 @@ class MoEOptions:
     shared_intermediate: int | None = None
     shared_expert_gate: bool = False
     activation: str = "silu"
+    num_groups: int = 1
+    topk_groups: int = 1
+    group_score: str = "max"
+    correction_bias: bool = False
+    routed_scaling_factor: float = 1.0
 
     def __post_init__(self):
         if not 1 <= self.top_k <= self.num_experts:
@@ -75,6 +95,23 @@ class MoEOptions:
             raise ValueError(f"shared_intermediate must be >= 1, got {self.shared_intermediate}")
         if self.shared_expert_gate and self.shared_intermediate is None:
             raise ValueError("shared_expert_gate needs a shared expert (shared_intermediate)")
+        self._check_groups()
+
+    def _check_groups(self) -> None:
+        g, e = self.num_groups, self.num_experts
+        if g < 1 or e % g:
+            raise ValueError(f"num_groups must divide num_experts={e}, got {g}")
+        if not 1 <= self.topk_groups <= g:
+            raise ValueError(f"topk_groups must be in [1, num_groups={g}], got {self.topk_groups}")
+        if self.group_score not in GROUP_SCORES:
+            raise ValueError(f"group_score must be one of {GROUP_SCORES}, got {self.group_score!r}")
+        if g > 1 and self.group_score == "top2_sum" and e // g < 2:
+            raise ValueError(f"group_score 'top2_sum' needs >= 2 experts per group, got {e // g}")
+        if g > 1 and self.top_k > self.topk_groups * (e // g):
+            raise ValueError(
+                f"top_k={self.top_k} exceeds the experts of topk_groups={self.topk_groups} "
+                f"groups of {e // g}"
+            )
 
     @classmethod
     def from_config(cls, config) -> MoEOptions:
@@ -146,8 +183,11 @@ class ExpertCounter:
         return self.total / self.steps if self.steps else 0.0
 
 
-def route(logits: torch.Tensor, opts: MoEOptions) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k routing of router logits [T, E] (see the module docstring).
+def route(
+    logits: torch.Tensor, opts: MoEOptions, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing of router logits [T, E] (see the module docstring); `bias` [E] is the
+    correction bias where `opts.correction_bias`.
 
     Returns weights [T, k] in logits' dtype and expert ids [T, k] int64, each row's
     experts in descending score order."""
@@ -155,10 +195,30 @@ def route(logits: torch.Tensor, opts: MoEOptions) -> tuple[torch.Tensor, torch.T
         scores = F.softmax(logits, dim=-1, dtype=torch.float32)
     else:
         scores = torch.sigmoid(logits.float())
-    weights, ids = torch.topk(scores, opts.top_k, dim=-1)
+    choice = scores if bias is None else scores + bias.float()
+    if opts.num_groups > 1:
+        choice = _limit_to_groups(choice, opts)
+    ids = torch.topk(choice, opts.top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
     if opts.norm_topk_prob:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    if opts.routed_scaling_factor != 1.0:
+        weights = weights * opts.routed_scaling_factor
     return weights.to(logits.dtype), ids
+
+
+def _limit_to_groups(choice: torch.Tensor, opts: MoEOptions) -> torch.Tensor:
+    """choice [T, E] with the experts outside each token's `topk_groups` best groups set to
+    -inf (groups scored by `opts.group_score`)."""
+    t, e, g = choice.shape[0], choice.shape[1], opts.num_groups
+    grouped = choice.view(t, g, e // g)
+    if opts.group_score == "max":
+        group_scores = grouped.max(dim=-1).values
+    else:
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+    best = torch.topk(group_scores, opts.topk_groups, dim=-1).indices
+    keep = torch.zeros(t, g, dtype=torch.bool, device=choice.device).scatter_(1, best, True)
+    return choice.masked_fill(~keep.repeat_interleave(e // g, dim=1), float("-inf"))
 
 
 def distinct_experts(ids: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -180,7 +240,8 @@ class SparseMoeBlock(nn.Module):
         prefix: the block's checkpoint name (e.g. "model.layers.3.mlp"); the experts'
             names under it let a panel source find per-weight data (GGUF blocks).
 
-    Holds `gate` (nn.Linear [E, hidden], no bias), `experts` (E holders with gate_proj /
+    Holds `gate` (nn.Linear [E, hidden], no bias; with `opts.correction_bias` also its
+    `e_score_correction_bias` [E]), `experts` (E holders with gate_proj /
     up_proj / down_proj, from `experts_impl.expert`) and, with a shared expert,
     `shared_expert` and `shared_expert_gate` [1, hidden]. `process_weights_after_loading`
     hands the loaded experts to `experts_impl.build`, whose module `grouped_experts`
@@ -195,6 +256,9 @@ class SparseMoeBlock(nn.Module):
         self.prefix = prefix
         sep = f"{prefix}." if prefix else ""
         self.gate = nn.Linear(opts.hidden, opts.num_experts, bias=False)
+        if opts.correction_bias:
+            bias = torch.zeros(opts.num_experts)
+            self.gate.e_score_correction_bias = nn.Parameter(bias, requires_grad=False)
         self.experts = nn.ModuleList(
             self.impl.expert(opts.hidden, opts.intermediate, f"{sep}experts.{e}")
             for e in range(opts.num_experts)
@@ -218,7 +282,12 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.grouped_experts is None:
             raise RuntimeError("SparseMoeBlock: call process_weights_after_loading() first")
-        weights, ids = route(self.gate(x), self.opts)
+        w = self.gate.weight
+        # A router kept in fp32 (DeepSeek-V3's) scores x in fp32.
+        logits = self.gate(x) if w.dtype == x.dtype else F.linear(x.to(w.dtype), w)
+        bias = getattr(self.gate, "e_score_correction_bias", None)
+        weights, ids = route(logits, self.opts, bias)
+        weights = weights.to(x.dtype)
         self.counter.record(distinct_experts(ids, self.opts.num_experts))
         out = self.grouped_experts(x, ids, weights)
         if self.shared_expert is not None:

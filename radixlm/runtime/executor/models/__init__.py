@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from radixlm.errors import UnsupportedModelError
 from radixlm.runtime.executor.models.decoder import CausalLM
+from radixlm.runtime.executor.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from radixlm.runtime.executor.models.gemma3 import Gemma3ForCausalLM
 from radixlm.runtime.executor.models.llama import (
     LlamaForCausalLM,
@@ -29,6 +30,8 @@ MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,  # also Kimi-K2's configs
 }
 
 

@@ -21,6 +21,7 @@ from torch import nn
 from radixlm.errors import UnsupportedModelError
 from radixlm.kernels import AttentionBackend, ForwardBatch, ForwardMode
 from radixlm.runtime.executor.layers.blocks import AttentionOptions, RotaryEmbedding, run_in_order
+from radixlm.runtime.executor.memory import KVPool, kv_bytes_per_token
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.layers.base import LayerFactory
@@ -74,6 +75,9 @@ class CausalLM(nn.Module):
     #: When True, `forward` keeps the normed last hidden states of every new token
     #: (float [T, hidden]) in `last_hidden` (EAGLE drafting reads them).
     capture_hidden = False
+    #: Name suffixes of tensors loaded in float32 whatever the model dtype (routers whose
+    #: choices are sensitive to rounding, as transformers keeps them).
+    fp32_tensors: tuple[str, ...] = ()
     last_hidden: torch.Tensor | None = None
 
     def __init__(self, config, layers: LayerFactory):
@@ -126,6 +130,30 @@ class CausalLM(nn.Module):
     def rotary_embedding(self, config) -> nn.Module:
         """The module giving each step's RoPE tables (called with positions, dtype)."""
         return RotaryEmbedding(config)
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        """KV cache bytes per token in `dtype` (every layer), as `create_kv_pool` stores
+        them: per-head K and V of layer 0's attention shape by default."""
+        attn = self.model.layers[0].self_attn
+        layers = self.config.num_hidden_layers
+        return kv_bytes_per_token(layers, attn.num_kv_heads, attn.head_dim, dtype)
+
+    def create_kv_pool(
+        self, num_slots: int, dtype: torch.dtype, device, padding_slots: int
+    ) -> KVPool:
+        """The KV pool of `num_slots` slots this model's attention writes and reads (a
+        `KVPool` of layer 0's attention shape by default; `padding_slots` leading slots
+        zeroed)."""
+        attn = self.model.layers[0].self_attn
+        return KVPool(
+            num_slots,
+            self.config.num_hidden_layers,
+            attn.num_kv_heads,
+            attn.head_dim,
+            dtype,
+            device,
+            padding_slots=padding_slots,
+        )
 
     # -------------------------------------------------------------------------------
 
