@@ -53,3 +53,34 @@ def make_latent_case(
     )  # fmt: skip
     pool = LatentPool(case.pool.k_buffer, rank)
     return LatentCase(pool, case.fb, case.q, case.k, case.k[:, :, :rank], case.scaling)
+
+
+class SeparatePool(LatentPool):
+    """K [num_slots, Hkv, Dk] and a buffer of its own V [num_slots, Hkv, Dv] (Dv != Dk, not
+    a view); `set_kv` writes both."""
+
+    def __init__(self, k_buffer: list[torch.Tensor], v_buffer: list[torch.Tensor]):
+        self.k_buffer, self.v_buffer = k_buffer, v_buffer
+        self.dtype = k_buffer[0].dtype
+
+    def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k_buffer[layer_id].index_copy_(0, loc, k.to(self.dtype))
+        self.v_buffer[layer_id].index_copy_(0, loc, v.to(self.dtype))
+
+    def clone(self) -> SeparatePool:
+        return SeparatePool([b.clone() for b in self.k_buffer], [b.clone() for b in self.v_buffer])
+
+
+def separate_values(case: LatentCase, seed: int = 1) -> LatentCase:
+    """The case with V in a buffer of its own: random values of the latent's width where K
+    has a value (the padding page stays zero, unused slots NaN), and random new V."""
+    gen = torch.Generator().manual_seed(seed)
+    k = case.pool.k_buffer[0]
+    v = case.pool.v_buffer[0].clone()
+    finite = torch.isfinite(v)
+    v[finite] = torch.randn(int(finite.sum()), generator=gen).to(v.dtype)
+    v[~finite.any(-1).any(-1)] = float("nan")
+    v[(k == 0).all(-1).all(-1)] = 0
+    new_v = torch.randn(case.v.shape, generator=gen).to(case.v.dtype)
+    pool = SeparatePool([k], [v])
+    return LatentCase(pool, case.fb, case.q, case.k, new_v, case.scaling)
