@@ -72,7 +72,7 @@ def test_torch_native_latent_pool_matches_dense_reference(mode, page_size, heads
 @pytest.mark.parametrize("heads,rank,rope", [(4, 32, 8), (16, 512, 64)])
 def test_torch_native_bfloat16(mode, heads, rank, rope):
     """bf16 queries over a bf16 latent pool: SDPA in bf16 against the fp64 reference of
-    the same bf16 values."""
+    the same bf16 values; the cpu backend serves it by torch_native."""
     fmode, prefix_lens, extend_lens = MODES[mode]
     case = make_latent_case(
         fmode, prefix_lens, extend_lens, heads=heads, rank=rank, rope_dim=rope,
@@ -81,6 +81,8 @@ def test_torch_native_bfloat16(mode, heads, rank, rope):
     out, _, _ = _run("torch_native", case)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), dense_reference(case), atol=2e-2, rtol=2e-2)
+    cpu_out, _, cpu = _run("cpu", case)  # bf16 pools are outside the C kernels
+    assert type(cpu).__name__ == "TorchNativeBackend" and torch.equal(cpu_out, out)
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
