@@ -23,6 +23,18 @@ from radixlm.kernels.forward_batch import ForwardBatch, ForwardMode
 from radixlm.kernels.sliding_window import layer_windows
 
 
+def latent_value_view(k_buf: torch.Tensor, v_buf: torch.Tensor) -> bool:
+    """Whether `v_buf` [num_slots, Hkv, Dv] is a view of the first Dv elements of each row of
+    `k_buf` [num_slots, Hkv, Dk] (same memory and row strides, Dv < Dk): a latent pool,
+    whose `set_kv` writes K alone."""
+    return (
+        v_buf.data_ptr() == k_buf.data_ptr()
+        and v_buf.shape[:-1] == k_buf.shape[:-1]
+        and v_buf.stride() == k_buf.stride()
+        and v_buf.shape[-1] < k_buf.shape[-1]
+    )
+
+
 class FusedLayerTables(NamedTuple):
     """What a fused layer stack (one kernel running every decoder layer of a step, e.g.
     `CpuKernels.decode_layers`) needs to do this step's attention itself.
@@ -48,8 +60,11 @@ class AttentionBackend(abc.ABC):
     """Paged attention over a `KVPool`-like object with `k_buffer`, `v_buffer`, `set_kv`.
 
     Args:
-        kv_pool: object exposing per-layer `k_buffer[l]`, `v_buffer[l]`
-            ([num_slots, num_kv_heads, head_dim]) and `set_kv(layer, loc, k, v)`.
+        kv_pool: object exposing per-layer `k_buffer[l]` [num_slots, num_kv_heads, Dk],
+            `v_buffer[l]` [num_slots, num_kv_heads, Dv] and `set_kv(layer, loc, k, v)`.
+            Dv may differ from Dk, and `v_buffer[l]` may be a strided view of the first Dv
+            elements of each `k_buffer[l]` row (a latent pool: multi-head latent attention
+            in absorbed form, `latent_value_view`; docs/kernels.md).
         scaling: softmax scale, normally head_dim ** -0.5.
         sliding_windows: one entry per layer (len(kv_pool.k_buffer)): the layer's
             sliding window W (the query at position i sees keys i - W + 1 .. i;
@@ -69,6 +84,11 @@ class AttentionBackend(abc.ABC):
         self.sliding_windows = layer_windows(sliding_windows, len(kv_pool.k_buffer))
         #: Whether any layer has a window.
         self.has_windows = any(w is not None for w in self.sliding_windows)
+        k0, v0 = kv_pool.k_buffer[0], kv_pool.v_buffer[0]
+        #: Key and value head dims (Dk, Dv); they differ for multi-head latent attention.
+        self.k_head_dim, self.v_head_dim = k0.shape[-1], v0.shape[-1]
+        #: Whether each V buffer is the first Dv elements of its K buffer's rows.
+        self.latent_values = latent_value_view(k0, v0)
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:  # noqa: B027
         """Prepare per-step metadata once, before the layers run (default: nothing)."""
@@ -87,9 +107,10 @@ class AttentionBackend(abc.ABC):
         """Store k, v and attend.
 
         Args:
-            q: [T, num_heads, head_dim]; k, v: [T, num_kv_heads, head_dim] (RoPE applied).
+            q: [T, num_heads, Dk]; k: [T, num_kv_heads, Dk]; v: [T, num_kv_heads, Dv]
+                (RoPE applied).
         Returns:
-            [T, num_heads, head_dim] attention output in q's dtype.
+            [T, num_heads, Dv] attention output in q's dtype.
         """
         self.set_kv(layer_id, fb.out_cache_loc, k, v)
         if fb.mode is ForwardMode.DECODE:

@@ -7,6 +7,11 @@ block for SDPA; extend runs FlashAttention-style blocks over the slot list
 float16 pools (`--kv-cache-dtype float16`: half the KV bytes, computed in fp32);
 `create_attention_backend` falls back to torch_native where the CPU kernels cannot be
 built or the pool's dtype or shape is outside them (`supports_pool`).
+
+A pool whose V rows differ from its K rows (Dv != Dk, or V a view of K's first Dv
+elements: multi-head latent attention) decodes through `decode_attention_mla.c`, which
+reads each latent row once for all query heads; its K/V store is the pool's own `set_kv`,
+and the fused decode-layer stack is not offered it.
 """
 
 from __future__ import annotations
@@ -20,15 +25,19 @@ from radixlm.kernels.torch_native import TorchNativeBackend
 
 
 def supports_pool(kv_pool, num_heads: int | None) -> bool:
-    """Whether the C kernels can serve this pool: float32 or float16 CPU buffers, head_dim a
-    multiple of 8, V as wide as K (not a latent pool), and (when known) the query heads a
-    multiple of the KV heads."""
-    k = kv_pool.k_buffer[0]
+    """Whether the C kernels can serve this pool: float32 or float16 CPU buffers, K and V
+    head dims multiples of 8, each slot's V heads contiguous (V may be a view of K), and
+    (when known) the query heads a multiple of the KV heads."""
+    k, v = kv_pool.k_buffer[0], kv_pool.v_buffer[0]
     return (
         k.dtype in KV_DTYPES
         and k.device.type == "cpu"
+        and k.is_contiguous()
         and k.shape[2] % 8 == 0
-        and kv_pool.v_buffer[0].shape[2] == k.shape[2]
+        and v.dtype == k.dtype
+        and v.shape[2] % 8 == 0
+        and v.stride(2) == 1
+        and (v.shape[1] == 1 or v.stride(1) == v.shape[2])
         and (num_heads is None or num_heads % k.shape[1] == 0)
     )
 
@@ -50,8 +59,12 @@ class CpuNativeBackend(TorchNativeBackend):
         #: Each layer's window as the kernels take it (0: none).
         self._windows = [w or 0 for w in self.sliding_windows]
         self.kernels = kernels
-        #: Whether extend attention runs the C kernel (head_dim % 16 == 0).
-        self.extend_kernel = kv_pool.k_buffer[0].shape[2] % 16 == 0
+        #: Whether extend attention runs the C kernel (K and V head dims % 16 == 0).
+        self.extend_kernel = self.k_head_dim % 16 == 0 and self.v_head_dim % 16 == 0
+        #: Whether K and V rows are alike and packed: the C store and the fused stack.
+        self.plain_pool = kv_pool.v_buffer[0].shape == kv_pool.k_buffer[0].shape and all(
+            b.is_contiguous() for b in (kv_pool.k_buffer[0], kv_pool.v_buffer[0])
+        )
         if self.extend_kernel:
             self.forward_extend = self._extend_kernel
 
@@ -61,7 +74,7 @@ class CpuNativeBackend(TorchNativeBackend):
         self._ext = fb.extend_seq_lens.to(torch.int64)
 
     def _extend_kernel(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
-        """forward_extend by the C kernel: q [T, H, D] -> [T, H, D] in q's dtype."""
+        """forward_extend by the C kernel: q [T, H, Dk] -> [T, H, Dv] in q's dtype."""
         k_buf, v_buf = self._layer_kv(layer_id)
         out = self.kernels.extend_attention(
             q.float(), k_buf, v_buf, self._slots, self._lens, self._ext, self.scaling,
@@ -70,7 +83,7 @@ class CpuNativeBackend(TorchNativeBackend):
         return out.to(q.dtype)
 
     def _layer_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer's K and V buffers, float32 or float16 [num_slots, Hkv, D]."""
+        """One layer's K and V buffers, float32 or float16 [num_slots, Hkv, Dk / Dv]."""
         return self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
 
     def _padding_mask(self, valid: torch.Tensor, max_len: int) -> None:
@@ -81,9 +94,10 @@ class CpuNativeBackend(TorchNativeBackend):
         """Tables for `CpuKernels.decode_layers`: every DECODE step, and every causal
         EXTEND or TARGET_VERIFY step (`causal_step`) when extend attention runs the C
         kernel (`ext_lens` None when each request has one new token: the decode kernel
-        serves it). None otherwise (tree-masked verifies, head_dim % 16 != 0, and every
-        step when a layer has a sliding window: the fused stack has no window argument)."""
-        if self.has_windows:
+        serves it). None otherwise (tree-masked verifies, head_dim % 16 != 0, pools whose V
+        rows are not K's shape packed, e.g. latent pools, and every step when a layer has a
+        sliding window: the fused stack has no window argument)."""
+        if self.has_windows or not self.plain_pool:
             return None
         if fb.mode is ForwardMode.DECODE:
             ext_lens = None
@@ -99,6 +113,9 @@ class CpuNativeBackend(TorchNativeBackend):
         )
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        if not self.plain_pool:  # the pool knows what it stores (a latent pool: K alone)
+            self.kv_pool.set_kv(layer_id, loc, k, v)
+            return
         self.kernels.store_kv(k.float(), v.float(), *self._layer_kv(layer_id), loc)
 
     def forward_decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:

@@ -65,7 +65,10 @@ class FlashInferBackend(AttentionBackend):
     Args:
         kv_pool, scaling, sliding_windows: as `AttentionBackend`.
         num_heads: query heads. page_size: slots per KV page. dtype: query dtype.
-    Raises ImportError when flashinfer is missing (the registry checks first).
+    Raises ImportError when flashinfer is missing (the registry checks first), ValueError
+    for a pool whose V rows are not its K rows' shape (Dv != Dk, e.g. multi-head latent
+    attention's latent pool): FlashInfer's MLA wrapper takes the latent and rope parts as
+    separate paged caches and is not wired here; the triton backend serves such pools.
     """
 
     supports_cuda_graph = True
@@ -79,10 +82,16 @@ class FlashInferBackend(AttentionBackend):
         dtype: torch.dtype | None = None,
         sliding_windows=None,
     ):
+        k0, v0 = kv_pool.k_buffer[0], kv_pool.v_buffer[0]
+        if v0.shape != k0.shape:
+            raise ValueError(
+                f"the flashinfer backend needs V rows shaped like K rows, got K "
+                f"{tuple(k0.shape[1:])} and V {tuple(v0.shape[1:])} (multi-head latent "
+                "attention?); use --attention-backend triton"
+            )
         import flashinfer
 
         super().__init__(kv_pool, scaling, sliding_windows)
-        k0 = kv_pool.k_buffer[0]
         self.page_size = page_size
         self.num_heads = num_heads
         self.num_kv_heads, self.head_dim = k0.shape[1], k0.shape[2]

@@ -18,6 +18,9 @@ class TorchNativeBackend(AttentionBackend):
     K/V into a padded [B, L] block and runs one masked SDPA. Grouped-query attention uses
     SDPA's `enable_gqa`. The Triton and FlashInfer backends must match this one.
 
+    V may be narrower than K (Dv < Dk: multi-head latent attention, whose V is the first
+    Dv elements of each latent K row, `latent_values`: gathered once, V sliced from K).
+
     A layer with a sliding window (`sliding_windows`) adds the window to those masks: one
     mask per window, built on the first layer of the step that needs it and kept for the
     step's other layers of that window; layers without one build nothing.
@@ -77,15 +80,12 @@ class TorchNativeBackend(AttentionBackend):
 
     def _per_request(self, q: torch.Tensor, layer_id: int, mask_of) -> torch.Tensor:
         """One SDPA per request; `mask_of(i, n, s, p)` -> bool [n, s] or None (causal)."""
-        k_buf = self.kv_pool.k_buffer[layer_id]
-        v_buf = self.kv_pool.v_buffer[layer_id]
-        out = q.new_empty(*q.shape[:2], v_buf.shape[-1])  # V may be narrower than K (MLA)
+        out = q.new_empty(*q.shape[:2], self.v_head_dim)
         start = 0
         for i, (n, s, p) in enumerate(zip(self._ext_lens, self._seq_lens, self._pre_lens)):
-            slots = self._slots[i, :s]
-            qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-            ki = k_buf.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
-            vi = v_buf.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
+            qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, Dk]
+            ki, vi = self._gather_kv(layer_id, self._slots[i, :s], q.dtype)
+            ki, vi = ki.transpose(0, 1).unsqueeze(0), vi.transpose(0, 1).unsqueeze(0)
             mask = mask_of(i, n, s, p)
             o = F.scaled_dot_product_attention(
                 qi,
@@ -100,14 +100,22 @@ class TorchNativeBackend(AttentionBackend):
             start += n
         return out
 
-    def forward_decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
-        flat = self._slots.flatten()
-        # index_select is several times faster than advanced indexing on CPU.
+    def _gather_kv(
+        self, layer_id: int, slots: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K [*slots.shape, Hkv, Dk] and V [*slots.shape, Hkv, Dv] of `slots` in `dtype`; a
+        latent pool's V is the first Dv elements of the gathered K (one gather)."""
         k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
-        k = k_buf.index_select(0, flat).view(*self._slots.shape, *k_buf.shape[1:])
-        v = v_buf.index_select(0, flat).view(*self._slots.shape, *v_buf.shape[1:])
-        k = k.to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
-        v = v.to(q.dtype).transpose(1, 2)  # [B, Hkv, L, Dv]
+        flat = slots.flatten()
+        # index_select is several times faster than advanced indexing on CPU.
+        k = k_buf.index_select(0, flat).view(*slots.shape, *k_buf.shape[1:]).to(dtype)
+        if self.latent_values:
+            return k, k[..., : self.v_head_dim]
+        return k, v_buf.index_select(0, flat).view(*slots.shape, *v_buf.shape[1:]).to(dtype)
+
+    def forward_decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        k, v = self._gather_kv(layer_id, self._slots, q.dtype)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, L, Dk], [B, Hkv, L, Dv]
         window = self.sliding_windows[layer_id]
         if window is None:
             mask = self._decode_mask
@@ -121,7 +129,7 @@ class TorchNativeBackend(AttentionBackend):
                 )
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), k, v, attn_mask=mask, scale=self.scaling, enable_gqa=True
-        )  # [B, H, 1, D]
+        )  # [B, H, 1, Dv]
         return o.squeeze(2)
 
     def _decode_window_mask(self, window: int, dtype: torch.dtype) -> torch.Tensor:

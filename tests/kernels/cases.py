@@ -126,13 +126,13 @@ def make_case(
 
 def dense_reference(case: Case) -> torch.Tensor:
     """Attention of every new token written out densely from the table and the mask
-    (after storing the new K/V): the reference for torch_native itself. fp64 [T, H, D]."""
+    (after storing the new K/V): the reference for torch_native itself. fp64 [T, H, Dv]."""
     fb, pool = case.fb, case.pool
     k_buf, v_buf = pool.k_buffer[0].clone(), pool.v_buffer[0].clone()
     loc = fb.out_cache_loc
     k_buf[loc], v_buf[loc] = case.k.to(k_buf.dtype), case.v.to(v_buf.dtype)
     heads, kv_heads = case.q.shape[1], k_buf.shape[1]
-    out = torch.empty(case.q.shape, dtype=torch.float64)
+    out = torch.empty(*case.q.shape[:2], v_buf.shape[-1], dtype=torch.float64)
     start = 0
     offsets = fb.mask_indptr.tolist() if fb.mask_indptr is not None else None
     for i in range(fb.batch_size):

@@ -12,8 +12,12 @@ may be float32 or float16, `KV_DTYPES`):
   (`CpuKernels.decode_attention`; `decode_attention_kv.h` is its body, once per KV dtype),
   in 512-bit vectors where `gemm_isa` is "avx512" and head_dim % 64 == 0; requests that
   share a cached prefix attend over it together (cascade attention);
+* `decode_attention_mla.c`: decode attention whose V rows are narrower than K or a view of
+  them (multi-head latent attention's latent pool, docs/kernels.md): each K row read once
+  for all the query heads of its KV head, keys split across threads when requests are few
+  (`decode_attention_mla_kv.h` is its body, once per KV dtype);
 * `extend_attention.c`: paged causal prefill attention, FlashAttention-style blocks
-  (`CpuKernels.extend_attention`);
+  (`CpuKernels.extend_attention`), K and V rows of their own widths and strides;
 * `elementwise.c`: RMSNorm, silu(gate) * up, RoPE in place, and the KV-pool store;
 * `decode_layer.c`: all the Llama decoder layers of a decode step (or a short causal
   extend) in one call.

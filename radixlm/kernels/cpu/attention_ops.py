@@ -1,7 +1,10 @@
-"""The paged attention kernels (`decode_attention.c`, `extend_attention.c`) and the KV
-store, with the checks of their inputs. `CpuKernels` inherits them.
+"""The paged attention kernels (`decode_attention.c`, `decode_attention_mla.c`,
+`extend_attention.c`) and the KV store, with the checks of their inputs. `CpuKernels`
+inherits them.
 
 The KV pool's buffers may be float32 or float16 (`KV_DTYPES`); the kernels compute in fp32.
+V rows may be narrower than K rows and lie at their own stride, as a view of K's first
+Dv elements (multi-head latent attention's pool, docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -24,7 +27,12 @@ class AttentionKernels:
         p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
         attn_args = [p, i64, p, p, i32, p, i64, p, p, i64, i64, i64, i64, f32, i64, i32]
         self._attn = bind(lib.radixlm_decode_attention, attn_args, ctypes.c_int)
-        ext_args = [p, i64, p, p, i32, p, i64, p, p, p, i64, i64, i64, i64, f32, i64, i32]
+        # q, ldq, k, ldk, v, ldv, f16, slots, ld_slots, seq_lens, [ext_lens,] out, B, H, Hkv,
+        # Dk, Dv, scale, window, threads
+        mla_args = [p, i64, p, i64, p, i64, i32, p, i64, p, p, i64, i64, i64, i64, i64, f32]
+        mla_args += [i64, i32]
+        self._mla_attn = bind(lib.radixlm_decode_attention_mla, mla_args, ctypes.c_int)
+        ext_args = mla_args[:10] + [p] + mla_args[10:]
         self._ext_attn = bind(lib.radixlm_extend_attention, ext_args, ctypes.c_int)
         self._store_kv = bind(lib.radixlm_store_kv, [p, p, i64, p, p, i32, p, i64, i64, i32])
 
@@ -42,34 +50,37 @@ class AttentionKernels:
         """Causal softmax(scale * q K^T) V of every new token of an extend step.
 
         Args:
-            q: float32 [T, H, D], T = ext_lens.sum(), each request's new tokens in order;
-                token rows may be strided (else it is copied); D a multiple of 16.
-            k_buf, v_buf: float32 or float16 [num_slots, Hkv, D] contiguous, one layer of
-                the KV pool, the new tokens' K/V already stored; H a multiple of Hkv.
+            q: float32 [T, H, Dk], T = ext_lens.sum(), each request's new tokens in order;
+                token rows may be strided (else it is copied); Dk a multiple of 16.
+            k_buf: float32 or float16 [num_slots, Hkv, Dk] contiguous, v_buf [num_slots,
+                Hkv, Dv] of the same dtype, Dv a multiple of 16, heads contiguous within a
+                slot, slots at any stride (a view of k_buf[:, :, :Dv] included): one layer
+                of the KV pool, the new tokens' K/V already stored; H a multiple of Hkv.
             slots: int64 [B, >= max(seq_lens)]; row b's first seq_lens[b] entries are the
                 request's KV slots in order (cached prefix, then the new tokens).
             seq_lens: int64 [B]; ext_lens: int64 [B], 1 <= ext_lens[b] <= seq_lens[b].
             window: sliding window, 0 for none.
         Returns:
-            float32 [T, H, D]: new token j of request b (position i = seq_lens[b] -
+            float32 [T, H, Dv]: new token j of request b (position i = seq_lens[b] -
             ext_lens[b] + j) attends over keys 0..i, or max(0, i - window + 1)..i with a
             window > 0. Raises ValueError on
             shapes or dtypes outside the above, MemoryError when the kernel cannot
             allocate its buffers.
         """
         t, h, d = q.shape
-        if d % 16:
-            raise ValueError(f"CPU extend attention needs D % 16 == 0, got D={d}")
+        dv = v_buf.shape[-1]
+        if d % 16 or dv % 16:
+            raise ValueError(f"CPU extend attention needs D % 16 == 0, got Dk={d}, Dv={dv}")
         b = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
-        q, slots, seq_lens, f16 = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
+        q, slots, seq_lens, (f16, ldk, ldv) = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
         _check_extend(ext_lens, seq_lens, t, d)
         _check_window(window)
         ext_lens = ext_lens.contiguous()
-        out = torch.empty(t, h, d, dtype=torch.float32)
+        out = torch.empty(t, h, dv, dtype=torch.float32)
         rc = self._ext_attn(
-            q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(), f16, slots.data_ptr(),
-            slots.shape[1], seq_lens.data_ptr(), ext_lens.data_ptr(), out.data_ptr(), b, h,
-            k_buf.shape[1], d, scale, window, torch.get_num_threads(),
+            q.data_ptr(), q.stride(0), k_buf.data_ptr(), ldk, v_buf.data_ptr(), ldv, f16,
+            slots.data_ptr(), slots.shape[1], seq_lens.data_ptr(), ext_lens.data_ptr(),
+            out.data_ptr(), b, h, k_buf.shape[1], d, dv, scale, window, torch.get_num_threads(),
         )  # fmt: skip
         if rc != 0:
             raise MemoryError("CPU extend attention could not allocate its buffers")
@@ -89,15 +100,22 @@ class AttentionKernels:
         sliding window > 0: over its last `window` keys; 0 for none).
 
         Args:
-            q: float32 [B, H, D], rows may be strided (else it is copied); D a multiple of 8.
-            k_buf, v_buf: float32 or float16 [num_slots, Hkv, D] contiguous (one dtype),
-                one layer of the KV pool; H a multiple of Hkv.
+            q: float32 [B, H, Dk], rows may be strided (else it is copied); Dk a multiple
+                of 8.
+            k_buf: float32 or float16 [num_slots, Hkv, Dk] contiguous, one layer of the KV
+                pool; H a multiple of Hkv. v_buf: the same dtype, [num_slots, Hkv, Dv]
+                contiguous with Dv == Dk (the plain kernel, `decode_attention.c`), or any
+                Dv multiple of 8 with heads contiguous within a slot and slots at any
+                stride, e.g. the view k_buf[:, :, :Dv] of a latent pool
+                (`decode_attention_mla.c`: every K row read once for all H / Hkv query
+                heads, V from the same rows while they are cached, keys split across
+                threads when requests are few).
             slots: int64 [B, >= max(seq_lens)] contiguous; row b's first seq_lens[b]
                 entries are the request's KV slots in order.
             seq_lens: int64 [B], each >= 1.
         Returns:
-            float32 [B, H, D]. Raises ValueError on shapes or dtypes outside the above,
-            MemoryError when the per-thread score buffers cannot be allocated.
+            float32 [B, H, Dv]. Raises ValueError on shapes or dtypes outside the above,
+            MemoryError when the per-thread buffers cannot be allocated.
 
         Requests whose slot lists start with the same >= 32 slots (a prefix the radix
         cache shares) read those keys once for all of them: cascade attention, the
@@ -107,8 +125,19 @@ class AttentionKernels:
         """
         b, h, d = q.shape
         hkv = k_buf.shape[1]
-        q, slots, seq_lens, f16 = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
+        q, slots, seq_lens, (f16, ldk, ldv) = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
         _check_window(window)
+        dv = v_buf.shape[2]
+        if dv != d or ldv != ldk:
+            out = torch.empty(b, h, dv, dtype=torch.float32)
+            rc = self._mla_attn(
+                q.data_ptr(), q.stride(0), k_buf.data_ptr(), ldk, v_buf.data_ptr(), ldv, f16,
+                slots.data_ptr(), slots.shape[1], seq_lens.data_ptr(), out.data_ptr(), b, h,
+                hkv, d, dv, scale, window, torch.get_num_threads(),
+            )  # fmt: skip
+            if rc != 0:
+                raise MemoryError("CPU decode attention could not allocate its buffers")
+            return out
         out = torch.empty(b, h, d, dtype=torch.float32)
         rc = self._attn(
             q.data_ptr(),
@@ -169,16 +198,45 @@ class AttentionKernels:
 
 
 def _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens):
-    """Checks an attention call's q (float32 [rows, H, D]), pool buffers and tables for B =
-    `b` requests (ValueError); returns (q, slots, seq_lens, kv_f16) ready for C: token rows
-    may stay strided (q inside a fused qkv row), heads and dims made contiguous."""
-    f16 = _check_pool(k_buf, v_buf, q.shape[1], q.shape[2])
+    """Checks an attention call's q (float32 [rows, H, Dk]), pool buffers and tables for B =
+    `b` requests (ValueError); returns (q, slots, seq_lens, (kv_f16, ldk, ldv)) ready for C
+    (`_kv_layout`): token rows may stay strided (q inside a fused qkv row), heads and dims
+    made contiguous."""
+    layout = _kv_layout(k_buf, v_buf, q.shape[1], q.shape[2])
     if q.dtype != torch.float32:
         raise ValueError(f"CPU attention is fp32 only, got {q.dtype}")
     _check_tables(b, slots, seq_lens)
     if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
         q = q.contiguous()
-    return q, slots.contiguous(), seq_lens.contiguous(), f16
+    return q, slots.contiguous(), seq_lens.contiguous(), layout
+
+
+def _kv_layout(k_buf: torch.Tensor, v_buf: torch.Tensor, heads: int, head_dim: int):
+    """One layer's K/V buffers for the attention kernels: K as `_check_pool`; V of K's dtype
+    and device, [slots, Hkv, Dv] with Dv % 8 == 0 and each slot's Hkv * Dv elements
+    contiguous, slots at any stride (a latent pool's view k_buf[:, :, :Dv]). Returns (kv_f16,
+    ldk, ldv): the kernels' kv_f16 flag and the K and V slot strides in elements."""
+    if v_buf.shape == k_buf.shape and v_buf.is_contiguous():
+        f16 = _check_pool(k_buf, v_buf, heads, head_dim)
+        return f16, v_buf.stride(0), v_buf.stride(0)
+    f16 = _check_pool(k_buf, k_buf, heads, head_dim)
+    hkv, dv = k_buf.shape[1], v_buf.shape[-1]
+    ok = (
+        v_buf.dtype == k_buf.dtype
+        and v_buf.device == k_buf.device
+        and v_buf.dim() == 3
+        and v_buf.shape[:2] == k_buf.shape[:2]
+        and dv % 8 == 0
+        and v_buf.stride(2) == 1
+        and (hkv == 1 or v_buf.stride(1) == dv)
+    )
+    if not ok:
+        raise ValueError(
+            f"unsupported V buffer {v_buf.dtype} {tuple(v_buf.shape)} strides {v_buf.stride()} "
+            f"for K {k_buf.dtype} {tuple(k_buf.shape)} (need [slots, Hkv, Dv] of K's dtype, "
+            "Dv % 8 == 0, each slot's heads contiguous)"
+        )
+    return f16, k_buf.stride(0), v_buf.stride(0)
 
 
 def _check_pool(k_buf: torch.Tensor, v_buf: torch.Tensor, heads: int, head_dim: int) -> int:

@@ -27,12 +27,16 @@ SOURCES = [
         "quant_gemm.c",
         "half_gemm.c",
         "decode_attention.c",
+        "decode_attention_mla.c",
         "extend_attention.c",
         "elementwise.c",
         "decode_layer.c",
     )  # fmt: skip
 ]
-HEADERS = [_DIR / "simd_math.h", _DIR / "kernels.h", _DIR / "decode_attention_kv.h"]
+HEADERS = [
+    _DIR / n
+    for n in ("simd_math.h", "kernels.h", "decode_attention_kv.h", "decode_attention_mla_kv.h")
+]
 #: -mf16c: the fp16 KV pool conversions (every AVX2 CPU has F16C: Intel from Ivy Bridge,
 #: AMD from Piledriver).
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11"]

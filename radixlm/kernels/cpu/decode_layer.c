@@ -50,9 +50,9 @@ static int decode_layer(const radixlm_layer *L, float *x, int64_t T, const float
     radixlm_rope(qkv, nqkv, T, H + Hkv, D, cos, sin, nt);
     radixlm_store_kv(qkv + H * D, qkv + (H + Hkv) * D, nqkv, k_buf, v_buf, kv_f16, loc, T,
                      Hkv * D, nt);
-    int rc = ext_lens ? radixlm_extend_attention(qkv, nqkv, k_buf, v_buf, kv_f16, slots, ld_slots,
-                                                 seq_lens, ext_lens, attn, B, H, Hkv, D,
-                                                 L->scale, 0, nt)
+    int rc = ext_lens ? radixlm_extend_attention(qkv, nqkv, k_buf, Hkv * D, v_buf, Hkv * D,
+                                                 kv_f16, slots, ld_slots, seq_lens, ext_lens,
+                                                 attn, B, H, Hkv, D, D, L->scale, 0, nt)
                       : radixlm_decode_attention(qkv, nqkv, k_buf, v_buf, kv_f16, slots, ld_slots,
                                                  seq_lens, attn, T, H, Hkv, D, L->scale, 0, nt);
     if (rc) return -1;

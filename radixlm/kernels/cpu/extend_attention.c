@@ -13,8 +13,10 @@
  *   O = O e^(m - m') + P V;   finally out = O / l.
  *
  * Both products run the packed GEMM's register tiles (`radixlm_gemm_panels`): the
- * key block is copied transposed into 16-key panels [KB / 16][D][16] and the value block
- * into 16-column panels [D / 16][KB][16]. Needs D % 16 == 0. Where the CPU has AVX-512 the
+ * key block is copied transposed into 16-key panels [KB / 16][Dk][16] and the value block
+ * into 16-column panels [Dv / 16][KB][16]. Needs Dk, Dv % 16 == 0. K rows are Dk and V rows
+ * Dv elements, at strides ldk / ldv per slot: multi-head latent attention's V is the first
+ * Dv elements of its K row (v_buf = k_buf, ldv = ldk). Where the CPU has AVX-512 the
  * products run 12-row x 2-panel tiles, the row max runs in vectors and O is rescaled in
  * 512-bit vectors (`zscale`); measurements in docs/perf-notes.md, "Extend attention".
  */
@@ -34,12 +36,12 @@ typedef struct {
     int64_t b, h, j0, j1; /* request, KV head, new tokens [j0, j1) */
 } task_t;
 
-/* Row `index` (D elements) of a KV buffer as floats: in place for float32, converted into
- * tmp [D] for float16 (kv_f16). */
-static inline const float *kv_row(const void *buf, int kv_f16, int64_t index, int64_t D,
+/* The D elements of a KV buffer from element `at` on, as floats: in place for float32,
+ * converted into tmp [D] for float16 (kv_f16). */
+static inline const float *kv_row(const void *buf, int kv_f16, int64_t at, int64_t D,
                                   float *tmp) {
-    if (!kv_f16) return (const float *)buf + index * D;
-    const uint16_t *src = (const uint16_t *)buf + index * D;
+    if (!kv_f16) return (const float *)buf + at;
+    const uint16_t *src = (const uint16_t *)buf + at;
     for (int64_t i = 0; i < D; i += 8)
         _mm256_storeu_ps(tmp + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
     return tmp;
@@ -55,23 +57,23 @@ static __attribute__((target("avx512f"))) void zscale(float *o, int64_t D, float
 }
 
 static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *k_buf,
-                     const void *v_buf, int kv_f16, const int64_t *sl, int64_t p, int64_t q_row0,
-                     float *out, int64_t H, int64_t Hkv, int64_t D, float scale, int64_t window,
-                     float *buf) {
+                     int64_t ldk, const void *v_buf, int64_t ldv, int kv_f16, const int64_t *sl,
+                     int64_t p, int64_t q_row0, float *out, int64_t H, int64_t Hkv, int64_t Dk,
+                     int64_t Dv, float scale, int64_t window, float *buf) {
     const int64_t G = H / Hkv, h = tk->h, nq = tk->j1 - tk->j0, R = nq * G;
     const int wide = radixlm_gemm_isa(-1);
-    float *Q = buf, *O = Q + R * D, *S = O + R * D, *kp = S + R * KB, *vp = kp + KB * D;
-    float *m = vp + KB * D, *l = m + R, *tmp = l + R;
+    float *Q = buf, *O = Q + R * Dk, *S = O + R * Dv, *kp = S + R * KB, *vp = kp + KB * Dk;
+    float *m = vp + KB * Dv, *l = m + R, *tmp = l + R;
     /* Rows r = (j - j0) * G + g: the G heads of token j sharing KV head h. */
     const __m256 vs = _mm256_set1_ps(scale);
     for (int64_t j = 0; j < nq; ++j)
         for (int64_t g = 0; g < G; ++g) {
-            const float *src = q + (q_row0 + tk->j0 + j) * ldq + (h * G + g) * D;
-            float *dst = Q + (j * G + g) * D;
-            for (int64_t i = 0; i < D; i += 8)
+            const float *src = q + (q_row0 + tk->j0 + j) * ldq + (h * G + g) * Dk;
+            float *dst = Q + (j * G + g) * Dk;
+            for (int64_t i = 0; i < Dk; i += 8)
                 _mm256_storeu_ps(dst + i, _mm256_mul_ps(vs, _mm256_loadu_ps(src + i)));
         }
-    memset(O, 0, (size_t)(R * D) * sizeof(float));
+    memset(O, 0, (size_t)(R * Dv) * sizeof(float));
     for (int64_t r = 0; r < R; ++r) m[r] = -INFINITY, l[r] = 0.0f;
 
     const int64_t kmax = p + tk->j1; /* keys the last token sees */
@@ -84,17 +86,18 @@ static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *
         for (int64_t c = 0; c < npan; ++c)
             for (int64_t tt = 0; tt < 16; ++tt) {
                 int64_t t = c * 16 + tt;
-                float *col = kp + c * D * 16 + tt;
+                float *col = kp + c * Dk * 16 + tt;
                 if (t < nk) {
-                    const float *row = kv_row(k_buf, kv_f16, sl[t0 + t] * Hkv + h, D, tmp);
-                    for (int64_t d = 0; d < D; ++d) col[d * 16] = row[d];
+                    const float *row = kv_row(k_buf, kv_f16, sl[t0 + t] * ldk + h * Dk, Dk, tmp);
+                    for (int64_t d = 0; d < Dk; ++d) col[d * 16] = row[d];
                 } else {
-                    for (int64_t d = 0; d < D; ++d) col[d * 16] = 0.0f;
+                    for (int64_t d = 0; d < Dk; ++d) col[d * 16] = 0.0f;
                 }
             }
         for (int64_t t = 0; t < npan * 16; ++t) {
-            const float *row = t < nk ? kv_row(v_buf, kv_f16, sl[t0 + t] * Hkv + h, D, tmp) : 0;
-            for (int64_t dp = 0; dp < D / 16; ++dp) {
+            const float *row =
+                t < nk ? kv_row(v_buf, kv_f16, sl[t0 + t] * ldv + h * Dv, Dv, tmp) : 0;
+            for (int64_t dp = 0; dp < Dv / 16; ++dp) {
                 float *dst = vp + (dp * npan * 16 + t) * 16;
                 if (row) {
                     _mm256_storeu_ps(dst, _mm256_loadu_ps(row + dp * 16));
@@ -105,7 +108,7 @@ static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *
                 }
             }
         }
-        radixlm_gemm_panels(R, 0, Q, D, kp, npan, D * 16, D, S, KB);
+        radixlm_gemm_panels(R, 0, Q, Dk, kp, npan, Dk * 16, Dk, S, KB);
         /* Causal mask (and window), online softmax; P overwrites S. */
         for (int64_t r = 0; r < R; ++r) {
             float *s = S + r * KB;
@@ -134,39 +137,39 @@ static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *
             m[r] = mx;
             if (corr != 1.0f) {
                 if (wide)
-                    zscale(O + r * D, D, corr);
+                    zscale(O + r * Dv, Dv, corr);
                 else {
                     __m256 vc = _mm256_set1_ps(corr);
-                    float *o = O + r * D;
-                    for (int64_t i = 0; i < D; i += 8)
+                    float *o = O + r * Dv;
+                    for (int64_t i = 0; i < Dv; i += 8)
                         _mm256_storeu_ps(o + i, _mm256_mul_ps(vc, _mm256_loadu_ps(o + i)));
                 }
             }
         }
-        radixlm_gemm_panels(R, 1, S, KB, vp, D / 16, npan * 16 * 16, npan * 16, O, D);
+        radixlm_gemm_panels(R, 1, S, KB, vp, Dv / 16, npan * 16 * 16, npan * 16, O, Dv);
     }
     for (int64_t j = 0; j < nq; ++j)
         for (int64_t g = 0; g < G; ++g) {
             int64_t r = j * G + g;
             const __m256 inv = _mm256_set1_ps(1.0f / l[r]);
-            float *dst = out + (q_row0 + tk->j0 + j) * H * D + (h * G + g) * D;
-            for (int64_t i = 0; i < D; i += 8)
-                _mm256_storeu_ps(dst + i, _mm256_mul_ps(inv, _mm256_loadu_ps(O + r * D + i)));
+            float *dst = out + (q_row0 + tk->j0 + j) * H * Dv + (h * G + g) * Dv;
+            for (int64_t i = 0; i < Dv; i += 8)
+                _mm256_storeu_ps(dst + i, _mm256_mul_ps(inv, _mm256_loadu_ps(O + r * Dv + i)));
         }
 }
 
-/* q [T, H, D] (token row stride ldq), out [T, H, D] contiguous, T = sum(ext_lens), the
- * requests' new tokens in order; k_buf, v_buf [slots, Hkv, D] of float32 (kv_f16 0) or
- * float16 (kv_f16 1); slots [B, ld_slots]
+/* q [T, H, Dk] (token row stride ldq), out [T, H, Dv] contiguous, T = sum(ext_lens), the
+ * requests' new tokens in order; K row of slot s, KV head h at k_buf + s ldk + h Dk, its V
+ * row at v_buf + s ldv + h Dv, float32 (kv_f16 0) or float16 (kv_f16 1); slots [B, ld_slots]
  * (int64, the first seq_lens[b] valid, the new tokens' K/V already stored);
- * 1 <= ext_lens[b] <= seq_lens[b]. D % 16 == 0, H % Hkv == 0. window > 0: each new token
- * sees its last `window` positions only (sliding-window attention); 0: all of them.
+ * 1 <= ext_lens[b] <= seq_lens[b]. Dk, Dv % 16 == 0, H % Hkv == 0. window > 0: each new
+ * token sees its last `window` positions only (sliding-window attention); 0: all of them.
  * Returns 0, or -1 when out of memory. */
-int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
-                             int kv_f16, const int64_t *slots, int64_t ld_slots,
-                             const int64_t *seq_lens, const int64_t *ext_lens, float *out,
-                             int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,
-                             int64_t window, int num_threads) {
+int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, int64_t ldk,
+                             const void *v_buf, int64_t ldv, int kv_f16, const int64_t *slots,
+                             int64_t ld_slots, const int64_t *seq_lens, const int64_t *ext_lens,
+                             float *out, int64_t B, int64_t H, int64_t Hkv, int64_t Dk,
+                             int64_t Dv, float scale, int64_t window, int num_threads) {
     /* A trailing run of one-token requests (the decodes that ride along in a mixed step)
      * goes to the decode kernel, which reads each K / V row once for all query heads;
      * here each would pack its whole key range per KV head for G query rows
@@ -175,10 +178,17 @@ int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, con
     while (B1 > 0 && ext_lens[B1 - 1] == 1) --B1;
     for (int64_t b = 0; b < B1; ++b) rows1 += ext_lens[b];
     if (B1 < B) {
-        int rc = radixlm_decode_attention(q + rows1 * ldq, ldq, k_buf, v_buf, kv_f16,
-                                          slots + B1 * ld_slots, ld_slots, seq_lens + B1,
-                                          out + rows1 * H * D, B - B1, H, Hkv, D, scale,
-                                          window, num_threads);
+        /* The plain decode kernel where K and V rows are alike and packed, else the one that
+         * takes their own widths and strides. */
+        const int plain = Dk == Dv && ldk == Hkv * Dk && ldv == Hkv * Dv;
+        int rc = plain ? radixlm_decode_attention(q + rows1 * ldq, ldq, k_buf, v_buf, kv_f16,
+                                                  slots + B1 * ld_slots, ld_slots, seq_lens + B1,
+                                                  out + rows1 * H * Dv, B - B1, H, Hkv, Dk,
+                                                  scale, window, num_threads)
+                       : radixlm_decode_attention_mla(
+                             q + rows1 * ldq, ldq, k_buf, ldk, v_buf, ldv, kv_f16,
+                             slots + B1 * ld_slots, ld_slots, seq_lens + B1, out + rows1 * H * Dv,
+                             B - B1, H, Hkv, Dk, Dv, scale, window, num_threads);
         if (rc != 0 || B1 == 0) return rc;
         B = B1;
     }
@@ -206,7 +216,8 @@ int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, con
                 tasks[n++] = (task_t){b, h, ext_lens[b] * (i - 1) / nb, ext_lens[b] * i / nb};
     }
     const int64_t R = qb * G;
-    const size_t floats = (size_t)(2 * R * D + R * KB + 2 * KB * D + 2 * R + D);
+    const int64_t Dmax = Dk > Dv ? Dk : Dv;
+    const size_t floats = (size_t)(R * (Dk + Dv) + R * KB + KB * (Dk + Dv) + 2 * R + Dmax);
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
@@ -217,8 +228,8 @@ int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, con
             if (!buf) continue;
             const task_t *tk = tasks + i;
             const int64_t p = seq_lens[tk->b] - ext_lens[tk->b];
-            run_task(tk, q, ldq, k_buf, v_buf, kv_f16, slots + tk->b * ld_slots, p, row0[tk->b],
-                     out, H, Hkv, D, scale, window, buf);
+            run_task(tk, q, ldq, k_buf, ldk, v_buf, ldv, kv_f16, slots + tk->b * ld_slots, p,
+                     row0[tk->b], out, H, Hkv, Dk, Dv, scale, window, buf);
         }
         free(buf);
     }

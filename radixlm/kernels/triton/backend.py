@@ -8,6 +8,7 @@ from radixlm.kernels.base import AttentionBackend
 from radixlm.kernels.forward_batch import ForwardBatch, ForwardMode
 from radixlm.kernels.triton.decode_attention import decode_attention, num_kv_splits
 from radixlm.kernels.triton.extend_attention import extend_attention
+from radixlm.kernels.triton.mla_decode import MLA_BLOCK_H, mla_decode_attention
 from radixlm.kernels.triton.store_kv import store_kv
 
 
@@ -20,6 +21,11 @@ class TritonBackend(AttentionBackend):
     and decode steps can be captured in CUDA graphs. Runs on CUDA, or on CPU tensors under
     `TRITON_INTERPRET=1` (the tests). A layer's sliding window is the kernels' `window`
     argument (0 for none).
+
+    V may be narrower than K. On a latent pool (one KV head, V the view of each K row's
+    first Dv elements: multi-head latent attention) the store writes K alone and decode
+    runs `mla_decode_attention`, which reads each latent row once per block of query
+    heads; extend and verify run the general kernels, V read through the view.
     """
 
     supports_cuda_graph = True
@@ -33,10 +39,34 @@ class TritonBackend(AttentionBackend):
         self._qo_indptr = torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)])
         self._max_extend_len = int(lens.max())
 
+    @property
+    def _mla_decode(self) -> bool:
+        """Whether decode runs the MLA kernel: a latent pool of one KV head."""
+        return self.latent_values and self.kv_pool.k_buffer[0].shape[1] == 1
+
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self.latent_values:
+            store_kv(self.kv_pool.k_buffer[layer_id], None, loc, k, None)
+            return
         store_kv(self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id], loc, k, v)
 
     def forward_decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        if self._mla_decode:
+            # Programs per request and split: the head blocks (a function of the batch
+            # size and the model, so CUDA graphs replay the captured split count).
+            blocks = -(-q.shape[1] // MLA_BLOCK_H)
+            return mla_decode_attention(
+                q.contiguous(),
+                self.kv_pool.k_buffer[layer_id],
+                self.v_head_dim,
+                fb.req_to_token,
+                fb.req_pool_indices,
+                fb.seq_lens,
+                self.scaling,
+                num_kv_splits(fb.batch_size, blocks, q.device),
+                block_h=MLA_BLOCK_H,
+                window=self.sliding_windows[layer_id] or 0,
+            )
         return decode_attention(
             q.contiguous(),
             self.kv_pool.k_buffer[layer_id],

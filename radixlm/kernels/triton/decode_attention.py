@@ -31,13 +31,13 @@ from radixlm.kernels.triton.tiles import load_kv_tile, online_softmax_step
 
 @triton.jit
 def _decode_split_kernel(
-    Q,  # [B, H, D]
-    K_Buf,  # [num_slots, Hkv, D]
-    V_Buf,
+    Q,  # [B, H, Dk]
+    K_Buf,  # [num_slots, Hkv, Dk]
+    V_Buf,  # [num_slots, Hkv, Dv] (may be a view of K_Buf's first Dv columns)
     Req_to_token,  # int32 [rows, context]
     Req_pool_indices,  # int64 [B]
     Seq_lens,  # int64 [B]
-    Mid_O,  # fp32 [B, H, S, D]
+    Mid_O,  # fp32 [B, H, S, Dv]
     Mid_Lse,  # fp32 [B, H, S]
     sm_scale,
     stride_qb,
@@ -55,10 +55,12 @@ def _decode_split_kernel(
     window,  # sliding window (read only when SLIDING)
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     PRECISION: tl.constexpr,
     SLIDING: tl.constexpr,
 ):
@@ -70,6 +72,8 @@ def _decode_split_kernel(
     offs_h = kvh * GROUP + offs_g
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask_dv = offs_dv < HEAD_DIM_V
 
     seq_len = tl.load(Seq_lens + b).to(tl.int32)
     row = tl.load(Req_pool_indices + b).to(tl.int64)
@@ -88,13 +92,13 @@ def _decode_split_kernel(
     )
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
         k, v = load_kv_tile(
             K_Buf, V_Buf, Req_to_token, row, stride_r2t, kvh, stride_ks, stride_kh,
-            stride_vs, stride_vh, offs_n, mask_n, offs_d, mask_d,
+            stride_vs, stride_vh, offs_n, mask_n, offs_d, mask_d, offs_dv, mask_dv,
         )  # fmt: skip
         qk = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * sm_scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
@@ -108,18 +112,18 @@ def _decode_split_kernel(
         + b * stride_mob
         + offs_h[:, None] * stride_moh
         + split * stride_mos
-        + offs_d[None, :],
+        + offs_dv[None, :],
         out,
-        mask=mask_h[:, None] & mask_d[None, :],
+        mask=mask_h[:, None] & mask_dv[None, :],
     )
     tl.store(Mid_Lse + b * stride_mlb + offs_h * stride_mlh + split, lse, mask=mask_h)
 
 
 @triton.jit
 def _decode_merge_kernel(
-    Mid_O,  # fp32 [B, H, S, D]
+    Mid_O,  # fp32 [B, H, S, Dv]
     Mid_Lse,  # fp32 [B, H, S]
-    Out,  # [B, H, D]
+    Out,  # [B, H, Dv]
     stride_mob,
     stride_moh,
     stride_mos,
@@ -184,25 +188,24 @@ def decode_attention(
     """Decode attention of one token per request over its paged K/V.
 
     Args:
-        q: [B, H, D] (fp32/fp16/bf16). k_buf, v_buf: [num_slots, Hkv, D], H % Hkv == 0.
+        q: [B, H, Dk] (fp32/fp16/bf16). k_buf: [num_slots, Hkv, Dk]; v_buf: [num_slots, Hkv,
+            Dv], any strides (e.g. the view k_buf[:, :, :Dv] of a latent pool); H % Hkv == 0.
         req_to_token: int32 [rows, context]; req_pool_indices, seq_lens: int64 [B], seq_len >= 1.
         scaling: softmax scale. num_splits: key splits per request (see `num_kv_splits`).
         block_n: keys per tile (default 64 on GPU, 16 under the interpreter).
         window: sliding window (each request sees its last `window` keys); 0 for none
             (a separate compiled variant, as fast as before windows existed).
     Returns:
-        [B, H, D] in q's dtype; fp32 accumulation. Workspace: fp32 [B, H, S, D] + [B, H, S].
+        [B, H, Dv] in q's dtype; fp32 accumulation. Workspace: fp32 [B, H, S, Dv] + [B, H, S].
     Grid: stage 1 (B, Hkv, S), stage 2 (B, H); BLOCK_H = max(16, pow2(H / Hkv)),
-        BLOCK_D = pow2(D), BLOCK_S = pow2(S).
+        BLOCK_D = pow2(Dk), BLOCK_DV = pow2(Dv), BLOCK_S = pow2(S).
     """
     bsz, heads, dim = q.shape
-    kv_heads = k_buf.shape[1]
+    kv_heads, dim_v = k_buf.shape[1], v_buf.shape[2]
     group = heads // kv_heads
     block_n = block_n or (16 if interpreting() else 64)
     block_d = next_pow2(dim)
-    mid_o = torch.empty(bsz, heads, num_splits, dim, dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty(bsz, heads, num_splits, dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
+    mid_o, mid_lse, out = split_workspace(q, num_splits, dim_v)
     _decode_split_kernel[(bsz, kv_heads, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse,
         scaling,
@@ -210,14 +213,34 @@ def decode_attention(
         v_buf.stride(0), v_buf.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         window,
-        GROUP=group, HEAD_DIM=dim, NUM_SPLITS=num_splits, BLOCK_H=max(16, next_pow2(group)),
-        BLOCK_N=block_n, BLOCK_D=block_d, PRECISION=dot_precision(q.dtype),
-        SLIDING=window > 0, num_warps=4, num_stages=2,
+        GROUP=group, HEAD_DIM=dim, HEAD_DIM_V=dim_v, NUM_SPLITS=num_splits,
+        BLOCK_H=max(16, next_pow2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_DV=next_pow2(dim_v), PRECISION=dot_precision(q.dtype), SLIDING=window > 0,
+        num_warps=4, num_stages=2,
     )  # fmt: skip
+    merge_splits(mid_o, mid_lse, out)
+    return out
+
+
+def split_workspace(
+    q: torch.Tensor, num_splits: int, dim_v: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The split kernels' outputs for q [B, H, Dk]: per-split outputs fp32 [B, H, S, Dv],
+    their log-sum-exps fp32 [B, H, S], and the merged output [B, H, Dv] in q's dtype."""
+    bsz, heads, _ = q.shape
+    mid_o = torch.empty(bsz, heads, num_splits, dim_v, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(bsz, heads, num_splits, dtype=torch.float32, device=q.device)
+    return mid_o, mid_lse, q.new_empty(bsz, heads, dim_v)
+
+
+def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor) -> None:
+    """out[b, h] = the splits' outputs mid_o[b, h, s] weighted by softmax_s(mid_lse[b, h, s])
+    (`_decode_merge_kernel`, grid (B, H))."""
+    bsz, heads, num_splits, dim_v = mid_o.shape
     _decode_merge_kernel[(bsz, heads)](
         mid_o, mid_lse, out,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
-        HEAD_DIM=dim, NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits), BLOCK_D=block_d,
+        HEAD_DIM=dim_v, NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits),
+        BLOCK_D=next_pow2(dim_v),
     )  # fmt: skip
-    return out

@@ -32,10 +32,10 @@ from radixlm.kernels.triton.tiles import load_kv_tile, online_softmax_step
 
 @triton.jit
 def _extend_kernel(
-    Q,  # [T, H, D]
-    Out,  # [T, H, D]
-    K_Buf,  # [num_slots, Hkv, D]
-    V_Buf,
+    Q,  # [T, H, Dk]
+    Out,  # [T, H, Dv]
+    K_Buf,  # [num_slots, Hkv, Dk]
+    V_Buf,  # [num_slots, Hkv, Dv] (may be a view of K_Buf's first Dv columns)
     Req_to_token,  # int32 [rows, context]
     Req_pool_indices,  # int64 [B]
     Seq_lens,  # int64 [B]
@@ -57,9 +57,11 @@ def _extend_kernel(
     stride_r2t,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     USE_CUSTOM_MASK: tl.constexpr,
     PRECISION: tl.constexpr,
     SLIDING: tl.constexpr,
@@ -78,6 +80,8 @@ def _extend_kernel(
     mask_m = offs_m < ext_len
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask_dv = offs_dv < HEAD_DIM_V
     q = tl.load(
         Q + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
         mask=mask_m[:, None] & mask_d[None, :],
@@ -101,13 +105,13 @@ def _extend_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     for n0 in range(kv_start, kv_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < kv_end
         k, v = load_kv_tile(
             K_Buf, V_Buf, Req_to_token, row, stride_r2t, kvh, stride_ks, stride_kh,
-            stride_vs, stride_vh, offs_n, mask_n, offs_d, mask_d,
+            stride_vs, stride_vh, offs_n, mask_n, offs_d, mask_d, offs_dv, mask_dv,
         )  # fmt: skip
         qk = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * sm_scale
         if USE_CUSTOM_MASK:
@@ -128,9 +132,9 @@ def _extend_kernel(
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(
-        Out + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+        Out + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_dv[None, :],
         out.to(Out.dtype.element_ty),
-        mask=mask_m[:, None] & mask_d[None, :],
+        mask=mask_m[:, None] & mask_dv[None, :],
     )
 
 
@@ -155,8 +159,9 @@ def extend_attention(
     """Extend (or tree-verify) attention of T new tokens over their requests' paged K/V.
 
     Args:
-        q: [T, H, D] new tokens grouped by request (fp32/fp16/bf16).
-        k_buf, v_buf: [num_slots, Hkv, D] holding prefix and new K/V; H % Hkv == 0.
+        q: [T, H, Dk] new tokens grouped by request (fp32/fp16/bf16).
+        k_buf: [num_slots, Hkv, Dk], v_buf: [num_slots, Hkv, Dv] (any strides, e.g. the view
+            k_buf[:, :, :Dv] of a latent pool) holding prefix and new K/V; H % Hkv == 0.
         req_to_token: int32 [rows, context]. req_pool_indices, seq_lens, prefix_lens: int64 [B]
             (seq_len = prefix_len + n_b). qo_indptr: int64 [B + 1] prefix sum of n_b.
         max_extend_len: max n_b (sizes the grid). scaling: softmax scale.
@@ -167,8 +172,8 @@ def extend_attention(
             0 for none. positions: int64 [T], each token's position, needed with a window
             and a custom mask (key index k counts as position k); else unused.
     Returns:
-        [T, H, D] in q's dtype; fp32 accumulation.
-    Grid: (B, H, cdiv(max_extend_len, BLOCK_M)); BLOCK_D = pow2(D).
+        [T, H, Dv] in q's dtype; fp32 accumulation.
+    Grid: (B, H, cdiv(max_extend_len, BLOCK_M)); BLOCK_D = pow2(Dk), BLOCK_DV = pow2(Dv).
     """
     _, heads, dim = q.shape
     bsz = req_pool_indices.numel()
@@ -185,7 +190,8 @@ def extend_attention(
         raise ValueError("a sliding window over a custom mask needs the tokens' positions")
     if positions is None:
         positions = qo_indptr  # placeholder, never read
-    out = torch.empty_like(q)
+    dim_v = v_buf.shape[2]
+    out = q.new_empty(q.shape[0], heads, dim_v)
     grid = (bsz, heads, triton.cdiv(max(max_extend_len, 1), block_m))
     _extend_kernel[grid](
         q, out, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, prefix_lens, qo_indptr,
@@ -193,8 +199,9 @@ def extend_attention(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0),
-        GROUP=heads // k_buf.shape[1], HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=next_pow2(dim), USE_CUSTOM_MASK=use_mask, PRECISION=dot_precision(q.dtype),
+        GROUP=heads // k_buf.shape[1], HEAD_DIM=dim, HEAD_DIM_V=dim_v, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_D=next_pow2(dim), BLOCK_DV=next_pow2(dim_v),
+        USE_CUSTOM_MASK=use_mask, PRECISION=dot_precision(q.dtype),
         SLIDING=sliding, num_warps=4, num_stages=2,
     )  # fmt: skip
     return out

@@ -23,9 +23,12 @@ def load_kv_tile(
     mask_n,
     offs_d,
     mask_d,
+    offs_dv,
+    mask_dv,
 ):
-    """K^T [BLOCK_D, BLOCK_N] and V [BLOCK_N, BLOCK_D] of KV head `kvh` at positions
-    `offs_n` of table row `row`; masked positions read 0 and touch no slot."""
+    """K^T [BLOCK_DK, BLOCK_N] (columns `offs_d`) and V [BLOCK_N, BLOCK_DV] (columns
+    `offs_dv`) of KV head `kvh` at positions `offs_n` of table row `row`; masked positions
+    read 0 and touch no slot."""
     slots = tl.load(Req_to_token + row * stride_r2t + offs_n, mask=mask_n, other=0)
     slots = slots.to(tl.int64)
     k = tl.load(
@@ -34,8 +37,8 @@ def load_kv_tile(
         other=0.0,
     )
     v = tl.load(
-        V_Buf + slots[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
-        mask=mask_n[:, None] & mask_d[None, :],
+        V_Buf + slots[:, None] * stride_vs + kvh * stride_vh + offs_dv[None, :],
+        mask=mask_n[:, None] & mask_dv[None, :],
         other=0.0,
     )
     return k, v
