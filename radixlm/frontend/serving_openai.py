@@ -279,11 +279,11 @@ class OpenAIServing:
         self, req: ChatCompletionRequest, tools: ToolSetup, parser: ToolParser | None
     ) -> dict[str, str]:
         """Grammar fields from response_format, regex / ebnf or the tools (see
-        ToolSetup.grammar); a forced tool choice excludes the others. With ``auto`` the
-        grammar (Hermes tags) applies only to output parsed as Hermes."""
+        ToolSetup.grammar, in `parser`'s convention); a forced tool choice excludes the
+        others. With ``auto`` the grammar (Hermes tags) applies only to output parsed as
+        Hermes."""
         grammar = request_grammar(req, self.tm.grammars)
-        hermes = parser is not None and parser.name == "hermes"  # always when forced
-        calls = tools.grammar() if hermes else None
+        calls = tools.grammar(parser) if parser is not None else None
         if calls is None:
             return grammar
         if grammar and tools.forced is not None:

@@ -147,7 +147,7 @@ class ResponsesServing:
     ) -> tuple[list[int], SamplingParams, ToolParser | None]:
         """The chat completion steps of `OpenAIServing` for the equivalent chat request
         (chat field names in errors; the caller renames them): prompt ids, sampling, and
-        the tool-call parser of the output (`--tool-call-parser`, Hermes when forced)."""
+        the tool-call parser of the output (`output_tool_parser`)."""
         openai = self.openai
         chat = to_chat(req, conversation)
         openai._check_common(chat)

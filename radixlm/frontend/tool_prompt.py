@@ -10,9 +10,11 @@
   into the system message, earlier calls are written into the assistant text in it,
   and tool results become ``<tool_response>`` user turns.
 * ``required`` / named choices are enforced with an xgrammar structural tag: the output
-  is one ``<tool_call>`` (several when ``parallel_tool_calls`` is true) whose name is one
-  of the allowed tools and whose arguments match that tool's parameter schema. With
-  ``auto`` the text is free, but a call, once started, is constrained the same way.
+  is one call (several when ``parallel_tool_calls`` is true), written in the convention
+  of the request's tool-call parser (Hermes ``<tool_call>``, Llama 3 JSON, Mistral,
+  DeepSeek or Pythonic; `ToolParser.forced_format`), whose name is one of the allowed
+  tools and whose arguments match that tool's parameter schema. With ``auto`` the text
+  is free, but a Hermes call, once started, is constrained the same way.
   ``none`` renders no tools and parses nothing.
 """
 
@@ -25,10 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from radixlm.errors import InvalidRequestError
 from radixlm.frontend.errors import invalid_request, renamed
-from radixlm.frontend.tool_parsers.hermes import CALL_END, CALL_START
+from radixlm.frontend.tool_parsers.base import ToolParser
+from radixlm.frontend.tool_parsers.hermes import CALL_END, CALL_START, HermesParser, hermes_tag
 from radixlm.runtime.sampling.grammar import check_json_schema
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
+_HERMES = HermesParser()
 
 _SYSTEM_TOOLS = """# Tools
 
@@ -106,36 +110,33 @@ class ToolSetup:
             return cls([], None, False)
         return cls(checked, forced, bool(parallel))
 
-    def grammar(self) -> str | None:
-        """The structural tag (JSON) for this request's calls, or None without tools.
+    def grammar(self, parser: ToolParser = _HERMES) -> str | None:
+        """The structural tag (JSON) for this request's calls, or None.
 
-        Forced choices: the output is the call(s) of allowed tools and nothing else.
-        ``auto``: free text, but once the model writes ``<tool_call>`` the call must
-        name a tool and match its parameters (xgrammar triggered tags), so every call
-        parses. Either way a call's arguments match the tool's ``parameters`` schema,
-        and only one call is allowed unless `parallel`.
+        Forced choices: the output is the call(s) of allowed tools in `parser`'s own
+        convention (`ToolParser.forced_format`) and nothing else, so `parser` reads it.
+        ``auto`` (Hermes only; None for another parser): free text, but once the model
+        writes ``<tool_call>`` the call must name a tool and match its parameters
+        (xgrammar triggered tags), so every call parses. Either way a call's arguments
+        match the tool's ``parameters`` schema, and only one call is allowed unless
+        `parallel`.
         """
         if not self.tools:
             return None
         by_name = {t["function"]["name"]: t["function"] for t in self.tools}
-        tags = [
-            {
-                "type": "tag",
-                "begin": f'{CALL_START}\n{{"name": {json.dumps(name)}, "arguments": ',
-                "content": {
-                    "type": "json_schema",
-                    "json_schema": by_name[name].get("parameters") or _ANY_OBJECT,
-                },
-                "end": f"}}\n{CALL_END}",
+        names = self.forced if self.forced is not None else list(by_name)
+        allowed = [(name, by_name[name].get("parameters") or _ANY_OBJECT) for name in names]
+        if self.forced is not None:
+            fmt = parser.forced_format(allowed, self.parallel)
+        elif parser.name == "hermes":
+            fmt = {
+                "type": "triggered_tags",
+                "triggers": [CALL_START],
+                "tags": [hermes_tag(name, schema) for name, schema in allowed],
+                "stop_after_first": not self.parallel,
             }
-            for name in (self.forced if self.forced is not None else by_name)
-        ]
-        common = {"tags": tags, "stop_after_first": not self.parallel}
-        if self.forced is None:
-            fmt = {"type": "triggered_tags", "triggers": [CALL_START], **common}
         else:
-            fmt = {"type": "tags_with_separator", "separator": "\n", "at_least_one": True}
-            fmt.update(common)
+            return None
         return json.dumps({"type": "structural_tag", "format": fmt})
 
 
