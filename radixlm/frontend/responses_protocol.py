@@ -22,12 +22,16 @@ Translation:
   ``max_completion_tokens``.
 
 Fields clients send by default that do not change radixlm's output (`IGNORED`, and
-``text.verbosity``) are accepted and ignored with one warning per request. Errors are
+``text.verbosity``) are accepted and ignored with one warning per request. Unknown
+fields, top level or inside ``input`` items, their content parts and ``tools``, are
+ignored with a warning, or (``--strict-request-fields``) a 400 ``unknown_parameter``
+naming the first by its Responses path (``input.0.foo``, ``tools.0.foo``). Errors are
 400s naming the Responses field (``input.2.call_id``, ``text.format.schema``, ...).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -60,6 +64,16 @@ IGNORED: tuple[str, ...] = (
 )
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+# The fields of each input item type (``id`` and ``status`` come with replayed output
+# items) and of a text content part; others are unknown (`_unknown_keys`).
+_ITEM_FIELDS = {
+    "message": {"type", "role", "content", "id", "status"},
+    "function_call": {"type", "call_id", "name", "arguments", "id", "status"},
+    "function_call_output": {"type", "call_id", "output", "id", "status"},
+}
+_PART_FIELDS = {"type", "text", "refusal", "annotations", "logprobs"}
+# OpenAI's bounds on ``metadata``: pairs, key characters, value characters.
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 
 
 class _Strict(BaseModel):
@@ -92,6 +106,8 @@ class ResponsesRequest(_Strict):
     store: bool | None = True
     previous_response_id: str | None = None
     parallel_tool_calls: bool | None = None  # unset: one call per response
+    # Prefix-cache namespace (vLLM's field, as on the chat routes).
+    cache_salt: str | None = Field(None, min_length=1)
     # Accepted and ignored (IGNORED).
     reasoning: dict[str, Any] | None = None
     truncation: str | None = None
@@ -115,11 +131,8 @@ class ResponsesRequest(_Strict):
         on the other generation routes."""
         extra = unknown_fields(self)
         if strict and extra:
-            raise invalid_request(
-                f"Unrecognized request argument supplied: {extra[0]}",
-                param=extra[0],
-                code="unknown_parameter",
-            )
+            raise unknown_parameter(extra[0])
+        _check_metadata(self.metadata)
         names = [n for n in IGNORED if getattr(self, n) is not None] + extra
         if self.text is not None and self.text.verbosity is not None:
             names.append("text.verbosity")
@@ -131,15 +144,73 @@ class ResponsesRequest(_Strict):
             logger.warning("/v1/responses: ignoring unsupported fields: %s", ", ".join(names))
 
 
-def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    """400 (param ``metadata``) past OpenAI's bounds: at most 16 pairs, keys of at most
+    64 characters, values of at most 512."""
+    if metadata is None:
+        return
+    if len(metadata) > METADATA_PAIRS:
+        raise invalid_request(
+            f"'metadata' may hold at most {METADATA_PAIRS} pairs, got {len(metadata)}",
+            param="metadata",
+        )
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise invalid_request(
+                f"'metadata' keys may have at most {METADATA_KEY_CHARS} characters, "
+                f"got {len(key)} in {key[:METADATA_KEY_CHARS]!r}...",
+                param="metadata",
+            )
+        if len(value) > METADATA_VALUE_CHARS:
+            raise invalid_request(
+                f"'metadata' values may have at most {METADATA_VALUE_CHARS} characters, "
+                f"got {len(value)} for key {key!r}",
+                param="metadata",
+            )
+
+
+def unknown_item_fields(value: str | list[dict[str, Any]]) -> list[str]:
+    """Dotted paths of the unknown fields of ``input`` items and their content parts
+    (``input.0.foo``, ``input.1.content.0.bar``), in request order; items of unknown or
+    skipped types are not looked into."""
+    if isinstance(value, str):
+        return []
+    found = []
+    for i, item in enumerate(value):
+        kind = item.get("type", "message" if "role" in item else None)
+        fields = _ITEM_FIELDS.get(kind)
+        if fields is None:
+            continue
+        found += [f"input.{i}.{k}" for k in item if k not in fields]
+        parts = item.get("content" if kind == "message" else "output")
+        where = "content" if kind == "message" else "output"
+        for j, part in enumerate(parts if isinstance(parts, list) else []):
+            if isinstance(part, dict):
+                found += [f"input.{i}.{where}.{j}.{k}" for k in part if k not in _PART_FIELDS]
+    return found
+
+
+def input_messages(
+    value: str | list[dict[str, Any]], strict: bool = False, calls: frozenset[str] = frozenset()
+) -> list[dict[str, Any]]:
     """Chat message dicts (ChatMessage fields) of a request's ``input``.
 
     Raises APIError (400, param ``input.<i>[.<field>]``) for a malformed or unsupported
-    item.
+    item (a ``function_call`` whose ``arguments`` is not JSON; a
+    ``function_call_output`` whose ``call_id`` names no ``function_call`` before it, in
+    `calls` (those of the earlier turns) or in this input), or (`strict`) an unknown
+    field (code unknown_parameter); unknown fields are otherwise dropped with a logged
+    warning.
     """
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
+    unknown = unknown_item_fields(value)
+    if unknown and strict:
+        raise unknown_parameter(unknown[0])
+    if unknown:
+        logger.warning("/v1/responses: ignoring unknown fields: %s", ", ".join(unknown))
     out: list[dict[str, Any]] = []
+    seen = set(calls)
     for i, item in enumerate(value):
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
@@ -150,9 +221,10 @@ def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "type": "function",
                 "function": {
                     "name": _string(item, "name", i),
-                    "arguments": _string(item, "arguments", i),
+                    "arguments": _json_object_text(item, i),
                 },
             }
+            seen.add(call["id"])
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
@@ -161,9 +233,14 @@ def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind == "function_call_output":
             output = item.get("output")
             text = output if isinstance(output, str) else _parts_text(output, f"input.{i}.output")
-            out.append(
-                {"role": "tool", "tool_call_id": _string(item, "call_id", i), "content": text}
-            )
+            call_id = _string(item, "call_id", i)
+            if call_id not in seen:
+                raise invalid_request(
+                    f"no function_call with call_id {call_id!r} comes before this "
+                    "function_call_output",
+                    param=f"input.{i}.call_id",
+                )
+            out.append({"role": "tool", "tool_call_id": call_id, "content": text})
         elif kind == "reasoning":
             logger.warning("/v1/responses: skipping a 'reasoning' input item")
         else:
@@ -218,6 +295,20 @@ def _string(item: dict[str, Any], name: str, i: int) -> str:
             f"a {item.get('type')} item needs a string '{name}'", param=f"input.{i}.{name}"
         )
     return value
+
+
+def _json_object_text(item: dict[str, Any], i: int) -> str:
+    """A function_call item's ``arguments``, which must be JSON text. Raises APIError
+    (400, param ``input.<i>.arguments``) otherwise."""
+    text = _string(item, "arguments", i)
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        raise invalid_request(
+            f"a function_call's 'arguments' must be JSON text: {e.msg} at character {e.pos}",
+            param=f"input.{i}.arguments",
+        ) from None
+    return text
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -313,6 +404,13 @@ def to_chat(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatComple
     return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
 
 
+def unknown_parameter(param: str) -> APIError:
+    """The 400 of an unknown field (``--strict-request-fields``), as the chat routes'."""
+    return invalid_request(
+        f"Unrecognized request argument supplied: {param}", param=param, code="unknown_parameter"
+    )
+
+
 def responses_param(err: APIError) -> APIError:
     """`err` with a chat field name in its param replaced by the Responses one."""
     param = err.param
@@ -327,6 +425,8 @@ def responses_param(err: APIError) -> APIError:
             break
     if param.startswith("tools.") and ".function." in param:
         param = param.replace(".function.", ".", 1)
+    if err.code == "unknown_parameter":
+        return unknown_parameter(param)
     err.param = param
     return err
 

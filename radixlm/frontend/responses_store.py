@@ -45,6 +45,10 @@ class ResponseStore:
             self._entries.move_to_end(response_id)
         return entry
 
+    def delete(self, response_id: str) -> bool:
+        """Drop a stored response; False when it is unknown (or already dropped)."""
+        return self._entries.pop(response_id, None) is not None
+
     def put(self, response_id: str, entry: StoredResponse) -> None:
         """Store `entry`, dropping the least recently used entries past `capacity`."""
         if self.capacity <= 0:

@@ -181,7 +181,9 @@ class OpenAIServing:
                 "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs"
             )
         offered, choice = resolve_tools(req.tools, req.tool_choice)
-        tools = ToolSetup.from_request(offered, choice, req.parallel_tool_calls)
+        tools = ToolSetup.from_request(
+            offered, choice, req.parallel_tool_calls, strict=self.strict_fields
+        )
         parser = output_tool_parser(self.tool_parser, tools, self.native_tools)
         grammar = self._chat_grammar(req, tools, parser)
         ids = self._chat_prompt(req.messages, tools, template_kwargs(req.chat_template_kwargs))

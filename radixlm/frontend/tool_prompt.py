@@ -2,7 +2,9 @@
 
 * `ToolSetup.from_request` checks ``tools`` (OpenAI function tools) and ``tool_choice``
   (``auto`` | ``none`` | ``required`` | ``{"type": "function", "function": {"name"}}``);
-  every bad value is a 400 naming the field.
+  every bad value is a 400 naming the field. Unknown fields in a tool definition are
+  dropped with a logged warning, or (``--strict-request-fields``) a 400
+  ``unknown_parameter`` naming the first (``tools.0.function.foo``).
 * `render_chat` builds the chat-template input. A template that knows tools (its source
   mentions ``tools``) gets ``tools=`` plus assistant ``tool_calls`` (arguments as dicts)
   and ``tool`` messages as they are. Otherwise (SmolLM2's ChatML template renders
@@ -21,15 +23,19 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from radixlm.errors import InvalidRequestError
 from radixlm.frontend.errors import invalid_request, renamed
+from radixlm.frontend.protocol import unknown_fields
 from radixlm.frontend.tool_parsers.base import ToolParser
 from radixlm.frontend.tool_parsers.hermes import CALL_END, CALL_START, HermesParser, hermes_tag
 from radixlm.runtime.sampling.grammar import check_json_schema
+
+logger = logging.getLogger(__name__)
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 _HERMES = HermesParser()
@@ -51,7 +57,9 @@ Function results come back between <tool_response> and </tool_response> tags."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    """Strictly typed; unknown fields are kept in `model_extra` (see `_check_tool`)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class FunctionDef(_Strict):
@@ -90,9 +98,14 @@ class ToolSetup:
 
     @classmethod
     def from_request(
-        cls, tools: list[dict] | None, choice: str | dict | None, parallel: bool | None
+        cls,
+        tools: list[dict] | None,
+        choice: str | dict | None,
+        parallel: bool | None,
+        strict: bool = False,
     ) -> ToolSetup:
-        """Validate ``tools`` / ``tool_choice``. Raises APIError (400)."""
+        """Validate ``tools`` / ``tool_choice``. Raises APIError (400); `strict`
+        (``--strict-request-fields``): an unknown field in a tool is a 400 too."""
         if not tools:
             if tools is not None and choice not in (None, "none", "auto"):
                 raise invalid_request("'tool_choice' needs a non-empty 'tools'", "tool_choice")
@@ -101,7 +114,19 @@ class ToolSetup:
                     "'tool_choice' is only allowed when 'tools' are specified", "tool_choice"
                 )
             return cls([], None, False)
-        checked = [_check_tool(i, t) for i, t in enumerate(tools)]
+        checked, unknown = [], []
+        for i, tool in enumerate(tools):
+            known, extra = _check_tool(i, tool)
+            checked.append(known)
+            unknown += extra
+        if unknown and strict:
+            raise invalid_request(
+                f"Unrecognized request argument supplied: {unknown[0]}",
+                param=unknown[0],
+                code="unknown_parameter",
+            )
+        if unknown:
+            logger.warning("ignoring request fields: %s", ", ".join(unknown))
         names = [t["function"]["name"] for t in checked]
         if len(set(names)) != len(names):
             raise invalid_request("tool function names must be unique", "tools")
@@ -140,7 +165,9 @@ class ToolSetup:
         return json.dumps({"type": "structural_tag", "format": fmt})
 
 
-def _check_tool(index: int, tool: Any) -> dict[str, Any]:
+def _check_tool(index: int, tool: Any) -> tuple[dict[str, Any], list[str]]:
+    """(the tool in OpenAI shape with only its known fields, the dotted paths of its
+    unknown fields). Raises APIError (400) for a malformed tool."""
     param = f"tools.{index}"
     try:
         parsed = FunctionTool.model_validate(tool)
@@ -166,7 +193,8 @@ def _check_tool(index: int, tool: Any) -> dict[str, Any]:
                 f"call's arguments are a JSON object), got type {params.get('type')!r}",
                 param=f"{param}.function.parameters",
             )
-    return {"type": "function", "function": parsed.function.model_dump(exclude_none=True)}
+    known = parsed.function.model_dump(exclude_none=True, include=set(FunctionDef.model_fields))
+    return {"type": "function", "function": known}, unknown_fields(parsed, f"{param}.")
 
 
 def _forced_names(choice: str | dict | None, names: list[str]) -> list[str] | None:

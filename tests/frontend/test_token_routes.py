@@ -38,13 +38,13 @@ def test_detokenize_round_trips(http, tokenizer):
 @pytest.mark.parametrize(
     "path, body, param",
     [
-        ("/tokenize", {}, None),
-        ("/tokenize", {"prompt": "a", "messages": CHAT_MESSAGES}, None),
-        ("/tokenize", {"messages": []}, None),
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": "a", "messages": CHAT_MESSAGES}, "messages"),
+        ("/tokenize", {"messages": []}, "messages"),
         ("/detokenize", {"tokens": [10**9]}, "tokens"),
-        ("/detokenize", {"tokens": ["a"]}, None),
-        ("/abort_request", {}, None),
-        ("/abort_request", {"rid": "x", "abort_all": True}, None),
+        ("/detokenize", {"tokens": ["a"]}, "tokens.0"),
+        ("/abort_request", {}, "rid"),
+        ("/abort_request", {"rid": "x", "abort_all": True}, "abort_all"),
     ],
 )
 def test_bad_bodies_are_400(http, path, body, param):
@@ -52,8 +52,7 @@ def test_bad_bodies_are_400(http, path, body, param):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error"
-    if param is not None:
-        assert error["param"] == param
+    assert error["param"] == param
 
 
 def test_abort_an_unknown_request_is_404(http):

@@ -107,3 +107,44 @@ def test_forced_call_in_the_parsers_own_format(thinking):
     assert frags[0].function.name == "get_weather"
     assert json.loads("".join(f.function.arguments or "" for f in frags)) == args
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_responses_reasoning_item(thinking):
+    """/v1/responses with --reasoning-parser: the reasoning is a ``reasoning`` output item
+    (the chat route's reasoning_content), streamed with reasoning_text events."""
+    import httpx
+
+    from .conftest import sse_payloads
+
+    base = str(thinking.base_url).rstrip("/")
+    kw = {"model": MODEL, "messages": QUESTION, "max_tokens": 12, "temperature": 0}
+    expected = thinking.chat.completions.create(**kw).choices[0].message.reasoning_content
+    body = {"input": QUESTION[0]["content"], "max_output_tokens": 12, "temperature": 0}
+    with httpx.Client(base_url=base, timeout=120) as http:
+        resp = http.post("/responses", json=body).json()
+        (item,) = resp["output"]  # all reasoning: no message item
+        assert item["type"] == "reasoning" and item["id"].startswith("rs_")
+        assert item["content"] == [{"type": "reasoning_text", "text": expected}]
+        assert item["summary"] == [] and item["status"] == "incomplete"
+        details = resp["usage"]["output_tokens_details"]
+        assert 0 < details["reasoning_tokens"] <= resp["usage"]["output_tokens"]
+        with http.stream("POST", "/responses", json={**body, "stream": True}) as r:
+            events = [json.loads(p) for p in sse_payloads(r.iter_lines())]
+    kinds = [e["type"] for e in events]
+    deltas = kinds.count("response.reasoning_text.delta")
+    assert deltas >= 1
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.reasoning_text.delta"] * deltas,
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
+    text = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+    assert text == expected == events[-4]["text"]
+    assert events[2]["item"]["type"] == "reasoning"
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == expected
