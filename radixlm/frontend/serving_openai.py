@@ -256,10 +256,17 @@ class OpenAIServing:
         except InvalidRequestError as e:
             raise renamed(e, {"prompt": "prompt"}) from None
 
-    def chat_ids(self, messages: list[ChatMessage]) -> list[int]:
-        """Token ids of `messages` as a chat request without tools renders them (/tokenize).
-        Raises APIError (400)."""
-        return self._chat_prompt(messages, ToolSetup([], None, False))
+    def chat_ids(
+        self,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Token ids of `messages` as a chat request with these `tools` / `tool_choice`
+        renders them (/tokenize). Raises APIError (400)."""
+        offered, choice = resolve_tools(tools, tool_choice)
+        setup = ToolSetup.from_request(offered, choice, None, strict=self.strict_fields)
+        return self._chat_prompt(messages, setup)
 
     def _chat_prompt(
         self,

@@ -1,11 +1,12 @@
 """Token utility routes: `POST /tokenize`, `POST /detokenize` (vLLM's shapes) and
 `POST /abort_request` (SGLang's).
 
-- /tokenize {"prompt": str, "add_special_tokens": true} or {"messages": [...]} ->
-  {"tokens": [int], "count": int, "max_model_len": int}: a prompt as /v1/completions and
-  /generate encode it (the tokenizer's default special tokens unless add_special_tokens is
-  false), messages as /v1/chat/completions renders them (chat template, the assistant
-  turn opened).
+- /tokenize {"prompt": str, "add_special_tokens": true} or {"messages": [...], "tools"?,
+  "tool_choice"?} -> {"tokens": [int], "count": int, "max_model_len": int}: a prompt as
+  /v1/completions and /generate encode it (the tokenizer's default special tokens unless
+  add_special_tokens is false), messages as /v1/chat/completions renders them with those
+  tools (chat template, the tools rendered or taught as chat does, the assistant turn
+  opened), so the count is the chat request's prompt_tokens.
 - /detokenize {"tokens": [int]} -> {"prompt": str} (special tokens kept, as vLLM).
 - /abort_request {"rid": str} or {"abort_all": true} -> {"aborted": [rid, ...]}: stops
   the in-flight requests whose id is `rid` or starts with `rid` + "-" (the ids of a
@@ -40,6 +41,9 @@ class TokenizeRequest(_Strict):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
+    # Chat's tools (OpenAI function tools) and choice, with `messages` only.
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
 
 class DetokenizeRequest(_Strict):
@@ -76,8 +80,11 @@ class TokenServing:
             raise invalid_request("give exactly one of 'prompt' and 'messages'", param=param)
         if req.messages == []:
             raise invalid_request("'messages' must not be empty", param="messages")
+        if req.messages is None and (req.tools is not None or req.tool_choice is not None):
+            param = "tools" if req.tools is not None else "tool_choice"
+            raise invalid_request(f"'{param}' needs 'messages'", param=param)
         if req.messages is not None:
-            ids = self.openai.chat_ids(req.messages)
+            ids = self.openai.chat_ids(req.messages, req.tools, req.tool_choice)
         elif req.add_special_tokens:
             try:
                 ids = self.tm.encode(req.prompt)
