@@ -37,6 +37,7 @@ from fastapi.responses import JSONResponse, Response
 from radixlm.errors import InvalidRequestError
 from radixlm.frontend.errors import APIError, from_exception, log_failure, renamed
 from radixlm.frontend.reasoning import ReasoningParser, request_reasoning
+from radixlm.frontend.responses_input import input_messages
 from radixlm.frontend.responses_output import (
     assistant_turn,
     output_items,
@@ -44,12 +45,7 @@ from radixlm.frontend.responses_output import (
     response_body,
     status_of,
 )
-from radixlm.frontend.responses_protocol import (
-    ResponsesRequest,
-    input_messages,
-    responses_param,
-    to_chat,
-)
+from radixlm.frontend.responses_protocol import ResponsesRequest, responses_param, to_chat
 from radixlm.frontend.responses_store import ResponseStore, StoredResponse
 from radixlm.frontend.responses_stream import ResponseEvents
 from radixlm.frontend.serving_openai import (
