@@ -5,7 +5,7 @@ Routes:
                                    (no API key needed)
     GET  /v1/models, /v1/models/{id}
     POST /v1/completions, /v1/chat/completions   (serving_openai.py)
-    POST /v1/responses, GET /v1/responses/{id}   (serving_responses.py; not in /openapi.json)
+    POST /v1/responses, GET / DELETE /v1/responses/{id}   (serving_responses.py)
     POST /generate                 SGLang's native route (serving_native.py)
     GET  /get_server_info          settings, KV capacity, pool counters (tokens)
     GET  /get_model_info
@@ -119,13 +119,17 @@ def create_app(tm, args: ServerArgs) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await openai.chat(request)
 
-    @api.post("/v1/responses", include_in_schema=False)
+    @api.post("/v1/responses")
     async def create_response(request: Request) -> Response:
         return await responses.create(request)
 
-    @api.get("/v1/responses/{response_id}", include_in_schema=False)
+    @api.get("/v1/responses/{response_id}")
     async def get_response(response_id: str) -> dict[str, Any]:
         return await responses.get(response_id)
+
+    @api.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> dict[str, Any]:
+        return await responses.delete(response_id)
 
     @api.post("/generate")
     async def generate(request: Request) -> Response:

@@ -12,8 +12,8 @@ FastAPI derives the paths from the routes; this module adds what it cannot see:
   from the runtime's `SamplingParams` (unknown keys are refused; ``stop`` may be a string);
 - with an API key, a bearer ``securityScheme`` required everywhere but /health.
 
-The document is built once, on the first request for it. `DOCS` is keyed by path and
-applies to every method of that path.
+The document is built once, on the first request for it. `DOCS` is keyed by path; a
+`PathDoc` applies to every method of that path, a dict of them maps each method.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from radixlm.frontend import response_types as rt
+from radixlm.frontend import responses_schema as rs
 from radixlm.frontend.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from radixlm.frontend.responses_protocol import ResponsesRequest
 from radixlm.frontend.serving_sessions import CloseSessionRequest, OpenSessionRequest
 from radixlm.frontend.serving_tokens import AbortRequest, DetokenizeRequest, TokenizeRequest
 from radixlm.runtime.sampling.sampler import SamplingParams
@@ -42,7 +44,8 @@ _REF = "#/components/schemas/{model}"
 _ERRORS = {
     400: "invalid request (OpenAI error body; never 422)",
     401: "missing or wrong API key",
-    404: "unknown model, or (/abort_request) no running request with that id",
+    404: "unknown model, (/abort_request) no running request with that id, or (Responses)"
+    " an unknown response id",
     403: "a POST from a browser origin not allowed (origin.py)",
     409: "requests are running or waiting",
     415: "a POST body not sent as application/json (origin.py)",
@@ -56,6 +59,7 @@ _POST = (403, 415)
 _WAITS_ON_SCHEDULER = (
     "/v1/completions",
     "/v1/chat/completions",
+    "/v1/responses",
     "/generate",
     "/get_server_info",
     "/metrics",
@@ -117,7 +121,12 @@ _GENERATE_EXAMPLES = {
     },
 }
 
-DOCS: dict[str, PathDoc] = {
+_RESPONSES_EXAMPLES = {
+    "text": {"input": "Hi", "max_output_tokens": 4, "temperature": 0},
+    "stream": {"input": "Hi", "max_output_tokens": 4, "stream": True, "store": False},
+}
+
+DOCS: dict[str, PathDoc | dict[str, PathDoc]] = {
     "/health": PathDoc(None, errors=(503,)),
     "/v1/models": PathDoc(rt.ModelList),
     "/v1/models/{model_id}": PathDoc(rt.ModelCard, errors=(404,)),
@@ -135,6 +144,17 @@ DOCS: dict[str, PathDoc] = {
         errors=_GENERATION_ERRORS,
         examples=_CHAT_EXAMPLES,
     ),
+    "/v1/responses": PathDoc(
+        rs.ResponseObject,
+        ResponsesRequest,
+        stream=True,
+        errors=_GENERATION_ERRORS,
+        examples=_RESPONSES_EXAMPLES,
+    ),
+    "/v1/responses/{response_id}": {
+        "get": PathDoc(rs.ResponseObject, errors=(404,)),
+        "delete": PathDoc(rs.ResponseDeleted, errors=(404,)),
+    },
     "/generate": PathDoc(
         rt.GenerateResponse,
         GenerateRequest,
@@ -185,7 +205,8 @@ def build_openapi(app: FastAPI, secured: bool) -> dict[str, Any]:
         description="OpenAI-compatible and SGLang-native LLM serving (radixlm).",
         routes=app.routes,
     )
-    documented = (m for d in DOCS.values() for m in (d.request, d.response) if m is not None)
+    docs = [d for v in DOCS.values() for d in (v.values() if isinstance(v, dict) else [v])]
+    documented = (m for d in docs for m in (d.request, d.response) if m is not None)
     models = list(dict.fromkeys((rt.ErrorResponse, *documented)))
     _, defs = models_json_schema([(m, "validation") for m in models], ref_template=_REF)
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
@@ -193,8 +214,9 @@ def build_openapi(app: FastAPI, secured: bool) -> dict[str, Any]:
         schemas.pop(name, None)
     schemas.update(defs["$defs"])
     _document_native_sampling(schemas)
-    for path, d in DOCS.items():
+    for path, by_method in DOCS.items():
         for method, operation in doc["paths"][path].items():
+            d = by_method[method] if isinstance(by_method, dict) else by_method
             extra = _ANY_ROUTE + (_POST if method == "post" else ())
             extra += (504,) if path in _WAITS_ON_SCHEDULER else ()
             _document(operation, d, secured and path not in _PUBLIC, extra)

@@ -7,9 +7,14 @@ Shapes follow the OpenAI API reference ("The response object"):
   "logprobs": []}]}``;
 * a ``function_call`` output item: ``{"id": "fc_...", "type": "function_call", "status":
   "completed", "call_id": "call_...", "name", "arguments"}`` (arguments: JSON text);
+* a ``reasoning`` output item (with ``--reasoning-parser``, before the others):
+  ``{"id": "rs_...", "type": "reasoning", "summary": [], "status", "content":
+  [{"type": "reasoning_text", "text"}]}``, the model's reasoning as the API returns an
+  open-weight model's raw reasoning (the ``<think>`` markers left out);
 * ``usage``: ``input_tokens``, ``input_tokens_details.cached_tokens`` (prompt tokens
   served from the prefix cache), ``output_tokens``, ``output_tokens_details.
-  reasoning_tokens`` (always 0: radixlm separates no reasoning here), ``total_tokens``.
+  reasoning_tokens`` (the tokens of the reasoning text, re-encoded; 0 without a
+  reasoning item), ``total_tokens``.
 
 A response is ``completed``, or ``incomplete`` with ``incomplete_details.reason``
 ``"max_output_tokens"`` when generation stopped at the token budget (or the context).
@@ -20,13 +25,14 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from radixlm.frontend.reasoning import ReasoningParser
 from radixlm.frontend.responses_protocol import ResponsesRequest
 from radixlm.frontend.tool_parsers import ToolParser, new_call_id
 from radixlm.runtime.sched.finish import FinishReason
 
 
 def item_id(prefix: str) -> str:
-    """An output item id: ``msg_`` / ``fc_`` + 32 hex digits."""
+    """An output item id: ``msg_`` / ``fc_`` / ``rs_`` + 32 hex digits."""
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
@@ -38,6 +44,16 @@ def message_item(mid: str, text: str | None, status: str) -> dict[str, Any]:
     """A message item; `text` None: no content part yet (a streamed item just opened)."""
     content = [] if text is None else [text_part(text)]
     return {"id": mid, "type": "message", "role": "assistant", "status": status, "content": content}
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
+def reasoning_item(rid: str, text: str | None, status: str) -> dict[str, Any]:
+    """A reasoning item; `text` None: no content part yet (a streamed item just opened)."""
+    content = [] if text is None else [reasoning_part(text)]
+    return {"id": rid, "type": "reasoning", "summary": [], "status": status, "content": content}
 
 
 def call_item(fid: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
@@ -56,17 +72,25 @@ def status_of(finish_reason: str | None) -> str:
     return "incomplete" if finish_reason == FinishReason.LENGTH else "completed"
 
 
-def output_items(text: str, parser: ToolParser | None, status: str) -> list[dict[str, Any]]:
-    """The output items of a finished generation's `text`: a message with the text before
-    any tool call (left out when empty and calls were made), then one function_call item
-    per complete call `parser` finds (None: no tools; an ``incomplete`` output drops a
-    call it cut, markup included, as `ToolParser.parse` does)."""
+def output_items(
+    text: str, parser: ToolParser | None, status: str, reasoning: ReasoningParser | None = None
+) -> list[dict[str, Any]]:
+    """The output items of a finished generation's `text`: a reasoning item when
+    `reasoning` splits some off (None: no reasoning parser), a message with the text
+    before any tool call (left out when empty and another item was made), then one
+    function_call item per complete call `parser` finds (None: no tools; an
+    ``incomplete`` output drops a call it cut, markup included, as `ToolParser.parse`
+    does)."""
+    items = []
+    if reasoning is not None:
+        thought, text = reasoning.split(text)
+        if thought:
+            items.append(reasoning_item(item_id("rs"), thought, status))
     if parser is not None:
         content, calls = parser.parse(text, cut=status == "incomplete")
     else:
         content, calls = text, []
-    items = []
-    if content or not calls:
+    if content or not (calls or items):
         items.append(message_item(item_id("msg"), content or "", status))
     for call in calls:
         fid = item_id("fc")
@@ -95,16 +119,21 @@ def assistant_turn(items: list[dict[str, Any]]) -> dict[str, Any]:
     return turn
 
 
-def usage(counts: dict[str, int] | None) -> dict[str, Any] | None:
+def reasoning_text(items: list[dict[str, Any]]) -> str:
+    """The text of a response's reasoning items ("" when none)."""
+    return "".join(p["text"] for it in items if it["type"] == "reasoning" for p in it["content"])
+
+
+def usage(counts: dict[str, int] | None, reasoning_tokens: int = 0) -> dict[str, Any] | None:
     """Responses usage from a finished request's {prompt_tokens, completion_tokens,
-    cached_tokens}."""
+    cached_tokens}; `reasoning_tokens` of them were reasoning."""
     if counts is None:
         return None
     return {
         "input_tokens": counts["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": counts["cached_tokens"]},
         "output_tokens": counts["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": counts["prompt_tokens"] + counts["completion_tokens"],
     }
 
@@ -117,9 +146,10 @@ def response_body(
     status: str,
     output: list[dict[str, Any]],
     counts: dict[str, int] | None,
+    reasoning_tokens: int = 0,
 ) -> dict[str, Any]:
     """The response object; `status` in_progress / completed / incomplete; `counts` the
-    runtime usage (None while in progress)."""
+    runtime usage (None while in progress), `reasoning_tokens` of its output tokens."""
     fmt = req.text.format if req.text is not None and req.text.format else {"type": "text"}
     return {
         "id": rid,
@@ -142,7 +172,7 @@ def response_body(
         "tools": req.tools or [],
         "top_p": 1.0 if req.top_p is None else req.top_p,
         "truncation": "disabled",
-        "usage": usage(counts),
+        "usage": usage(counts, reasoning_tokens),
         "user": req.user,
         "metadata": req.metadata or {},
     }

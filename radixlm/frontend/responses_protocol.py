@@ -10,11 +10,8 @@ the tokens of a chat completion with that one user message.
 Translation:
 * ``instructions`` -> a leading system message (not kept across ``previous_response_id``,
   as OpenAI documents).
-* ``input``: a string -> one user message; items -> chat messages (`input_messages`):
-  ``message`` (roles user / system / developer / assistant; content a string or
-  ``input_text`` / ``output_text`` / ``text`` / ``refusal`` parts), ``function_call``
-  (joined onto the assistant turn before it), ``function_call_output`` (a ``tool``
-  message), ``reasoning`` (skipped: radixlm produces none).
+* ``input``: a string -> one user message; items -> chat messages
+  (`responses_input.input_messages`).
 * ``tools`` (flat ``{"type": "function", "name", "description", "parameters",
   "strict"}``) -> chat tools; ``tool_choice`` ``{"type": "function", "name"}`` -> the chat
   named choice, ``allowed_tools`` -> its mode over the listed tools only; ``text.format``
@@ -22,7 +19,10 @@ Translation:
   ``max_completion_tokens``.
 
 Fields clients send by default that do not change radixlm's output (`IGNORED`, and
-``text.verbosity``) are accepted and ignored with one warning per request. Errors are
+``text.verbosity``) are accepted and ignored with one warning per request. Unknown
+fields, top level or inside ``input`` items, their content parts and ``tools``, are
+ignored with a warning, or (``--strict-request-fields``) a 400 ``unknown_parameter``
+naming the first by its Responses path (``input.0.foo``, ``tools.0.foo``). Errors are
 400s naming the Responses field (``input.2.call_id``, ``text.format.schema``, ...).
 """
 
@@ -59,7 +59,8 @@ IGNORED: tuple[str, ...] = (
     "conversation",
 )
 
-_TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+# OpenAI's bounds on ``metadata``: pairs, key characters, value characters.
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 
 
 class _Strict(BaseModel):
@@ -92,6 +93,8 @@ class ResponsesRequest(_Strict):
     store: bool | None = True
     previous_response_id: str | None = None
     parallel_tool_calls: bool | None = None  # unset: one call per response
+    # Prefix-cache namespace (vLLM's field, as on the chat routes).
+    cache_salt: str | None = Field(None, min_length=1)
     # Accepted and ignored (IGNORED).
     reasoning: dict[str, Any] | None = None
     truncation: str | None = None
@@ -115,11 +118,8 @@ class ResponsesRequest(_Strict):
         on the other generation routes."""
         extra = unknown_fields(self)
         if strict and extra:
-            raise invalid_request(
-                f"Unrecognized request argument supplied: {extra[0]}",
-                param=extra[0],
-                code="unknown_parameter",
-            )
+            raise unknown_parameter(extra[0])
+        _check_metadata(self.metadata)
         names = [n for n in IGNORED if getattr(self, n) is not None] + extra
         if self.text is not None and self.text.verbosity is not None:
             names.append("text.verbosity")
@@ -131,93 +131,29 @@ class ResponsesRequest(_Strict):
             logger.warning("/v1/responses: ignoring unsupported fields: %s", ", ".join(names))
 
 
-def input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Chat message dicts (ChatMessage fields) of a request's ``input``.
-
-    Raises APIError (400, param ``input.<i>[.<field>]``) for a malformed or unsupported
-    item.
-    """
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    out: list[dict[str, Any]] = []
-    for i, item in enumerate(value):
-        kind = item.get("type", "message" if "role" in item else None)
-        if kind == "message":
-            out.append(_message(i, item))
-        elif kind == "function_call":
-            call = {
-                "id": _string(item, "call_id", i),
-                "type": "function",
-                "function": {
-                    "name": _string(item, "name", i),
-                    "arguments": _string(item, "arguments", i),
-                },
-            }
-            last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = item.get("output")
-            text = output if isinstance(output, str) else _parts_text(output, f"input.{i}.output")
-            out.append(
-                {"role": "tool", "tool_call_id": _string(item, "call_id", i), "content": text}
-            )
-        elif kind == "reasoning":
-            logger.warning("/v1/responses: skipping a 'reasoning' input item")
-        else:
-            raise invalid_request(
-                f"input item type {kind!r} is not supported (message, function_call, "
-                "function_call_output)",
-                param=f"input.{i}.type",
-                code="unsupported_parameter" if isinstance(kind, str) else "invalid_value",
-            )
-    if not out:
-        raise invalid_request("'input' must hold at least one message", param="input")
-    return out
-
-
-def _message(i: int, item: dict[str, Any]) -> dict[str, Any]:
-    role = item.get("role")
-    if role not in ("user", "system", "developer", "assistant"):
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    """400 (param ``metadata``) past OpenAI's bounds: at most 16 pairs, keys of at most
+    64 characters, values of at most 512."""
+    if metadata is None:
+        return
+    if len(metadata) > METADATA_PAIRS:
         raise invalid_request(
-            f"a message's role must be user, system, developer or assistant, got {role!r}",
-            param=f"input.{i}.role",
+            f"'metadata' may hold at most {METADATA_PAIRS} pairs, got {len(metadata)}",
+            param="metadata",
         )
-    content = item.get("content")
-    if not isinstance(content, str):
-        content = _parts_text(content, f"input.{i}.content")
-    return {"role": role, "content": content}
-
-
-def _parts_text(parts: Any, param: str) -> str:
-    """The text of content parts (joined by newlines, as chat content parts are)."""
-    if not isinstance(parts, list):
-        raise invalid_request("must be a string or a list of text content parts", param=param)
-    texts = []
-    for j, part in enumerate(parts):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS:
+    for key, value in metadata.items():
+        if len(key) > METADATA_KEY_CHARS:
             raise invalid_request(
-                f"content parts of type {kind!r} are not supported (input_text, output_text)",
-                param=f"{param}.{j}",
-                code="unsupported_parameter",
+                f"'metadata' keys may have at most {METADATA_KEY_CHARS} characters, "
+                f"got {len(key)} in {key[:METADATA_KEY_CHARS]!r}...",
+                param="metadata",
             )
-        text = part.get("refusal" if kind == "refusal" else "text")
-        if not isinstance(text, str):
-            raise invalid_request(f"a {kind} part needs a text string", param=f"{param}.{j}")
-        texts.append(text)
-    return "\n".join(texts)
-
-
-def _string(item: dict[str, Any], name: str, i: int) -> str:
-    value = item.get(name)
-    if not isinstance(value, str):
-        raise invalid_request(
-            f"a {item.get('type')} item needs a string '{name}'", param=f"input.{i}.{name}"
-        )
-    return value
+        if len(value) > METADATA_VALUE_CHARS:
+            raise invalid_request(
+                f"'metadata' values may have at most {METADATA_VALUE_CHARS} characters, "
+                f"got {len(value)} for key {key!r}",
+                param="metadata",
+            )
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -313,6 +249,13 @@ def to_chat(req: ResponsesRequest, messages: list[dict[str, Any]]) -> ChatComple
     return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
 
 
+def unknown_parameter(param: str) -> APIError:
+    """The 400 of an unknown field (``--strict-request-fields``), as the chat routes'."""
+    return invalid_request(
+        f"Unrecognized request argument supplied: {param}", param=param, code="unknown_parameter"
+    )
+
+
 def responses_param(err: APIError) -> APIError:
     """`err` with a chat field name in its param replaced by the Responses one."""
     param = err.param
@@ -327,6 +270,8 @@ def responses_param(err: APIError) -> APIError:
             break
     if param.startswith("tools.") and ".function." in param:
         param = param.replace(".function.", ".", 1)
+    if err.code == "unknown_parameter":
+        return unknown_parameter(param)
     err.param = param
     return err
 

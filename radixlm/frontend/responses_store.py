@@ -32,7 +32,7 @@ class StoredResponse:
 
 class ResponseStore:
     """An LRU map of response id -> StoredResponse holding at most `capacity` entries;
-    `on_drop(id)` is called for each entry dropped past the bound."""
+    `on_drop(id)` is called for each entry dropped, past the bound or by `delete`."""
 
     def __init__(self, capacity: int, on_drop: Callable[[str], None] | None = None):
         self.capacity = capacity
@@ -48,6 +48,14 @@ class ResponseStore:
         if entry is not None:
             self._entries.move_to_end(response_id)
         return entry
+
+    def delete(self, response_id: str) -> bool:
+        """Drop a stored response; False when it is unknown (or already dropped)."""
+        if self._entries.pop(response_id, None) is None:
+            return False
+        if self.on_drop is not None:
+            self.on_drop(response_id)
+        return True
 
     def put(self, response_id: str, entry: StoredResponse) -> None:
         """Store `entry`, dropping the least recently used entries past `capacity`."""

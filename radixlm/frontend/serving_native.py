@@ -101,6 +101,7 @@ class NativeServing:
         rids = self._rids(req.rid, len(prompts))
         n = _copies([p[1] for p in pairs])
         if n > 1:  # SGLang's parallel sampling: n runs per prompt, answered as a list
+            self._check_copies(prompts, params, n)
             single = False
             prompts, params = _repeat(prompts, n), _repeat(params, n)
             rids = [f"{rid}-{j}" for rid in rids for j in range(n)]
@@ -116,6 +117,30 @@ class NativeServing:
             except InvalidRequestError as e:
                 raise renamed(e, fields) from None
         return req, single, prompts, params, rids, lp
+
+    def _check_copies(self, prompts: list[list[int]], params: list, n: int) -> None:
+        """400 on ``sampling_params.n`` when the copies can never be served: more
+        sequences than --max-running-requests + --max-queued-requests (the queue would
+        refuse them every time), or a prompt's copies whose completions cannot fit the
+        KV pool together (the prompt is shared). Units: sequences, tokens."""
+        args = self.tm.args
+        limit = args.max_running_requests + args.max_queued_requests
+        if len(prompts) * n > limit:
+            raise invalid_request(
+                f"the request runs {len(prompts) * n} sequences (prompts x n = "
+                f"{len(prompts)} x {n}), more than the server can hold at once ({limit}: "
+                "--max-running-requests + --max-queued-requests)",
+                param="sampling_params.n",
+            )
+        for ids, p in zip(prompts, params):
+            need = len(ids) + n * p.max_new_tokens
+            if need > self.tm.max_total_tokens:
+                raise invalid_request(
+                    f"n ({n}) x max_new_tokens ({p.max_new_tokens}) + the prompt "
+                    f"({len(ids)}) need {need} KV tokens, more than the server's "
+                    f"{self.tm.max_total_tokens}",
+                    param="sampling_params.n",
+                )
 
     def _prompts(self, req: GenerateRequest) -> tuple[bool, list[list[int]]]:
         if (req.text is None) == (req.input_ids is None):

@@ -181,7 +181,9 @@ class OpenAIServing:
                 "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs"
             )
         offered, choice = resolve_tools(req.tools, req.tool_choice)
-        tools = ToolSetup.from_request(offered, choice, req.parallel_tool_calls)
+        tools = ToolSetup.from_request(
+            offered, choice, req.parallel_tool_calls, strict=self.strict_fields
+        )
         parser = output_tool_parser(self.tool_parser, tools, self.native_tools)
         grammar = self._chat_grammar(req, tools, parser)
         ids = self._chat_prompt(req.messages, tools, template_kwargs(req.chat_template_kwargs))
@@ -254,10 +256,17 @@ class OpenAIServing:
         except InvalidRequestError as e:
             raise renamed(e, {"prompt": "prompt"}) from None
 
-    def chat_ids(self, messages: list[ChatMessage]) -> list[int]:
-        """Token ids of `messages` as a chat request without tools renders them (/tokenize).
-        Raises APIError (400)."""
-        return self._chat_prompt(messages, ToolSetup([], None, False))
+    def chat_ids(
+        self,
+        messages: list[ChatMessage],
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Token ids of `messages` as a chat request with these `tools` / `tool_choice`
+        renders them (/tokenize). Raises APIError (400)."""
+        offered, choice = resolve_tools(tools, tool_choice)
+        setup = ToolSetup.from_request(offered, choice, None, strict=self.strict_fields)
+        return self._chat_prompt(messages, setup)
 
     def _chat_prompt(
         self,
@@ -279,11 +288,11 @@ class OpenAIServing:
         self, req: ChatCompletionRequest, tools: ToolSetup, parser: ToolParser | None
     ) -> dict[str, str]:
         """Grammar fields from response_format, regex / ebnf or the tools (see
-        ToolSetup.grammar); a forced tool choice excludes the others. With ``auto`` the
-        grammar (Hermes tags) applies only to output parsed as Hermes."""
+        ToolSetup.grammar, in `parser`'s convention); a forced tool choice excludes the
+        others. With ``auto`` the grammar (Hermes tags) applies only to output parsed as
+        Hermes."""
         grammar = request_grammar(req, self.tm.grammars)
-        hermes = parser is not None and parser.name == "hermes"  # always when forced
-        calls = tools.grammar() if hermes else None
+        calls = tools.grammar(parser) if parser is not None else None
         if calls is None:
             return grammar
         if grammar and tools.forced is not None:

@@ -1,11 +1,12 @@
 """Token utility routes: `POST /tokenize`, `POST /detokenize` (vLLM's shapes) and
 `POST /abort_request` (SGLang's).
 
-- /tokenize {"prompt": str, "add_special_tokens": true} or {"messages": [...]} ->
-  {"tokens": [int], "count": int, "max_model_len": int}: a prompt as /v1/completions and
-  /generate encode it (the tokenizer's default special tokens unless add_special_tokens is
-  false), messages as /v1/chat/completions renders them (chat template, the assistant
-  turn opened).
+- /tokenize {"prompt": str, "add_special_tokens": true} or {"messages": [...], "tools"?,
+  "tool_choice"?} -> {"tokens": [int], "count": int, "max_model_len": int}: a prompt as
+  /v1/completions and /generate encode it (the tokenizer's default special tokens unless
+  add_special_tokens is false), messages as /v1/chat/completions renders them with those
+  tools (chat template, the tools rendered or taught as chat does, the assistant turn
+  opened), so the count is the chat request's prompt_tokens.
 - /detokenize {"tokens": [int]} -> {"prompt": str} (special tokens kept, as vLLM).
 - /abort_request {"rid": str} or {"abort_all": true} -> {"aborted": [rid, ...]}: stops
   the in-flight requests whose id is `rid` or starts with `rid` + "-" (the ids of a
@@ -13,37 +14,36 @@
   samples); their streams end with finish_reason "abort". 404 when nothing matched. With
   --api-key set the route needs the key, like every other route: the key's holder is the
   only caller, so the caller's own requests are all requests.
+
+Unknown body fields are ignored with a logged warning, or (``--strict-request-fields``)
+a 400 ``unknown_parameter`` naming the first, as on the generation routes. Every 400
+names its field (``prompt``, ``messages``, ``rid``, ...).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from radixlm.errors import InvalidRequestError
 from radixlm.frontend.errors import APIError, invalid_request, renamed
-from radixlm.frontend.protocol import ChatMessage, _Strict
+from radixlm.frontend.protocol import ChatMessage, _Strict, check_supported
 
 #: Longest token list /detokenize takes (a context's worth of a large model).
 MAX_DETOKENIZE = 1 << 20
 
 
 class TokenizeRequest(_Strict):
-    """Exactly one of `prompt` and `messages`."""
+    """Exactly one of `prompt` and `messages` (checked by `TokenServing.tokenize`)."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
-
-    @model_validator(mode="after")
-    def _one_input(self) -> TokenizeRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of 'prompt' and 'messages'")
-        if self.messages == []:
-            raise ValueError("'messages' must not be empty")
-        return self
+    # Chat's tools (OpenAI function tools) and choice, with `messages` only.
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
 
 class DetokenizeRequest(_Strict):
@@ -52,16 +52,11 @@ class DetokenizeRequest(_Strict):
 
 
 class AbortRequest(_Strict):
-    """SGLang's /abort_request body: one request id, or every request."""
+    """SGLang's /abort_request body: one request id, or every request (checked by
+    `TokenServing.abort`)."""
 
     rid: str | None = None
     abort_all: bool = False
-
-    @model_validator(mode="after")
-    def _target(self) -> AbortRequest:
-        if (self.rid is None) == (not self.abort_all):
-            raise ValueError("give 'rid' or 'abort_all': true (not both)")
-        return self
 
 
 class TokenServing:
@@ -72,11 +67,24 @@ class TokenServing:
         self.tm = tm
         self.openai = openai
 
+    def _parse(self, model: type[_Strict], body: bytes) -> Any:
+        req = model.model_validate_json(body)
+        check_supported(req, strict=self.openai.strict_fields)
+        return req
+
     def tokenize(self, body: bytes) -> dict[str, Any]:
         """Raises pydantic ValidationError / APIError (HTTP 400)."""
-        req = TokenizeRequest.model_validate_json(body)
+        req = self._parse(TokenizeRequest, body)
+        if (req.prompt is None) == (req.messages is None):
+            param = "prompt" if req.prompt is None else "messages"
+            raise invalid_request("give exactly one of 'prompt' and 'messages'", param=param)
+        if req.messages == []:
+            raise invalid_request("'messages' must not be empty", param="messages")
+        if req.messages is None and (req.tools is not None or req.tool_choice is not None):
+            param = "tools" if req.tools is not None else "tool_choice"
+            raise invalid_request(f"'{param}' needs 'messages'", param=param)
         if req.messages is not None:
-            ids = self.openai.chat_ids(req.messages)
+            ids = self.openai.chat_ids(req.messages, req.tools, req.tool_choice)
         elif req.add_special_tokens:
             try:
                 ids = self.tm.encode(req.prompt)
@@ -89,7 +97,7 @@ class TokenServing:
     def detokenize(self, body: bytes) -> dict[str, Any]:
         """Raises pydantic ValidationError / APIError (HTTP 400) for ids outside the
         vocabulary."""
-        req = DetokenizeRequest.model_validate_json(body)
+        req = self._parse(DetokenizeRequest, body)
         vocab = self.tm.vocab_size
         bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
         if bad is not None:
@@ -100,7 +108,10 @@ class TokenServing:
 
     def abort(self, body: bytes) -> dict[str, Any]:
         """Raises pydantic ValidationError (400), APIError 404 when no request matched."""
-        req = AbortRequest.model_validate_json(body)
+        req = self._parse(AbortRequest, body)
+        if (req.rid is None) == (not req.abort_all):
+            param = "rid" if req.rid is None else "abort_all"
+            raise invalid_request("give 'rid' or 'abort_all': true (not both)", param=param)
         aborted = self.tm.abort_matching(None if req.abort_all else req.rid)
         if not aborted and not req.abort_all:
             raise APIError(

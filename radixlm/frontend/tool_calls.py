@@ -69,15 +69,15 @@ class ToolCallStream:
 def output_tool_parser(
     configured: ToolParser, tools: ToolSetup, native_tools: bool
 ) -> ToolParser | None:
-    """The parser of one request's output: None without tools; Hermes when the output is
-    in the Hermes convention whatever the model's own (a forcing grammar writes it, or
-    the template renders no tools, `native_tools` False, so `tool_prompt` teaches it);
-    else `configured` (the server's ``--tool-call-parser``)."""
+    """The parser of one request's output: None without tools; `configured` (the
+    server's ``--tool-call-parser``) when the call is forced (the forcing grammar writes
+    its convention) or the template renders tools (`native_tools`); else Hermes (the
+    template renders no tools, so `tool_prompt` teaches Hermes)."""
     if not tools.active:
         return None
-    if tools.forced is not None or not native_tools:
-        return _HERMES
-    return configured
+    if tools.forced is not None or native_tools:
+        return configured
+    return _HERMES
 
 
 def message_tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:

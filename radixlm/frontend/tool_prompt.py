@@ -2,7 +2,9 @@
 
 * `ToolSetup.from_request` checks ``tools`` (OpenAI function tools) and ``tool_choice``
   (``auto`` | ``none`` | ``required`` | ``{"type": "function", "function": {"name"}}``);
-  every bad value is a 400 naming the field.
+  every bad value is a 400 naming the field. Unknown fields in a tool definition are
+  dropped with a logged warning, or (``--strict-request-fields``) a 400
+  ``unknown_parameter`` naming the first (``tools.0.function.foo``).
 * `render_chat` builds the chat-template input. A template that knows tools (its source
   mentions ``tools``) gets ``tools=`` plus assistant ``tool_calls`` (arguments as dicts)
   and ``tool`` messages as they are. Otherwise (SmolLM2's ChatML template renders
@@ -10,25 +12,33 @@
   into the system message, earlier calls are written into the assistant text in it,
   and tool results become ``<tool_response>`` user turns.
 * ``required`` / named choices are enforced with an xgrammar structural tag: the output
-  is one ``<tool_call>`` (several when ``parallel_tool_calls`` is true) whose name is one
-  of the allowed tools and whose arguments match that tool's parameter schema. With
-  ``auto`` the text is free, but a call, once started, is constrained the same way.
+  is one call (several when ``parallel_tool_calls`` is true), written in the convention
+  of the request's tool-call parser (Hermes ``<tool_call>``, Llama 3 JSON, Mistral,
+  DeepSeek or Pythonic; `ToolParser.forced_format`), whose name is one of the allowed
+  tools and whose arguments match that tool's parameter schema. With ``auto`` the text
+  is free, but a Hermes call, once started, is constrained the same way.
   ``none`` renders no tools and parses nothing.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from radixlm.errors import InvalidRequestError
 from radixlm.frontend.errors import invalid_request, renamed
-from radixlm.frontend.tool_parsers.hermes import CALL_END, CALL_START
+from radixlm.frontend.protocol import unknown_fields
+from radixlm.frontend.tool_parsers.base import ToolParser
+from radixlm.frontend.tool_parsers.hermes import CALL_END, CALL_START, HermesParser, hermes_tag
 from radixlm.runtime.sampling.grammar import check_json_schema
 
+logger = logging.getLogger(__name__)
+
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
+_HERMES = HermesParser()
 
 _SYSTEM_TOOLS = """# Tools
 
@@ -47,7 +57,9 @@ Function results come back between <tool_response> and </tool_response> tags."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    """Strictly typed; unknown fields are kept in `model_extra` (see `_check_tool`)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class FunctionDef(_Strict):
@@ -86,9 +98,14 @@ class ToolSetup:
 
     @classmethod
     def from_request(
-        cls, tools: list[dict] | None, choice: str | dict | None, parallel: bool | None
+        cls,
+        tools: list[dict] | None,
+        choice: str | dict | None,
+        parallel: bool | None,
+        strict: bool = False,
     ) -> ToolSetup:
-        """Validate ``tools`` / ``tool_choice``. Raises APIError (400)."""
+        """Validate ``tools`` / ``tool_choice``. Raises APIError (400); `strict`
+        (``--strict-request-fields``): an unknown field in a tool is a 400 too."""
         if not tools:
             if tools is not None and choice not in (None, "none", "auto"):
                 raise invalid_request("'tool_choice' needs a non-empty 'tools'", "tool_choice")
@@ -97,7 +114,19 @@ class ToolSetup:
                     "'tool_choice' is only allowed when 'tools' are specified", "tool_choice"
                 )
             return cls([], None, False)
-        checked = [_check_tool(i, t) for i, t in enumerate(tools)]
+        checked, unknown = [], []
+        for i, tool in enumerate(tools):
+            known, extra = _check_tool(i, tool)
+            checked.append(known)
+            unknown += extra
+        if unknown and strict:
+            raise invalid_request(
+                f"Unrecognized request argument supplied: {unknown[0]}",
+                param=unknown[0],
+                code="unknown_parameter",
+            )
+        if unknown:
+            logger.warning("ignoring request fields: %s", ", ".join(unknown))
         names = [t["function"]["name"] for t in checked]
         if len(set(names)) != len(names):
             raise invalid_request("tool function names must be unique", "tools")
@@ -106,40 +135,39 @@ class ToolSetup:
             return cls([], None, False)
         return cls(checked, forced, bool(parallel))
 
-    def grammar(self) -> str | None:
-        """The structural tag (JSON) for this request's calls, or None without tools.
+    def grammar(self, parser: ToolParser = _HERMES) -> str | None:
+        """The structural tag (JSON) for this request's calls, or None.
 
-        Forced choices: the output is the call(s) of allowed tools and nothing else.
-        ``auto``: free text, but once the model writes ``<tool_call>`` the call must
-        name a tool and match its parameters (xgrammar triggered tags), so every call
-        parses. Either way a call's arguments match the tool's ``parameters`` schema,
-        and only one call is allowed unless `parallel`.
+        Forced choices: the output is the call(s) of allowed tools in `parser`'s own
+        convention (`ToolParser.forced_format`) and nothing else, so `parser` reads it.
+        ``auto`` (Hermes only; None for another parser): free text, but once the model
+        writes ``<tool_call>`` the call must name a tool and match its parameters
+        (xgrammar triggered tags), so every call parses. Either way a call's arguments
+        match the tool's ``parameters`` schema, and only one call is allowed unless
+        `parallel`.
         """
         if not self.tools:
             return None
         by_name = {t["function"]["name"]: t["function"] for t in self.tools}
-        tags = [
-            {
-                "type": "tag",
-                "begin": f'{CALL_START}\n{{"name": {json.dumps(name)}, "arguments": ',
-                "content": {
-                    "type": "json_schema",
-                    "json_schema": by_name[name].get("parameters") or _ANY_OBJECT,
-                },
-                "end": f"}}\n{CALL_END}",
+        names = self.forced if self.forced is not None else list(by_name)
+        allowed = [(name, by_name[name].get("parameters") or _ANY_OBJECT) for name in names]
+        if self.forced is not None:
+            fmt = parser.forced_format(allowed, self.parallel)
+        elif parser.name == "hermes":
+            fmt = {
+                "type": "triggered_tags",
+                "triggers": [CALL_START],
+                "tags": [hermes_tag(name, schema) for name, schema in allowed],
+                "stop_after_first": not self.parallel,
             }
-            for name in (self.forced if self.forced is not None else by_name)
-        ]
-        common = {"tags": tags, "stop_after_first": not self.parallel}
-        if self.forced is None:
-            fmt = {"type": "triggered_tags", "triggers": [CALL_START], **common}
         else:
-            fmt = {"type": "tags_with_separator", "separator": "\n", "at_least_one": True}
-            fmt.update(common)
+            return None
         return json.dumps({"type": "structural_tag", "format": fmt})
 
 
-def _check_tool(index: int, tool: Any) -> dict[str, Any]:
+def _check_tool(index: int, tool: Any) -> tuple[dict[str, Any], list[str]]:
+    """(the tool in OpenAI shape with only its known fields, the dotted paths of its
+    unknown fields). Raises APIError (400) for a malformed tool."""
     param = f"tools.{index}"
     try:
         parsed = FunctionTool.model_validate(tool)
@@ -165,7 +193,8 @@ def _check_tool(index: int, tool: Any) -> dict[str, Any]:
                 f"call's arguments are a JSON object), got type {params.get('type')!r}",
                 param=f"{param}.function.parameters",
             )
-    return {"type": "function", "function": parsed.function.model_dump(exclude_none=True)}
+    known = parsed.function.model_dump(exclude_none=True, include=set(FunctionDef.model_fields))
+    return {"type": "function", "function": known}, unknown_fields(parsed, f"{param}.")
 
 
 def _forced_names(choice: str | dict | None, names: list[str]) -> list[str] | None:

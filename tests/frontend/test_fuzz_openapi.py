@@ -5,7 +5,7 @@ FUZZ_EXAMPLES generated requests (valid and invalid bodies, fixed seed, determin
 no shrinking, no example database), and each answer must be no 5xx, have a
 documented status and content type, and a body matching its documented schema. To keep
 the run short on CPU, generated token budgets are clamped (`_clamp_budgets`) before
-sending: max_tokens / max_completion_tokens / max_new_tokens / min tokens to
+sending: max_tokens / max_completion_tokens / max_output_tokens / max_new_tokens / min tokens to
 FUZZ_MAX_TOKENS and n / best_of to FUZZ_MAX_COPIES.
 """
 
@@ -34,7 +34,7 @@ FUZZ_EXAMPLES = 50  # fuzzed requests per operation
 FUZZ_MAX_TOKENS = 4
 FUZZ_MAX_COPIES = 2
 _AUTH = {"Authorization": f"Bearer {API_KEY}"}
-_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "min_tokens")
+_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "min_tokens")
 _NATIVE_TOKEN_FIELDS = ("max_new_tokens", "min_new_tokens")
 _COPY_FIELDS = ("n", "best_of")
 _CHECKS = [
@@ -110,6 +110,8 @@ def test_openapi_documents_every_route(http):
         "/v1/models/{model_id}": {"get"},
         "/v1/completions": {"post"},
         "/v1/chat/completions": {"post"},
+        "/v1/responses": {"post"},
+        "/v1/responses/{response_id}": {"get", "delete"},
         "/generate": {"post"},
         "/get_server_info": {"get"},
         "/get_model_info": {"get"},

@@ -75,7 +75,7 @@ def _post(http: httpx.Client, route: str, extra: dict) -> httpx.Response:
         CMPL: {"prompt": "Hello", "max_tokens": 3, "temperature": 0},
         CHAT: {"messages": USER, "max_tokens": 3, "temperature": 0},
         GEN: {"text": "Hello", "sampling_params": {"max_new_tokens": 3, "temperature": 0}},
-    }[route]
+    }.get(route, {})
     return http.post(route, json={**base, **extra})
 
 
@@ -276,3 +276,67 @@ def test_strict_mode_covers_the_responses_api(strict):
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "bogus"
     assert r.json()["error"]["code"] == "unknown_parameter"
+
+
+# ---- unknown fields inside Responses items, tool definitions, token routes -------------
+
+R_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+RESPONSES_UNKNOWN = [
+    ({"input": [{"role": "user", "content": "Hi", "vendor": 1}]}, "input.0.vendor"),
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi", "x": 1}]}]},
+        "input.0.content.0.x",
+    ),
+    ({"input": "Weather?", "tools": [{**R_TOOL, "vendor": 1}]}, "tools.0.vendor"),
+]
+TOOL_ROUTES_UNKNOWN = [
+    (CHAT, {"tools": [{**WEATHER, "vendor": 1}]}, "tools.0.vendor"),
+    (
+        CHAT,
+        {"tools": [{**WEATHER, "function": {**WEATHER["function"], "vendor": 1}}]},
+        "tools.0.function.vendor",
+    ),
+    ("/tokenize", {"prompt": "Hi", "bogus": 1}, "bogus"),
+    ("/detokenize", {"tokens": [1], "bogus": 1}, "bogus"),
+    ("/abort_request", {"rid": "nope", "bogus": 1}, "bogus"),
+]
+
+
+@pytest.mark.parametrize("body, param", RESPONSES_UNKNOWN)
+def test_unknown_responses_fields_are_ignored(http, body, param):
+    forced = {"tool_choice": "required"} if "tools" in body else {}
+    r = http.post("/v1/responses", json={**body, **forced, "max_output_tokens": 40, "store": False})
+    assert r.status_code == 200, r.text
+    if forced:  # the tool still works without the unknown field
+        (call,) = [i for i in r.json()["output"] if i["type"] == "function_call"]
+        assert call["name"] == "get_weather"
+
+
+@pytest.mark.parametrize("route, extra, param", TOOL_ROUTES_UNKNOWN)
+def test_unknown_fields_in_tools_and_token_routes_are_ignored(http, route, extra, param):
+    r = _post(http, route, extra)
+    if route == "/abort_request":  # accepted, then nothing runs with that id
+        assert r.status_code == 404 and r.json()["error"]["param"] == "rid"
+    else:
+        assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("body, param", RESPONSES_UNKNOWN)
+def test_strict_mode_refuses_unknown_responses_fields(strict, body, param):
+    r = strict.post("/v1/responses", json={**body, "max_output_tokens": 2})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert (err["param"], err["code"]) == (param, "unknown_parameter")
+    assert err["message"] == f"Unrecognized request argument supplied: {param}"
+
+
+@pytest.mark.parametrize("route, extra, param", TOOL_ROUTES_UNKNOWN)
+def test_strict_mode_refuses_unknown_fields_in_tools_and_token_routes(strict, route, extra, param):
+    r = _post(strict, route, extra)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert (err["param"], err["code"]) == (param, "unknown_parameter")

@@ -56,3 +56,23 @@ def test_full_queue_is_503_and_accepted_requests_finish(small_server):
         assert done.json()["usage"]["completion_tokens"] == 8
         mem = wait_idle(http)["memory"]
         assert mem["free"] + mem["evictable"] + mem["protected"] + mem["held"] == mem["total"]
+
+
+def test_generate_n_beyond_what_the_server_holds_is_400(small_server):
+    """1 running row + 1 queue slot: n = 3 copies could never be admitted, so the
+    answer is a 400 naming n at once, not a 503 or a wait."""
+    body = {"text": "Hi", "sampling_params": {"n": 3, "max_new_tokens": 2}}
+    with httpx.Client(base_url=small_server, timeout=120) as http:
+        r = http.post("/generate", json=body)
+        assert r.status_code == 400
+        err = r.json()["error"]
+        assert err["param"] == "sampling_params.n" and "3 sequences" in err["message"]
+        two = http.post(
+            "/generate", json={**body, "sampling_params": {"n": 2, "max_new_tokens": 2}}
+        )
+        assert two.status_code == 200 and len(two.json()) == 2
+        batch = http.post(
+            "/generate",
+            json={"text": ["Hi", "Yo"], "sampling_params": {"n": 2, "max_new_tokens": 2}},
+        )
+        assert batch.status_code == 400 and batch.json()["error"]["param"] == "sampling_params.n"

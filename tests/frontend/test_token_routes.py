@@ -38,13 +38,13 @@ def test_detokenize_round_trips(http, tokenizer):
 @pytest.mark.parametrize(
     "path, body, param",
     [
-        ("/tokenize", {}, None),
-        ("/tokenize", {"prompt": "a", "messages": CHAT_MESSAGES}, None),
-        ("/tokenize", {"messages": []}, None),
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": "a", "messages": CHAT_MESSAGES}, "messages"),
+        ("/tokenize", {"messages": []}, "messages"),
         ("/detokenize", {"tokens": [10**9]}, "tokens"),
-        ("/detokenize", {"tokens": ["a"]}, None),
-        ("/abort_request", {}, None),
-        ("/abort_request", {"rid": "x", "abort_all": True}, None),
+        ("/detokenize", {"tokens": ["a"]}, "tokens.0"),
+        ("/abort_request", {}, "rid"),
+        ("/abort_request", {"rid": "x", "abort_all": True}, "abort_all"),
     ],
 )
 def test_bad_bodies_are_400(http, path, body, param):
@@ -52,8 +52,7 @@ def test_bad_bodies_are_400(http, path, body, param):
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error"
-    if param is not None:
-        assert error["param"] == param
+    assert error["param"] == param
 
 
 def test_abort_an_unknown_request_is_404(http):
@@ -121,3 +120,39 @@ def test_abort_all_stops_a_chat_with_n_choices(http):
     assert result["body"]["error"]["code"] == "request_aborted"
     assert "/abort_request" in result["body"]["error"]["message"]
     wait_idle(http)
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_tokenize_messages_with_tools_counts_what_chat_sends(http):
+    """The tools are rendered as chat renders them: the count is chat's prompt_tokens."""
+    plain = http.post("/tokenize", json={"messages": CHAT_MESSAGES}).json()
+    body = {"messages": CHAT_MESSAGES, "tools": [WEATHER_TOOL]}
+    with_tools = http.post("/tokenize", json=body).json()
+    assert with_tools["count"] > plain["count"] + 20  # the tool list is in the prompt
+    usage = http.post("/v1/chat/completions", json={**body, "max_tokens": 1}).json()["usage"]
+    assert usage["prompt_tokens"] == with_tools["count"]
+    # tool_choice "none" renders no tools, as on chat.
+    none = http.post("/tokenize", json={**body, "tool_choice": "none"}).json()
+    assert none["tokens"] == plain["tokens"]
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": "Hi", "tools": [WEATHER_TOOL]}, "tools"),
+        ({"messages": CHAT_MESSAGES, "tools": [{"type": "function"}]}, "tools.0"),
+        ({"messages": CHAT_MESSAGES, "tool_choice": "required"}, "tool_choice"),
+    ],
+)
+def test_tokenize_bad_tools_are_400(http, body, param):
+    r = http.post("/tokenize", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param

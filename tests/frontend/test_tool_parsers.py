@@ -309,7 +309,9 @@ def test_registry_matches_the_flag():
         make_tool_parser("nope")
 
 
-def test_output_parser_is_hermes_when_taught_or_forced():
+def test_output_parser_is_hermes_only_when_taught():
+    """A forced call is written in the configured parser's format (its forcing grammar);
+    Hermes is the parser only where the prompt teaches Hermes (no native tools, auto)."""
     from radixlm.frontend.tool_calls import output_tool_parser
     from radixlm.frontend.tool_prompt import ToolSetup
 
@@ -319,7 +321,8 @@ def test_output_parser_is_hermes_when_taught_or_forced():
     forced = ToolSetup.from_request([tool], "required", None)
     assert output_tool_parser(mistral, auto, native_tools=True) is mistral
     assert output_tool_parser(mistral, auto, native_tools=False).name == "hermes"
-    assert output_tool_parser(mistral, forced, native_tools=True).name == "hermes"
+    assert output_tool_parser(mistral, forced, native_tools=True) is mistral
+    assert output_tool_parser(mistral, forced, native_tools=False) is mistral
     assert output_tool_parser(mistral, ToolSetup.from_request(None, None, None), True) is None
 
 

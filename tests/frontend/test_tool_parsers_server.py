@@ -56,8 +56,9 @@ def test_parallel_calls_cut_keep_the_complete_ones(client, tokenizer):
 @pytest.fixture(scope="module")
 def thinking():
     """A client of a server started with --reasoning-parser deepseek-r1 (the output
-    starts inside the reasoning, so the bundled model's whole answer is reasoning)."""
-    with running_server("--reasoning-parser", "deepseek-r1") as url:
+    starts inside the reasoning, so the bundled model's whole answer is reasoning) and
+    --tool-call-parser llama3 (forced calls are written as Llama 3 JSON)."""
+    with running_server("--reasoning-parser", "deepseek-r1", "--tool-call-parser", "llama3") as url:
         yield openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
 
 
@@ -77,3 +78,73 @@ def test_reasoning_content_end_to_end(client, thinking):
     assert forced.finish_reason == "tool_calls"
     assert getattr(forced.message, "reasoning_content", None) is None
     json.loads(forced.message.tool_calls[0].function.arguments)
+
+
+def test_forced_call_in_the_parsers_own_format(thinking):
+    """With --tool-call-parser llama3 a forced call is written as Llama 3 JSON (the
+    generated tokens show it, no Hermes markup) and parsed back, whole and streamed."""
+    kw = {"model": MODEL, "messages": QUESTION, "tools": TOOLS, "temperature": 0}
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    choice = thinking.chat.completions.create(
+        tool_choice=named, max_tokens=120, logprobs=True, **kw
+    ).choices[0]
+    raw = "".join(t.token for t in choice.logprobs.content)
+    assert raw.startswith('{"name": "get_weather", "parameters": {') and "<tool_call>" not in raw
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    args = _check_call(call, "get_weather")
+    # The logprobs list the stop token too.
+    expected = f'{{"name": "get_weather", "parameters": {call.function.arguments}}}'
+    assert raw == expected + "<|im_end|>"
+    chunks = [
+        c
+        for c in thinking.chat.completions.create(
+            tool_choice=named, max_tokens=120, stream=True, **kw
+        )
+        if c.choices
+    ]
+    frags = [f for c in chunks for f in (c.choices[0].delta.tool_calls or [])]
+    assert frags[0].function.name == "get_weather"
+    assert json.loads("".join(f.function.arguments or "" for f in frags)) == args
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_responses_reasoning_item(thinking):
+    """/v1/responses with --reasoning-parser: the reasoning is a ``reasoning`` output item
+    (the chat route's reasoning_content), streamed with reasoning_text events."""
+    import httpx
+
+    from .conftest import sse_payloads
+
+    base = str(thinking.base_url).rstrip("/")
+    kw = {"model": MODEL, "messages": QUESTION, "max_tokens": 12, "temperature": 0}
+    expected = thinking.chat.completions.create(**kw).choices[0].message.reasoning_content
+    body = {"input": QUESTION[0]["content"], "max_output_tokens": 12, "temperature": 0}
+    with httpx.Client(base_url=base, timeout=120) as http:
+        resp = http.post("/responses", json=body).json()
+        (item,) = resp["output"]  # all reasoning: no message item
+        assert item["type"] == "reasoning" and item["id"].startswith("rs_")
+        assert item["content"] == [{"type": "reasoning_text", "text": expected}]
+        assert item["summary"] == [] and item["status"] == "incomplete"
+        details = resp["usage"]["output_tokens_details"]
+        assert 0 < details["reasoning_tokens"] <= resp["usage"]["output_tokens"]
+        with http.stream("POST", "/responses", json={**body, "stream": True}) as r:
+            events = [json.loads(p) for p in sse_payloads(r.iter_lines())]
+    kinds = [e["type"] for e in events]
+    deltas = kinds.count("response.reasoning_text.delta")
+    assert deltas >= 1
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        *["response.reasoning_text.delta"] * deltas,
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
+    text = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+    assert text == expected == events[-4]["text"]
+    assert events[2]["item"]["type"] == "reasoning"
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == expected

@@ -27,7 +27,7 @@ from radixlm.frontend.tool_parsers.base import (
 from radixlm.frontend.tool_parsers.deepseek import CALLS_BEGIN, DeepSeekParser
 from radixlm.frontend.tool_parsers.hermes import CALL_START, HermesParser
 from radixlm.frontend.tool_parsers.llama3 import PYTHON_TAG, Llama3Parser
-from radixlm.frontend.tool_parsers.mistral import TOOL_CALLS, MistralParser
+from radixlm.frontend.tool_parsers.mistral import ARGS, TOOL_CALLS, MistralParser
 from radixlm.frontend.tool_parsers.pythonic import PythonicParser
 
 __all__ = [
@@ -64,10 +64,8 @@ def detect_tool_parser(template: Any) -> str:
     """The parser for a chat template's source (str, or a dict of named templates):
     the first of `_MARKERS` found; ``hermes`` (the convention radixlm teaches a template
     without tools) when none is."""
-    if isinstance(template, dict):
-        template = " ".join(str(t) for t in template.values())
     for marker, name in _MARKERS:
-        if marker in (template or ""):
+        if marker in _template_source(template):
             return name
     return "hermes"
 
@@ -80,4 +78,14 @@ def make_tool_parser(name: str, tokenizer: Any = None) -> ToolParser:
     if name not in TOOL_PARSERS:
         known = ", ".join(TOOL_PARSERS)
         raise ValueError(f"unknown tool-call parser {name!r}; use auto or one of {known}")
+    if name == "mistral":  # which of Mistral's formats forced calls are written in
+        template = getattr(tokenizer, "chat_template", None)
+        return MistralParser(named=ARGS in _template_source(template))
     return TOOL_PARSERS[name]()
+
+
+def _template_source(template: Any) -> str:
+    """A chat template's source text (a dict of named templates joined; "" when None)."""
+    if isinstance(template, dict):
+        return " ".join(str(t) for t in template.values())
+    return template or ""

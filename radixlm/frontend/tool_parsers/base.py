@@ -166,10 +166,52 @@ def valid_arguments(call: ToolCall) -> bool:
         return False
 
 
+def call_tag(begin: str, schema: dict[str, Any], end: str) -> dict[str, Any]:
+    """An xgrammar structural-tag ``tag``: `begin`, JSON matching `schema`, `end`."""
+    return {
+        "type": "tag",
+        "begin": begin,
+        "content": {"type": "json_schema", "json_schema": schema},
+        "end": end,
+    }
+
+
+def calls_format(
+    tags: list[dict[str, Any]], separator: str, parallel: bool, around: tuple[str, str] = ("", "")
+) -> dict[str, Any]:
+    """An xgrammar structural-tag format: at least one of `tags` (exactly one unless
+    `parallel`), joined by `separator`, inside the constant strings `around` (before,
+    after; empty ones left out)."""
+    calls = {
+        "type": "tags_with_separator",
+        "tags": tags,
+        "separator": separator,
+        "at_least_one": True,
+        "stop_after_first": not parallel,
+    }
+    if around == ("", ""):
+        return calls
+    before, after = around
+    elements = [{"type": "const_string", "value": before}] if before else []
+    elements.append(calls)
+    elements += [{"type": "const_string", "value": after}] if after else []
+    return {"type": "sequence", "elements": elements}
+
+
 class ToolParser:
-    """One calling convention. Subclasses set `name` and implement `scan`."""
+    """One calling convention. Subclasses set `name` and implement `scan` and
+    `forced_format`."""
 
     name = ""
+
+    def forced_format(self, tools: list[tuple[str, dict[str, Any]]], parallel: bool) -> dict:
+        """The xgrammar structural-tag format (the ``format`` member of a
+        ``{"type": "structural_tag"}`` spec) of an output that is nothing but calls in
+        this convention: one (several when `parallel`) call of the `tools` (name,
+        parameters JSON schema) with arguments matching the schema. `parse` reads every
+        text it accepts as those calls (what ``tool_choice`` ``required`` or a named
+        function is enforced with)."""
+        raise NotImplementedError
 
     def scan(self, text: str, final: bool) -> Scan:
         """Prefix parse of `text` (see the module docstring); `final`: no more text comes,

@@ -15,8 +15,17 @@ text after the calls is dropped. Source: DeepSeek-V3's chat template, as SGLang'
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from radixlm.frontend.tool_parsers.base import Scan, ToolCall, ToolParser, held_back, json_value_end
+from radixlm.frontend.tool_parsers.base import (
+    Scan,
+    ToolCall,
+    ToolParser,
+    call_tag,
+    calls_format,
+    held_back,
+    json_value_end,
+)
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"
@@ -41,6 +50,15 @@ def _block_call(body: str) -> ToolCall | None:
 
 class DeepSeekParser(ToolParser):
     name = "deepseek"
+
+    def forced_format(self, tools: list[tuple[str, dict[str, Any]]], parallel: bool) -> dict:
+        """DeepSeek-V3 blocks (``function<｜tool▁sep｜>name`` and a fenced JSON object)
+        joined by newlines, inside ``<｜tool▁calls▁begin｜>`` ... ``<｜tool▁calls▁end｜>``."""
+        tags = [
+            call_tag(f"{CALL_BEGIN}function{SEP}{n}\n```json\n", s, f"\n```{CALL_END}")
+            for n, s in tools
+        ]
+        return calls_format(tags, "\n", parallel, (CALLS_BEGIN, CALLS_END))
 
     def scan(self, text: str, final: bool) -> Scan:
         starts = [i for i in (text.find(CALLS_BEGIN), text.find(CALL_BEGIN)) if i >= 0]

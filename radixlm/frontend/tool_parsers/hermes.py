@@ -7,22 +7,27 @@
     </tool_call>
 
 This is also the convention radixlm teaches a model whose chat template renders no tools
-(`tool_prompt.py`) and the one its forcing grammar writes. Content is the text before
-the first ``<tool_call>`` (trailing whitespace removed); text after the calls is
-dropped. A call's ``arguments`` is the model's own JSON text of the arguments value when
-the body starts ``{"name": "...", "arguments": `` (so it streams), else the
-re-serialised ``arguments`` (or ``parameters``) of the body once it is closed.
+(`tool_prompt.py`), and the only one whose calls ``auto`` tool choices constrain
+(triggered tags). Content is the text before the first ``<tool_call>`` (trailing
+whitespace removed); text after the calls is dropped. A call's ``arguments`` is the
+model's own JSON text of the arguments value when the body starts
+``{"name": "...", "arguments": `` (so it streams), else the re-serialised
+``arguments`` (or ``parameters``) of the body once it is closed.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 from radixlm.frontend.tool_parsers.base import (
     Scan,
     ToolCall,
     ToolParser,
     call_from_json,
+    call_tag,
+    calls_format,
     held_back,
     json_value_end,
     unescape,
@@ -55,8 +60,17 @@ def _parse_body(body: str, closed: bool) -> ToolCall | None:
     return call_from_json(body)
 
 
+def hermes_tag(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """The structural tag of one call of `name` (arguments matching `schema`)."""
+    begin = f'{CALL_START}\n{{"name": {json.dumps(name)}, "arguments": '
+    return call_tag(begin, schema, f"}}\n{CALL_END}")
+
+
 class HermesParser(ToolParser):
     name = "hermes"
+
+    def forced_format(self, tools: list[tuple[str, dict[str, Any]]], parallel: bool) -> dict:
+        return calls_format([hermes_tag(n, s) for n, s in tools], "\n", parallel)
 
     def scan(self, text: str, final: bool) -> Scan:
         first = text.find(CALL_START)

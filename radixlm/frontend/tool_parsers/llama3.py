@@ -9,9 +9,11 @@ nothing else; vLLM's ``llama3_json`` parser reads the same shapes).
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
-from radixlm.frontend.tool_parsers.base import Scan, ToolParser, held_back
+from radixlm.frontend.tool_parsers.base import Scan, ToolParser, call_tag, calls_format, held_back
 from radixlm.frontend.tool_parsers.json_objects import head_pattern, object_calls
 
 PYTHON_TAG = "<|python_tag|>"
@@ -23,6 +25,11 @@ _MAY_START = re.compile(r'\{\s*("(n(a(m(e("\s*)?)?)?)?)?)?')
 
 class Llama3Parser(ToolParser):
     name = "llama3"
+
+    def forced_format(self, tools: list[tuple[str, dict[str, Any]]], parallel: bool) -> dict:
+        """``{"name": ..., "parameters": {...}}`` objects joined by ``; ``."""
+        tags = [call_tag(f'{{"name": {json.dumps(n)}, "parameters": ', s, "}") for n, s in tools]
+        return calls_format(tags, "; ", parallel)
 
     def scan(self, text: str, final: bool) -> Scan:
         tag = text.find(PYTHON_TAG)

@@ -13,8 +13,10 @@ from __future__ import annotations
 import ast
 import json
 import re
+from typing import Any
 
-from radixlm.frontend.tool_parsers.base import Scan, ToolCall, ToolParser
+from radixlm.frontend.tool_parsers.base import Scan, ToolCall, ToolParser, calls_format
+from radixlm.frontend.tool_parsers.pythonic_grammar import keyword_arguments_ebnf
 
 _START = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
 _MAY_START = re.compile(r"(\[\s*([A-Za-z_][\w.]*\s*)?)?")
@@ -68,6 +70,20 @@ def _call(element: str) -> ToolCall | None:
 
 class PythonicParser(ToolParser):
     name = "pythonic"
+
+    def forced_format(self, tools: list[tuple[str, dict[str, Any]]], parallel: bool) -> dict:
+        """``[name(key=value, ...), ...]`` with keyword arguments from each tool's
+        schema (`pythonic_grammar`)."""
+        tags = [
+            {
+                "type": "tag",
+                "begin": f"{name}(",
+                "content": {"type": "grammar", "grammar": keyword_arguments_ebnf(schema)},
+                "end": ")",
+            }
+            for name, schema in tools
+        ]
+        return calls_format(tags, ", ", parallel, ("[", "]"))
 
     def scan(self, text: str, final: bool) -> Scan:
         stripped = text.lstrip()
