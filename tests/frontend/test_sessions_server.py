@@ -125,3 +125,14 @@ def test_openapi_documents_the_session_routes(http):
     body = paths["/open_session"]["post"]["requestBody"]["content"]["application/json"]
     assert body["schema"]["$ref"].endswith("/OpenSessionRequest")
     assert "400" in paths["/close_session"]["post"]["responses"]
+
+
+def test_deleting_a_stored_response_releases_its_pin(http):
+    body = {"model": MODEL, "input": "Name three colours.", "max_output_tokens": 4}
+    first = http.post("/v1/responses", json={**body, "temperature": 0}).json()
+    pins = wait_idle(http)["sessions"]["pins"]
+    assert pins >= 1
+    assert http.delete(f"/v1/responses/{first['id']}").json()["deleted"] is True
+    info = wait_idle(http)
+    assert info["sessions"]["pins"] == pins - 1
+    _check_pool(info)
