@@ -120,6 +120,8 @@ def test_openapi_documents_every_route(http):
         "/tokenize": {"post"},
         "/detokenize": {"post"},
         "/abort_request": {"post"},
+        "/open_session": {"post"},
+        "/close_session": {"post"},
     }
     assert {p: set(ops) for p, ops in doc["paths"].items()} == routes
     bodies = {
