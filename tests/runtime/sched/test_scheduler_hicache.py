@@ -14,6 +14,7 @@ import random
 import pytest
 
 from radixlm import Engine
+from radixlm.frontend.metrics import ServerMetrics
 from tests.runtime.conftest import MODEL
 from tests.runtime.sched_helpers import check_pool, make_req, run_all, tokens
 from tests.tiny_models import save_random_model, tiny_config
@@ -81,6 +82,14 @@ def test_history_evicted_every_turn_comes_back_from_the_tier(
     with Engine(MODEL, max_total_tokens=128, page_size=page_size, **kw) as engine:
         got = _run_sessions(engine, evict=True)
         stats = engine.scheduler.stats()
+        info = engine.get_server_info()
+        assert engine.flush_cache()
+        assert engine.scheduler.tree.tier_accounting()["tier_used"] == 0
+    assert info["hicache"]["tier"] == tier and info["memory"]["tier_total"] == 256
+    assert info["hicache"]["tier_tokens_loaded"] == stats["tier_tokens_loaded"]
+    text = ServerMetrics().render(stats).decode()
+    assert "radixlm:hicache_capacity_tokens 256.0" in text
+    assert f"radixlm:hicache_loaded_tokens_total {float(stats['tier_tokens_loaded'])}" in text
     ref = references[page_size]
     assert [r[0] for r in got] == [r[0] for r in ref]  # greedy tokens
     assert [r[1] for r in got] == [r[1] for r in ref]  # logprobs, exactly: lossless tier
