@@ -134,3 +134,23 @@ def test_tier_larger_than_memory_or_disk_fails_with_the_numbers(name, message, t
     args = ServerArgs(model="m", hicache_tier=name, hicache_size="1024T", hicache_dir=str(tmp_path))
     with pytest.raises(ValueError, match=message):
         make_kv_tier(args, _pool("mha", 9), 8)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_host_tier_under_a_cuda_pool(page_size):
+    pool = KVPool(8 * page_size, 3, 2, 8, torch.bfloat16, device="cuda")
+    for buf in pool.k_buffer + pool.v_buffer:
+        buf.copy_(torch.randn(buf.shape, device="cuda"))
+    tier = HostTier(pool, 4 * page_size, page_size)
+    assert tier.data.is_pinned()
+    src = torch.arange(page_size, 3 * page_size)
+    before = _rows(pool, src.cuda())
+    slots = tier.alloc(len(src))
+    tier.write(src, slots)
+    for buf in pool.k_buffer + pool.v_buffer:
+        buf[page_size : 3 * page_size].zero_()  # the evicted slots are reused
+    dst = torch.arange(4 * page_size, 6 * page_size)
+    assert tier.read(slots, dst)
+    after = _rows(pool, dst.cuda())  # on the compute stream, which waits for the load
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
