@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,25 @@ def cache_dir() -> Path:
     """radixlm's cache root (converted weights, compiled CPU kernels): ``$RADIXLM_CACHE_DIR``
     or ``~/.cache/radixlm``."""
     return Path(os.environ.get("RADIXLM_CACHE_DIR") or Path.home() / ".cache" / "radixlm")
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> tuple[int, bool]:
+    """A size flag as (value, is_bytes): a plain integer is a count of tokens; a number
+    with a K/M/G/T suffix (optionally followed by B or iB; powers of 1024) or a trailing
+    B is bytes. Raises ValueError on anything else."""
+    m = _SIZE.match(text)
+    if m is None:
+        raise ValueError(f"size must be tokens (e.g. 200000) or bytes (e.g. 4G), got {text!r}")
+    number, unit, suffix = m.groups()
+    if not unit and not suffix:
+        if "." in number:
+            raise ValueError(f"a size in tokens must be an integer, got {text!r}")
+        return int(number), False
+    return int(float(number) * _UNITS[unit.lower()]), True
 
 
 def _opt(default, help: str, **extra):  # noqa: A002 - mirrors argparse's keyword
@@ -170,6 +190,27 @@ class ServerArgs:
     )
     disable_radix_cache: bool = _opt(
         False, "use no prefix cache (every prompt is prefilled in full)"
+    )
+    hicache_tier: str | None = _opt(
+        None,
+        "second KV tier that keeps prefixes evicted from the KV pool and loads them back "
+        "(docs/hicache.md): host (host memory; for a CUDA pool) or disk (a memory-mapped "
+        "file in --hicache-dir); none: evicted prefixes are dropped",
+        choices=["host", "disk"],
+    )
+    hicache_size: str | None = _opt(
+        None,
+        "second tier size: tokens (e.g. 200000) or bytes with a K/M/G/T suffix (e.g. 8G; "
+        "powers of 1024); none: twice the KV pool's tokens",
+    )
+    hicache_write_policy: str = _opt(
+        "write_through",
+        "when the second tier gets a prefix's KV: write_through (as soon as it is cached; "
+        "eviction then only drops the primary copy) or write_back (when it is evicted)",
+        choices=["write_through", "write_back"],
+    )
+    hicache_dir: str | None = _opt(
+        None, "directory of the disk tier's file (none: <cache dir>/hicache)"
     )
     random_seed: int = _opt(
         0, "seed of the generator that seeds sampled requests without their own seed"
@@ -330,6 +371,10 @@ class ServerArgs:
             raise ValueError(f"health_timeout must be >= 1 (seconds), got {self.health_timeout}")
         if self.request_timeout is not None and self.request_timeout <= 0:
             raise ValueError(f"request_timeout must be > 0 (seconds), got {self.request_timeout}")
+        if self.hicache_size is not None:
+            parse_size(self.hicache_size)
+        if self.hicache_tier is not None and self.disable_radix_cache:
+            raise ValueError("hicache_tier needs the radix cache (drop --disable-radix-cache)")
         if not 0 < self.mem_fraction < 1:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
 

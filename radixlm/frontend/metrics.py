@@ -168,8 +168,11 @@ class SchedulerStatsCollector:
     total KV tokens), cache_hit_rate (cached / prompt tokens since start),
     max_total_tokens, pinned_tokens (runtime/sched/pins.py), and the speculative-decoding
     figures spec_accept_length, spec_accept_rate, spec_draft_time_share (0 without
-    speculation). Counters: retractions_total, aborts_total (scheduler-side counts,
-    which include client disconnects and failed steps).
+    speculation), hicache_capacity_tokens and hicache_used_tokens (the second KV tier,
+    docs/hicache.md; 0 when off). Counters: retractions_total, aborts_total (scheduler-side
+    counts, which include client disconnects and failed steps), and the second tier's
+    hicache_{loaded,written}_tokens_total, hicache_{loaded,written}_bytes_total,
+    hicache_load_seconds_total and hicache_corrupt_pages_total.
     """
 
     _GAUGES = (
@@ -179,6 +182,8 @@ class SchedulerStatsCollector:
         ("cache_hit_rate", "cache_hit_rate", "Cached / prompt tokens since start."),
         ("max_total_tokens", "total", "KV pool size in tokens."),
         ("pinned_tokens", "pinned", "KV tokens pinned by sessions and stored responses."),
+        ("hicache_capacity_tokens", "tier_total", "Second KV tier size in tokens (0: off)."),
+        ("hicache_used_tokens", "tier_used", "Second KV tier tokens holding cached prefixes."),
         (
             "spec_accept_length",
             "spec_accept_length",
@@ -198,6 +203,32 @@ class SchedulerStatsCollector:
     _COUNTERS = (
         ("retractions", "num_retracted_total", "Requests retracted under KV pressure."),
         ("aborts", "num_aborted_total", "Requests aborted in the scheduler."),
+        (
+            "hicache_loaded_tokens",
+            "tier_tokens_loaded",
+            "Second KV tier: tokens loaded back into the KV pool.",
+        ),
+        (
+            "hicache_written_tokens",
+            "tier_tokens_written",
+            "Second KV tier: tokens written from the KV pool.",
+        ),
+        (
+            "hicache_loaded_bytes",
+            "tier_bytes_loaded",
+            "Second KV tier: bytes copied into the KV pool.",
+        ),
+        (
+            "hicache_written_bytes",
+            "tier_bytes_written",
+            "Second KV tier: bytes copied out of the KV pool.",
+        ),
+        ("hicache_load_seconds", "tier_load_seconds", "Second KV tier: seconds spent loading."),
+        (
+            "hicache_corrupt_pages",
+            "tier_corrupt_pages",
+            "Second KV tier: pages that failed their check (recomputed, never served).",
+        ),
     )
 
     def __init__(self) -> None:

@@ -212,6 +212,26 @@ def register(subparsers) -> argparse.ArgumentParser:
         default=128,
         help="int4 quantization group, weights per fp16 scale + zero point (>= 1)",
     )
+    p.add_argument(
+        "--hicache-bytes",
+        type=non_negative_int,
+        default=0,
+        help="second KV tier bytes per GPU (host memory or disk, --hicache-tier), integer "
+        ">= 0; with it the report counts the idle sessions both tiers hold",
+    )
+    p.add_argument(
+        "--session-history",
+        type=positive_int,
+        default=None,
+        help="tokens of one idle session's history (default: --context)",
+    )
+    p.add_argument(
+        "--hicache-write-policy",
+        choices=["write_through", "write_back"],
+        default="write_through",
+        help="the tier's write policy: write_through copies every session (the pool's "
+        "sessions are among the tier's), write_back only the evicted ones",
+    )
 
     p = _add(
         sub, "roofline", "arithmetic intensity, ridge, decode knee, step times", perf.cmd_roofline

@@ -11,6 +11,7 @@ import argparse
 from radixlm.plan.capacity import capacity_table, weights_table
 from radixlm.plan.dtypes import WEIGHT_DTYPES, normalize
 from radixlm.plan.hardware import Hardware, derate, get_hardware
+from radixlm.plan.hicache import idle_sessions
 from radixlm.plan.kv import (
     compare_models,
     kv_bytes_per_token,
@@ -269,6 +270,8 @@ def cmd_capacity(args: argparse.Namespace) -> Report:
             ],
         )
     )
+    if args.hicache_bytes:
+        _idle_sessions(args, rows, data, report)
     for r in rows:
         if r.kv_budget_bytes_per_gpu <= 0:
             report.notes.append(f"tp={r.tp}: the weights alone exceed the memory budget")
@@ -279,3 +282,37 @@ def cmd_capacity(args: argparse.Namespace) -> Report:
                 f"{r.max_tokens:,} tokens instead of {r.tokens_without_replication:,}"
             )
     return report
+
+
+def _idle_sessions(args: argparse.Namespace, rows, data: dict, report: Report) -> None:
+    """The idle-sessions table of `capacity --hicache-bytes` (`radixlm.plan.hicache`)."""
+    history = args.session_history or args.context
+    idle = [
+        idle_sessions(
+            r.max_tokens,
+            int(args.hicache_bytes // r.kv_bytes_per_token_per_gpu),
+            history,
+            args.page_size,
+            args.hicache_write_policy,
+        )
+        for r in rows
+    ]
+    data["idle_sessions"] = [{"tp": r.tp, **i.to_dict()} for r, i in zip(rows, idle)]
+    report.tables.append(
+        Table(
+            f"Idle sessions of {history:,} tokens ({fmt_bytes(args.hicache_bytes)} second "
+            f"tier per GPU, {args.hicache_write_policy})",
+            ["tp", "pool tokens", "tier tokens", "in pool", "in tier", "held"],
+            [
+                [
+                    r.tp,
+                    i.primary_tokens,
+                    i.tier_tokens,
+                    i.primary_sessions,
+                    i.tier_sessions,
+                    i.held_sessions,
+                ]
+                for r, i in zip(rows, idle)
+            ],
+        )
+    )

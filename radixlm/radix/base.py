@@ -118,6 +118,24 @@ class PrefixCache(abc.ABC):
         Only valid when no request holds a lock; nodes returned earlier become invalid.
         """
 
+    def load_back(
+        self, key: Sequence[int], extra_key: Hashable | None = None, room: int = 0
+    ) -> tuple[MatchResult, int]:
+        """`match_prefix`, extended by a second KV tier where the cache has one: the part
+        of the match held only there is copied back into fresh primary slots (at most
+        `room` tokens; evicting unlocked cache for them) and joins the match. Returns
+        (match, tokens loaded). Without a tier: (match_prefix(key, extra_key), 0)."""
+        return self.match_prefix(key, extra_key), 0
+
+    def tier_accounting(self) -> dict[str, int]:
+        """The second tier's slot counts tier_total == tier_free + tier_used (tokens);
+        empty without a tier."""
+        return {}
+
+    def tier_stats(self) -> dict[str, int | float | str]:
+        """The second tier's traffic counters (`HiRadixCache.tier_stats`); empty without."""
+        return {}
+
     def total_size(self) -> int:
         """All tokens the cache holds."""
         return self.evictable_size() + self.protected_size()

@@ -47,11 +47,12 @@ class TreeNode:
     lock_ref: number of locks on paths through this node (0 = evictable).
     last_access_time: `clock()` value of the last match/insert through it (seconds).
     hit_count: number of matches that used this node.
+    host_value: the node's slots in a second KV tier, or None (see `HiRadixCache`).
     """
 
     __slots__ = (
         "key", "value", "children", "parent", "lock_ref",
-        "last_access_time", "hit_count", "id", "extra_key", "evicted",
+        "last_access_time", "hit_count", "id", "extra_key", "evicted", "host_value",
     )  # fmt: skip
 
     def __init__(
@@ -71,6 +72,9 @@ class TreeNode:
         self.id = next(_ids)  # tie-breaker for the eviction heap
         self.extra_key: Hashable | None = None  # meaningful on roots only
         self.evicted = False
+        #: int64 [len(key)] slots of a second KV tier holding a copy (HiRadixCache); None
+        #: when no tier holds this node.
+        self.host_value: torch.Tensor | None = None
 
     @property
     def is_root(self) -> bool:

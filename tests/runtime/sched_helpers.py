@@ -40,12 +40,14 @@ def tokens(outs: list[ReqOutput]) -> list[int]:
 
 
 def check_pool(sched, idle: bool) -> None:
-    """free + evictable + protected + pinned + held == total; nothing held or locked
-    (but pins) when idle."""
+    """free + evictable + protected + pinned + held == total (and, with a second KV tier,
+    tier_total == tier_free + tier_used); nothing held or locked (but pins) when idle."""
     mem = sched.memory_accounting()
     parts = ("free", "evictable", "protected", "pinned", "held")
     assert sum(mem[k] for k in parts) == mem["total"], mem
     assert mem["pinned"] == sched.pins.pinned_tokens(), mem
+    if "tier_total" in mem:
+        assert mem["tier_total"] == mem["tier_free"] + mem["tier_used"], mem
     if idle:
         assert mem["held"] == 0 and mem["protected"] == 0, mem
         assert sched.req_pool.available() == sched.req_pool.size

@@ -76,7 +76,11 @@ class PrefillAdder:
         ids = req.all_ids
         # The last token must run to produce logits; prompt logprobs limit the match more.
         limit = req.match_limit()
-        match = self.tree.match_prefix(ids[:limit], req.extra_key)
+        # A prefix held only in the second KV tier is copied back now; its slots come out
+        # of this round's KV budget (counted in full even when eviction supplied them).
+        room = self.kv_budget + self.tree.evictable_size()
+        match, loaded = self.tree.load_back(ids[:limit], req.extra_key, room)
+        self.kv_budget -= loaded
         prefix_len = len(match.kv_indices)
         extend = len(ids) - prefix_len
         # A limited match recomputes the shared prefix anyway: waiting would not help.

@@ -185,7 +185,8 @@ class KVLedger:
         """Token counts free, evictable, protected (locked cache not pinned), pinned (the
         `pinned` tokens of `PinTable`: locked cache nodes on pinned paths), held (by the
         requests with a row: the running ones and the one mid-chunk) and total; their sum
-        free + evictable + protected + pinned + held equals total."""
+        free + evictable + protected + pinned + held equals total. With a second KV tier
+        also tier_total == tier_free + tier_used (`PrefixCache.tier_accounting`)."""
         ps = self.page_size
         holders = [*running, chunked] if chunked is not None else running
         held = sum((self.pages(0, r.kv_len) - r.prefix_len // ps) * ps for r in holders)
@@ -196,4 +197,5 @@ class KVLedger:
             "pinned": pinned,
             "held": held,
             "total": self.allocator.total,
+            **self.tree.tier_accounting(),
         }

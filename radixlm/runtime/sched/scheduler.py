@@ -35,6 +35,7 @@ from radixlm.config import ServerArgs
 from radixlm.errors import QueueFullError, RequestTooLargeError
 from radixlm.radix import make_prefix_cache
 from radixlm.radix.policy import make_policy
+from radixlm.runtime.executor.kv_tier import make_kv_tier
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.sampling.grammar import GrammarBackend, GrammarCompiler
 from radixlm.runtime.sampling.logprobs import (
@@ -94,7 +95,14 @@ class Scheduler:
         self.allocator = runner.allocator
         self.req_pool = runner.req_to_token_pool
         self.table = self.req_pool.req_to_token
-        self.tree = make_prefix_cache(args.disable_radix_cache, args.page_size, self.allocator.free)
+        self.tree = make_prefix_cache(
+            args.disable_radix_cache,
+            args.page_size,
+            self.allocator.free,
+            tier=make_kv_tier(args, runner.kv_pool, runner.max_total_tokens),
+            allocator=self.allocator,
+            write_policy=args.hicache_write_policy,
+        )
         self.policy = make_policy(
             args.schedule_policy, self.tree, args.schedule_fallback_queue_len, args.random_seed
         )
@@ -438,6 +446,7 @@ class Scheduler:
             "new_token_ratio": round(self.ratio.value, 4),
             "token_usage": (mem["total"] - mem["free"] - mem["evictable"]) / mem["total"],
             **self.counters.as_dict(),
+            **self.tree.tier_stats(),
             **self.decoder.stats(),
             **mem,
         }

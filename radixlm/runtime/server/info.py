@@ -32,7 +32,9 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
     quantized GGUF panels (`quantized_weights`). `moe` (None for a dense model) gives the
     distinct experts per MoE layer per decode step by batch size (`ExpertStats`).
     `sessions`: open sessions, pins (sessions and stored responses), pinned tokens, the
-    pin budget and the pins released over it (`SessionManager.info`)."""
+    pin budget and the pins released over it (`SessionManager.info`). `hicache` (None
+    without ``--hicache-tier``): the second KV tier's capacity, usage and traffic
+    (`HiRadixCache.tier_stats`; docs/hicache.md)."""
     return {
         "args": dataclasses.asdict(args),
         "resolved": {
@@ -55,6 +57,7 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
         "scheduler": scheduler.stats(),
         "sessions": scheduler.sessions.info(),
         "moe": runner.expert_stats.report(),
+        "hicache": scheduler.tree.tier_stats() or None,
     }
 
 
