@@ -12,9 +12,10 @@ Policies (`--dp-policy`, `radixlm router --policy`):
 * ``cache_aware`` (default): after SGLang's cache-aware router. Each replica has an
   approximate radix tree (`radixlm.radix.RadixCache` with no KV behind it) of the keys
   routed to it; a request goes to the candidate whose tree matches the longest prefix of
-  its key (ties: the least loaded). When the loads are imbalanced (the busiest candidate
-  has more than `balance_threshold` requests more than the idlest) it goes to the least
-  loaded one instead, and its key still enters that replica's tree. A tree holds at most
+  its key (ties: the least loaded, then the smallest tree, so unrelated prompts spread).
+  When the loads are imbalanced (the busiest candidate has more than `balance_threshold`
+  requests more than the idlest) it goes to the least loaded one instead, and its key
+  still enters that replica's tree. A tree holds at most
   `max_tree_tokens` tokens; inserting past that evicts its least recently matched leaves,
   standing in for the replica's own LRU eviction, which the router cannot see.
 
@@ -136,9 +137,15 @@ class CacheAware(DispatchPolicy):
         if busiest - loads[least] > self.balance_threshold:
             rank = least
         else:
-            rank = max(candidates, key=lambda r: (self.matched(r, key, namespace), -loads[r], -r))
+            rank = max(candidates, key=lambda r: self._preference(r, key, loads, namespace))
         self._insert(rank, key, namespace)
         return rank
+
+    def _preference(self, rank, key, loads, namespace) -> tuple[int, int, int, int]:
+        """Longest match first; then fewest in flight, smallest tree (so unrelated
+        prompts spread over the replicas), lowest rank."""
+        matched = self.matched(rank, key, namespace)
+        return (matched, -loads[rank], -self.tree_tokens(rank), -rank)
 
     def _insert(self, rank: int, key: Sequence[int], namespace: Hashable | None) -> None:
         if not key:

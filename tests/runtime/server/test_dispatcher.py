@@ -31,8 +31,10 @@ def test_cache_aware_follows_the_longest_prefix():
     system = list(range(100, 140))
     first = p.choose(system + [1, 2], (0, 1), [0, 0])
     assert first == 0  # empty trees: tie on match and load -> lowest rank
-    # An unrelated prompt goes to the emptier-loaded replica on a tie of 0 matched tokens.
-    assert p.choose([7, 8, 9], (0, 1), [1, 0]) == 1
+    # An unrelated prompt (0 tokens matched anywhere) goes to the smaller tree at equal load.
+    assert p.choose([7, 8, 9], (0, 1), [0, 0]) == 1
+    # ... and to the less loaded replica before the smaller tree.
+    assert p.choose([6, 6], (0, 1), [1, 0]) == 1
     # The shared-prefix follow-up goes back to replica 0 though replica 1 is less loaded.
     assert p.choose(system + [3, 4], (0, 1), [1, 0]) == 0
     assert p.matched(0, system + [5]) == len(system) + 0
