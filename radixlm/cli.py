@@ -50,6 +50,12 @@ def _serve(args: argparse.Namespace) -> int:
     return launch_server(ServerArgs.from_cli_args(args))
 
 
+def _router(args: argparse.Namespace) -> int:
+    from radixlm.frontend.router_launch import run_router
+
+    return run_router(args)
+
+
 def _train_eagle(args: argparse.Namespace) -> int:
     from radixlm.train.eagle import run
 
@@ -97,6 +103,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
     ServerArgs.add_cli_args(gen, exclude=HTTP_ONLY_FIELDS)
     gen.set_defaults(func=_generate)
+
+    router = sub.add_parser(
+        "router",
+        help="route requests over several `radixlm serve` workers (docs/scale-out.md)",
+        description="One HTTP endpoint in front of `radixlm serve` workers: cache-aware or "
+        "other routing, health checks, removal and re-admission of failed workers, retries "
+        "of requests that never reached a worker, streaming and abort pass-through.",
+    )
+    from radixlm.frontend.router_launch import add_router_args
+
+    add_router_args(router)
+    router.set_defaults(func=_router)
 
     from radixlm.bench.cli import register as register_bench
 

@@ -70,6 +70,9 @@ HTTP_ONLY_FIELDS = (
     "responses_store_size",
     "tool_call_parser",
     "reasoning_parser",
+    "dp_size",
+    "dp_policy",
+    "dp_balance_threshold",
 )
 
 
@@ -242,6 +245,23 @@ class ServerArgs:
         "seconds a request may wait and run in all; a longer one is aborted (its KV freed) "
         "and answered 504 request_timeout (none: no limit)",
     )
+    dp_size: int = _opt(
+        1,
+        "data-parallel replicas: scheduler processes behind the one HTTP front end, each "
+        "with its own radix cache and KV pool (--max-total-tokens each) and --num-threads / "
+        "dp-size torch threads (at least 1); docs/scale-out.md",
+    )
+    dp_policy: str = _opt(
+        "cache_aware",
+        "how a request picks its replica with --dp-size > 1: the longest cached prefix "
+        "unless loads are imbalanced (cache_aware), in turn, or the fewest in flight",
+        choices=["cache_aware", "round_robin", "least_load"],
+    )
+    dp_balance_threshold: int = _opt(
+        4,
+        "cache_aware: requests in flight by which the busiest replica may exceed the idlest "
+        "before a request goes to the idlest regardless of its prefix (>= 0)",
+    )
     speculative_algorithm: str | None = _opt(
         None,
         "speculative decoding drafter (none: off); see runtime/speculative/",
@@ -375,6 +395,11 @@ class ServerArgs:
             parse_size(self.hicache_size)
         if self.hicache_tier is not None and self.disable_radix_cache:
             raise ValueError("hicache_tier needs the radix cache (drop --disable-radix-cache)")
+        if self.dp_size < 1 or self.dp_balance_threshold < 0:
+            raise ValueError(
+                f"dp_size must be >= 1 and dp_balance_threshold >= 0, got {self.dp_size} "
+                f"and {self.dp_balance_threshold}"
+            )
         if not 0 < self.mem_fraction < 1:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
 

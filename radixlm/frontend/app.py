@@ -182,7 +182,8 @@ def create_app(tm, args: ServerArgs) -> FastAPI:
     @api.get("/metrics")
     async def get_metrics() -> Response:
         info = await tm.get_server_info()
-        return Response(metrics.render(info.get("scheduler")), media_type=CONTENT_TYPE)
+        body = metrics.render(info.get("scheduler"), info.get("replicas"))
+        return Response(body, media_type=CONTENT_TYPE)
 
     install_openapi(app, api, secured=bool(args.api_key))
     app.include_router(api)

@@ -153,11 +153,14 @@ class ServerMetrics(RequestObserver):
 
     # ---- exposition -----------------------------------------------------------------------
 
-    def render(self, scheduler_stats: dict[str, Any] | None) -> bytes:
+    def render(
+        self, scheduler_stats: dict[str, Any] | None, replicas: list[dict] | None = None
+    ) -> bytes:
         """The text exposition format, with the scheduler gauges from `scheduler_stats`
-        (`Scheduler.stats()`; None leaves the last values)."""
+        (`Scheduler.stats()`, the whole server's; None leaves the last values) and the
+        per-replica ones from `replicas` (`/get_server_info`'s ``replicas``)."""
         if scheduler_stats is not None:
-            self.scheduler.update(scheduler_stats)
+            self.scheduler.update(scheduler_stats, replicas)
         return generate_latest(self.registry)
 
 
@@ -172,7 +175,10 @@ class SchedulerStatsCollector:
     docs/hicache.md; 0 when off). Counters: retractions_total, aborts_total (scheduler-side
     counts, which include client disconnects and failed steps), and the second tier's
     hicache_{loaded,written}_tokens_total, hicache_{loaded,written}_bytes_total,
-    hicache_load_seconds_total and hicache_corrupt_pages_total.
+    hicache_load_seconds_total and hicache_corrupt_pages_total. Per scheduler replica,
+    labelled ``dp_rank`` (one series per replica, also with --dp-size 1): the gauges
+    replica_num_running_reqs, replica_num_queue_reqs, replica_cache_hit_rate and the
+    counter replica_requests_routed_total (requests the front end sent that replica).
     """
 
     _GAUGES = (
@@ -231,12 +237,21 @@ class SchedulerStatsCollector:
         ),
     )
 
+    _REPLICA_GAUGES = (
+        ("replica_num_running_reqs", "num_running", "Requests running on the replica."),
+        ("replica_num_queue_reqs", "num_waiting", "Requests waiting on the replica."),
+        ("replica_cache_hit_rate", "cache_hit_rate", "Replica's cached / prompt tokens."),
+    )
+
     def __init__(self) -> None:
         self._stats: dict[str, Any] = {}
+        self._replicas: list[dict[str, Any]] = []
 
-    def update(self, stats: dict[str, Any]) -> None:
-        """Replace the snapshot (a `Scheduler.stats()` dict)."""
+    def update(self, stats: dict[str, Any], replicas: list[dict] | None = None) -> None:
+        """Replace the snapshot (a `Scheduler.stats()` dict, and the replicas' entries of
+        `/get_server_info`)."""
         self._stats = dict(stats)
+        self._replicas = list(replicas or [])
 
     def describe(self) -> Iterable[Metric]:
         return self._families({})
@@ -250,4 +265,17 @@ class SchedulerStatsCollector:
             out.append(GaugeMetricFamily(PREFIX + name, doc, value=float(s.get(key, 0))))
         for name, key, doc in self._COUNTERS:
             out.append(CounterMetricFamily(PREFIX + name, doc, value=float(s.get(key, 0))))
+        for name, key, doc in self._REPLICA_GAUGES:
+            family = GaugeMetricFamily(PREFIX + name, doc, labels=("dp_rank",))
+            for r in self._replicas:
+                family.add_metric((str(r["dp_rank"]),), float(r[key]))
+            out.append(family)
+        routed = CounterMetricFamily(
+            PREFIX + "replica_requests_routed",
+            "Requests the front end sent to the replica.",
+            labels=("dp_rank",),
+        )
+        for r in self._replicas:
+            routed.add_metric((str(r["dp_rank"]),), float(r["requests_routed"]))
+        out.append(routed)
         return out

@@ -36,6 +36,12 @@ HEARTBEAT_INTERVAL_S = 0.5
 CHILDREN = ("scheduler", "detokenizer")
 
 
+def scheduler_name(rank: int, dp_size: int) -> str:
+    """The process and heartbeat name of scheduler replica `rank`: ``scheduler`` for a
+    server with one replica, else ``scheduler-<rank>``."""
+    return "scheduler" if dp_size == 1 else f"scheduler-{rank}"
+
+
 class HeartbeatThread(threading.Thread):
     """Sends `beat()` (a Heartbeat) to `endpoint` every HEARTBEAT_INTERVAL_S, from a
     daemon thread with its own PUSH socket on `ctx` (ZMQ sockets are not thread-safe);
@@ -77,11 +83,13 @@ class Liveness:
     Args:
         timeout: seconds of silence after which a child counts as not alive.
         now: the start of the watch (monotonic seconds); every child counts as heard then.
+        children: the names of the children that beat (a data-parallel server has one
+            ``scheduler-R`` per replica).
     """
 
-    def __init__(self, timeout: float, now: float):
+    def __init__(self, timeout: float, now: float, children: tuple[str, ...] = CHILDREN):
         self.timeout = timeout
-        self._heard = dict.fromkeys(CHILDREN, now)
+        self._heard = dict.fromkeys(children, now)
         self._last: dict[str, Heartbeat] = {}
 
     def record(self, beat: Heartbeat, now: float) -> None:

@@ -37,22 +37,30 @@ _OWNER_FILE = "owner.pid"
 
 @dataclass(frozen=True)
 class IpcPaths:
-    """The three PULL endpoints of one server instance (each bound by its reader).
+    """The PULL endpoints of one server instance (each bound by its reader).
 
     tokenizer: read by the TokenizerManager (HTTP process); scheduler: read by the
-    scheduler process; detokenizer: read by the detokenizer process.
+    scheduler process (replica 0 with --dp-size > 1); detokenizer: read by the
+    detokenizer process, which every replica sends to; extra_schedulers: read by
+    replicas 1.. of a data-parallel server.
     """
 
     directory: str
     tokenizer: str
     scheduler: str
     detokenizer: str
+    extra_schedulers: tuple[str, ...] = ()
+
+    @property
+    def schedulers(self) -> tuple[str, ...]:
+        """Every replica's scheduler endpoint, by rank."""
+        return (self.scheduler, *self.extra_schedulers)
 
     @classmethod
-    def create(cls) -> IpcPaths:
-        """Fresh endpoints in a new private temporary directory (unique per instance),
-        owned by this process (its pid in ``owner.pid``); stale directories of dead
-        servers are removed first."""
+    def create(cls, num_schedulers: int = 1) -> IpcPaths:
+        """Fresh endpoints for `num_schedulers` scheduler replicas in a new private temporary
+        directory (unique per instance), owned by this process (its pid in ``owner.pid``);
+        stale directories of dead servers are removed first."""
         remove_stale_dirs(tempfile.gettempdir())
         d = tempfile.mkdtemp(prefix=_PREFIX)
         # Written whole then renamed in, so a concurrent cleanup never reads half a pid.
@@ -60,7 +68,10 @@ class IpcPaths:
         with open(part, "w") as f:
             f.write(str(os.getpid()))
         os.replace(part, os.path.join(d, _OWNER_FILE))
-        return cls(d, f"ipc://{d}/tokenizer", f"ipc://{d}/scheduler", f"ipc://{d}/detokenizer")
+        extra = tuple(f"ipc://{d}/scheduler-{r}" for r in range(1, num_schedulers))
+        return cls(
+            d, f"ipc://{d}/tokenizer", f"ipc://{d}/scheduler", f"ipc://{d}/detokenizer", extra
+        )
 
     def remove(self) -> None:
         """Delete the socket files' directory."""

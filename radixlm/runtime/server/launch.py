@@ -15,6 +15,7 @@ from typing import Any
 from radixlm.config import ServerArgs
 from radixlm.runtime.executor.model_registry import local_hf_dir
 from radixlm.runtime.server.detokenizer_process import run_detokenizer_process
+from radixlm.runtime.server.heartbeat import scheduler_name
 from radixlm.runtime.server.ipc import IpcPaths
 from radixlm.runtime.server.messages import ProcessFailed, ProcessReady, decode
 from radixlm.runtime.server.scheduler_process import run_scheduler_process
@@ -34,10 +35,10 @@ class ChildFailed(RuntimeError):
 class ChildProcess:
     """One child process and the pipe on which it reports ready / failed."""
 
-    def __init__(self, ctx, name: str, target, args: ServerArgs, ipc: IpcPaths):
+    def __init__(self, ctx, name: str, target, args: ServerArgs, ipc: IpcPaths, extra: tuple = ()):
         self.name = name
         self.conn, child_conn = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=target, args=(args, ipc, child_conn), name=name)
+        self.proc = ctx.Process(target=target, args=(args, ipc, child_conn, *extra), name=name)
         self.proc.start()
         child_conn.close()
 
@@ -104,25 +105,35 @@ class Signals:
 def start_children(
     args: ServerArgs, signals: Signals, children: list[ChildProcess]
 ) -> tuple[IpcPaths, dict[str, Any], Any]:
-    """Start the scheduler and detokenizer processes and wait until both are ready.
+    """Start the scheduler processes (`args.dp_size` replicas, named ``scheduler`` or
+    ``scheduler-R``) and the detokenizer process and wait until all are ready.
 
     A GGUF model is converted once here, before either child reads it; the tokenizer
     loads in this process while the children load the model. Each child is appended to
     `children` as it starts, so the caller stops them whatever happens.
 
-    Returns (ipc paths, the scheduler's model facts, the tokenizer).
+    Returns (ipc paths, the model facts (replica 0's, with the smallest replica's
+    max_total_tokens), the tokenizer).
     Raises ChildFailed when a child fails to start, KeyboardInterrupt on SIGINT/SIGTERM.
     """
-    ipc = IpcPaths.create()
+    ipc = IpcPaths.create(args.dp_size)
     ctx = mp.get_context("spawn")
     try:
         local_hf_dir(args.model)
-        scheduler = ChildProcess(ctx, "scheduler", run_scheduler_process, args, ipc)
-        children.append(scheduler)
+        schedulers = []
+        for rank in range(args.dp_size):
+            name = scheduler_name(rank, args.dp_size)
+            child = ChildProcess(ctx, name, run_scheduler_process, args, ipc, (rank,))
+            children.append(child)
+            schedulers.append(child)
         detokenizer = ChildProcess(ctx, "detokenizer", run_detokenizer_process, args, ipc)
         children.append(detokenizer)
         tokenizer = load_tokenizer(args)
-        facts = scheduler.wait_ready(signals)
+        all_facts = [child.wait_ready(signals) for child in schedulers]
+        facts = {
+            **all_facts[0],
+            "max_total_tokens": min(f["max_total_tokens"] for f in all_facts),
+        }
         detokenizer.wait_ready(signals)
     except BaseException:
         ipc.remove()

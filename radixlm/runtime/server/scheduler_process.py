@@ -9,6 +9,7 @@ every half second, through the detokenizer too (see heartbeat.py for why a threa
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -17,7 +18,7 @@ import zmq
 from radixlm.config import ServerArgs
 from radixlm.errors import InvalidRequestError, RadixLMError, ServerError
 from radixlm.runtime.sched.request import Req, ReqOutput
-from radixlm.runtime.server.heartbeat import HeartbeatThread
+from radixlm.runtime.server.heartbeat import HeartbeatThread, scheduler_name
 from radixlm.runtime.server.info import flush_cache, model_facts, server_info
 from radixlm.runtime.server.ipc import IpcPaths, pull_socket, push_socket, run_child
 from radixlm.runtime.server.messages import (
@@ -54,8 +55,16 @@ class SchedulerLoop:
     `run_once` began (both read by the heartbeat thread, see `heartbeat`).
     """
 
-    def __init__(self, args: ServerArgs, stack: ServingStack, recv: zmq.Socket, send: zmq.Socket):
+    def __init__(
+        self,
+        args: ServerArgs,
+        stack: ServingStack,
+        recv: zmq.Socket,
+        send: zmq.Socket,
+        name: str = "scheduler",
+    ):
         self.args = args
+        self.name = name
         self.stack = stack
         self.scheduler = stack.scheduler
         self.recv = recv
@@ -70,7 +79,7 @@ class SchedulerLoop:
 
     def heartbeat(self) -> Heartbeat:
         """This loop's liveness report (called from the heartbeat thread)."""
-        return Heartbeat("scheduler", self.steps, time.monotonic() - self.turn_start)
+        return Heartbeat(self.name, self.steps, time.monotonic() - self.turn_start)
 
     def run_forever(self) -> None:
         """Serve until the process is killed."""
@@ -198,17 +207,22 @@ class SchedulerLoop:
         )
 
 
-def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, status_conn) -> None:
-    """Entry point of the scheduler process (multiprocessing target)."""
+def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, status_conn, rank: int = 0) -> None:
+    """Entry point of scheduler replica `rank` (multiprocessing target). It reads
+    ``ipc.schedulers[rank]`` and runs with --num-threads / --dp-size torch threads (at
+    least 1), so the replicas share the threads the server was given."""
+    name = scheduler_name(rank, args.dp_size)
+    if args.dp_size > 1:
+        args = dataclasses.replace(args, num_threads=max(1, args.num_threads // args.dp_size))
 
     def body(ready) -> None:
         ctx = zmq.Context()
-        recv = pull_socket(ctx, ipc.scheduler)
+        recv = pull_socket(ctx, ipc.schedulers[rank])
         send = push_socket(ctx, ipc.detokenizer)
         stack = build_stack(args)
-        loop = SchedulerLoop(args, stack, recv, send)
+        loop = SchedulerLoop(args, stack, recv, send, name)
         HeartbeatThread(ctx, ipc.detokenizer, loop.heartbeat).start()
         ready(model_facts(stack))
         loop.run_forever()
 
-    run_child("scheduler", args.log_level, status_conn, body)
+    run_child(name, args.log_level, status_conn, body)

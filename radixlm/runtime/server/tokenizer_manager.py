@@ -37,8 +37,9 @@ from radixlm.runtime.sampling.grammar import GrammarCompiler
 from radixlm.runtime.sampling.logprobs import LogprobOptions
 from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.sessions import SessionParams
-from radixlm.runtime.server.heartbeat import Liveness
-from radixlm.runtime.server.ipc import IpcPaths, pull_socket, push_socket
+from radixlm.runtime.server.dispatcher import make_policy
+from radixlm.runtime.server.heartbeat import Liveness, scheduler_name
+from radixlm.runtime.server.ipc import IpcPaths, pull_socket
 from radixlm.runtime.server.messages import (
     AbortReq,
     BatchStrOut,
@@ -55,6 +56,7 @@ from radixlm.runtime.server.messages import (
     decode,
     encode,
 )
+from radixlm.runtime.server.replicas import ReplicaSet
 from radixlm.runtime.server.request_checks import check_request
 from radixlm.runtime.server.request_observer import RequestObserver
 from radixlm.runtime.server.stack import load_tokenizer
@@ -88,7 +90,8 @@ class TokenizerManager:
     Attributes: tokenizer (Hugging Face), model_name (served name), context_len,
     vocab_size, max_total_tokens (KV pool size in tokens), observer (a RequestObserver,
     e.g. the server's Prometheus metrics; a no-op by default), liveness (when each child
-    process last beat, see heartbeat.py).
+    process last beat, see heartbeat.py), replicas (the scheduler replicas and where
+    each request went, `ReplicaSet`; one replica unless --dp-size > 1).
     """
 
     def __init__(self, args: ServerArgs, ipc: IpcPaths, facts: dict[str, int], tokenizer=None):
@@ -106,13 +109,17 @@ class TokenizerManager:
         )
         self._ctx = zmq.asyncio.Context()
         self._ipc = ipc
-        self._send: zmq.asyncio.Socket | None = None
+        policy = make_policy(
+            args.dp_policy, args.dp_size, balance_threshold=args.dp_balance_threshold
+        )
+        self.replicas = ReplicaSet(ipc.schedulers, policy)
         self._recv: zmq.asyncio.Socket | None = None
         self._states: dict[str, _ReqState] = {}
         self._control: dict[str, asyncio.Future] = {}
         self._task: asyncio.Task | None = None
         self.observer = RequestObserver()
-        self.liveness = Liveness(args.health_timeout, time.monotonic())
+        names = tuple(scheduler_name(r, args.dp_size) for r in range(args.dp_size))
+        self.liveness = Liveness(args.health_timeout, time.monotonic(), (*names, "detokenizer"))
         self._silent: frozenset[str] = frozenset()
 
     # ---- lifecycle --------------------------------------------------------------------
@@ -120,7 +127,7 @@ class TokenizerManager:
     async def start(self) -> None:
         """Bind the result socket and start the receive loop (call inside the event loop)."""
         self._recv = pull_socket(self._ctx, self._ipc.tokenizer)
-        self._send = push_socket(self._ctx, self._ipc.scheduler)
+        self.replicas.connect(self._ctx)
         self._task = asyncio.create_task(self._recv_loop(), name="tokenizer-manager-recv")
 
     async def close(self) -> None:
@@ -241,7 +248,7 @@ class TokenizerManager:
             raise InvalidRequestError(
                 f"request id {rid!r} is already in use", param="rid", code="invalid_value"
             )
-        if self._send is None:
+        if not self.replicas.connected:
             raise ServerError("the tokenizer manager is not started")
         data = _encode_request(
             GenerateReq(
@@ -255,10 +262,11 @@ class TokenizerManager:
             )
         )
         state = self._states[rid] = _ReqState()
+        rank = self.replicas.route(rid, input_ids, extra_key, session)
         deadline = self._deadline()
         try:
             self.observer.on_submit(rid, time.perf_counter())
-            await self._send.send(data)
+            await self.replicas.socket(rank).send(data)
             while True:
                 await self._wait(state.event.wait(), deadline, "request")
                 state.event.clear()
@@ -279,11 +287,15 @@ class TokenizerManager:
                 self.observer.on_abandoned(
                     rid, time.perf_counter(), refused=state.error is not None
                 )
+            self.replicas.release(rid)
 
     def abort(self, rid: str) -> None:
-        """Ask the scheduler to stop `rid` (no-op for unknown or finished requests)."""
-        if self._send is not None:
-            self._send.send(encode(AbortReq(rid)))
+        """Ask the scheduler replica holding `rid` to stop it (every replica when none
+        holds it here; a no-op for unknown or finished requests)."""
+        rank = self.replicas.rank_of(rid)
+        data = encode(AbortReq(rid))
+        for sock in self.replicas.sockets() if rank is None else [self.replicas.socket(rank)]:
+            sock.send(data)
 
     def abort_matching(self, rid: str | None) -> list[str]:
         """Abort the in-flight requests whose id is `rid` or starts with `rid` + "-" (a
@@ -299,10 +311,12 @@ class TokenizerManager:
         return matched
 
     async def get_server_info(self) -> dict[str, Any]:
-        """The scheduler's settings, capacity and counters (see info.server_info), and
+        """The scheduler's settings, capacity and counters (see info.server_info; over
+        several replicas see `ReplicaSet.merge_infos`: ``dp_size``, ``replicas``), and
         ``liveness``: each child's last heartbeat (see `Liveness.report`)."""
-        resp = await self._control_call(GetInfoReq)
-        return {**resp.info, "liveness": self.liveness.report(time.monotonic())}
+        resps = await self._control_all(GetInfoReq)
+        info = self.replicas.merge_infos([r.info for r in resps])
+        return {**info, "liveness": self.liveness.report(time.monotonic())}
 
     async def open_session(
         self, session_id: str | None, capacity_of_str_len: int, timeout: float | None = None
@@ -318,37 +332,55 @@ class TokenizerManager:
                 timeout=timeout,
             )
 
-        resp = await self._control_call(msg)
+        rank = self.replicas.rank_for_new_session(session_id)
+        resp = await self._control_call(msg, rank)
         if not resp.ok:
             raise InvalidRequestError(resp.message, param="session_id", code="invalid_value")
+        self.replicas.bind_session(resp.info["session_id"], rank)
         return resp.info["session_id"]
 
     async def close_session(self, session_id: str) -> None:
         """Close a session (its pin released, its running requests aborted). Raises
         InvalidRequestError (param session_id) when it does not exist."""
-        resp = await self._control_call(lambda rid: CloseSessionReq(rid, session_id))
+        rank = self.replicas.session_rank(session_id)
+        resp = await self._control_call(lambda rid: CloseSessionReq(rid, session_id), rank)
         if not resp.ok:
             raise InvalidRequestError(resp.message, param="session_id", code="invalid_value")
+        self.replicas.unbind_session(session_id)
 
     def unpin(self, key: str) -> None:
-        """Release the pin a request made with `pin_key=key` (unknown keys are ignored)."""
-        if self._send is not None:
-            self._send.send(encode(UnpinReq(key)))
+        """Release the pin a request made with `pin_key=key` (unknown keys are ignored, so
+        every replica is told)."""
+        data = encode(UnpinReq(key))
+        for sock in self.replicas.sockets():
+            sock.send(data)
 
     async def flush_cache(self) -> tuple[bool, str]:
-        """Drop the prefix cache; (False, reason) while requests run or wait."""
-        resp = await self._control_call(FlushCacheReq)
-        return resp.ok, resp.message
+        """Drop every replica's prefix cache; (False, reason) while requests run or wait
+        on a replica (the others are flushed)."""
+        resps = await self._control_all(FlushCacheReq)
+        refused = [f"replica {r}: {x.message}" for r, x in enumerate(resps) if not x.ok]
+        if any(x.ok for x in resps):
+            self.replicas.policy.forget()
+        if len(resps) == 1 or not refused:
+            return resps[0].ok, resps[0].message
+        return False, "; ".join(refused)
 
-    async def _control_call(self, kind) -> ControlResp:
-        """Send a control request and await its reply. Raises RequestTimeoutError after
-        `args.request_timeout` seconds (a frozen scheduler never answers)."""
+    async def _control_all(self, kind) -> list[ControlResp]:
+        """`_control_call(kind)` on every replica at once; the replies by rank."""
+        calls = [self._control_call(kind, r) for r in range(len(self.replicas))]
+        return list(await asyncio.gather(*calls))
+
+    async def _control_call(self, kind, rank: int = 0) -> ControlResp:
+        """Send a control request to replica `rank` and await its reply. Raises
+        RequestTimeoutError after `args.request_timeout` seconds (a frozen scheduler never
+        answers)."""
         rid = uuid.uuid4().hex
         fut = asyncio.get_running_loop().create_future()
         self._control[rid] = fut
         deadline = self._deadline()
         try:
-            await self._send.send(encode(kind(rid)))
+            await self.replicas.socket(rank).send(encode(kind(rid)))
             return await self._wait(fut, deadline, "control request")
         finally:
             self._control.pop(rid, None)
