@@ -32,7 +32,12 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
     quantized GGUF panels (`quantized_weights`). `moe` (None for a dense model) gives the
     distinct experts per MoE layer per decode step by batch size (`ExpertStats`).
     `sessions`: open sessions, pins (sessions and stored responses), pinned tokens, the
-    pin budget and the pins released over it (`SessionManager.info`)."""
+    pin budget and the pins released over it (`SessionManager.info`).
+    Tensor parallelism: `tp_size` ranks; `kv_bytes_per_token`, `weights_bytes` and
+    `kv_budget_bytes` are one rank's (each holds its own KV heads and weight shard),
+    `kv_bytes_per_token_all_ranks` their sum, and `max_total_tokens` the group's token
+    capacity (every rank holds its heads of every cached token)."""
+    tp_size = runner.tp.size if runner.tp is not None else 1
     return {
         "args": dataclasses.asdict(args),
         "resolved": {
@@ -43,7 +48,9 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
             "quantized_weights": runner.quantized_weights,
             "omp_wait_policy": omp_policy.describe(),
         },
+        "tp_size": tp_size,
         "kv_bytes_per_token": runner.kv_bytes_per_token,
+        "kv_bytes_per_token_all_ranks": runner.kv_bytes_per_token * tp_size,
         "max_total_tokens": runner.max_total_tokens,
         "weights_bytes": runner.weights_bytes,
         "kv_budget_bytes": runner.kv_budget_bytes,

@@ -10,12 +10,14 @@ every half second, through the detokenizer too (see heartbeat.py for why a threa
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import zmq
 
 from radixlm.config import ServerArgs
 from radixlm.errors import InvalidRequestError, RadixLMError, ServerError
+from radixlm.runtime.executor.parallel.group import RankFailedError
 from radixlm.runtime.sched.request import Req, ReqOutput
 from radixlm.runtime.server.heartbeat import HeartbeatThread
 from radixlm.runtime.server.info import flush_cache, model_facts, server_info
@@ -31,6 +33,7 @@ from radixlm.runtime.server.messages import (
     Heartbeat,
     Message,
     OpenSessionReq,
+    ProcessFailed,
     ReqError,
     UnpinReq,
     decode,
@@ -97,6 +100,8 @@ class SchedulerLoop:
         self.steps += 1
         try:
             outputs = sched.step()
+        except RankFailedError:  # a tensor-parallel rank died: this process cannot serve
+            raise
         except Exception:  # the batch was aborted; its outputs come with the next step
             logger.exception("scheduler step failed")
             self._after_failure = True
@@ -201,11 +206,18 @@ class SchedulerLoop:
 def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, status_conn) -> None:
     """Entry point of the scheduler process (multiprocessing target)."""
 
+    def fail(error: str) -> None:
+        """A tensor-parallel rank died (watchdog thread): report it and end the process."""
+        try:
+            status_conn.send_bytes(encode(ProcessFailed("scheduler", error)))
+        finally:
+            os._exit(1)
+
     def body(ready) -> None:
         ctx = zmq.Context()
         recv = pull_socket(ctx, ipc.scheduler)
         send = push_socket(ctx, ipc.detokenizer)
-        stack = build_stack(args)
+        stack = build_stack(args, on_rank_failure=fail)
         loop = SchedulerLoop(args, stack, recv, send)
         HeartbeatThread(ctx, ipc.detokenizer, loop.heartbeat).start()
         ready(model_facts(stack))
