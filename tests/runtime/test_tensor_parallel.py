@@ -17,6 +17,7 @@ from radixlm.config import ServerArgs
 from radixlm.errors import UnsupportedModelError
 from radixlm.runtime.executor.layers.tensor_parallel import check_tensor_parallel
 from radixlm.runtime.executor.parallel.group import RankFailedError, dist_backend_for, rank_device
+from radixlm.runtime.executor.parallel.shards import Shard
 from radixlm.runtime.sched.decode import NormalDecode
 from radixlm.runtime.server.tp_ranks import check_args
 from radixlm.runtime.speculative import make_speculative_decode
@@ -38,10 +39,11 @@ ENGINE = dict(
 )
 
 #: name -> (tiny config overrides or None for the bundled model, tp size): Llama with
-#: 2 KV heads over 2 ranks (one each, tied head); Qwen3 with 1 KV head over 2 ranks
+#: 2 KV heads over 2 ranks (one each, tied head) and an odd vocabulary (the last rank's
+#: part padded); Qwen3 with 1 KV head over 2 ranks
 #: (replicated), q/k norms and an untied head; SmolLM2-135M over 3 ranks.
 MODELS = {
-    "llama-tp2": (("llama", {}), 2),
+    "llama-tp2": (("llama", {"vocab_size": 49155}), 2),
     "qwen3-tp2": (("qwen3", {"num_key_value_heads": 1}), 2),
     "smollm2-tp3": (None, 3),
 }
@@ -168,6 +170,12 @@ def test_refuses_drafter_models():
     args = ServerArgs(tp_size=2, speculative_algorithm="draft", speculative_draft_path="x")
     with pytest.raises(UnsupportedModelError, match="n-gram speculation does"):
         check_args(args, tiny_config("llama"))
+
+
+def test_shard_takes_its_rows_padded():
+    full = torch.arange(10.0).view(5, 2)
+    assert torch.equal(Shard(0, 3, 5, 3).take(full), torch.tensor([[6.0, 7], [8, 9], [0, 0]]))
+    assert torch.equal(Shard(1, 1, 2).take(full), full[:, 1:])
 
 
 def test_backend_and_device_per_rank():

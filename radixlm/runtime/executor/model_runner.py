@@ -214,9 +214,12 @@ class ModelRunner:
         return torch.cuda.mem_get_info(torch.device(self.device))[0] + self.weights_bytes
 
     def _use_cuda_graph(self) -> bool:
-        """Decode graphs: on by default on CUDA for backends whose metadata allows them."""
+        """Decode graphs: on by default on CUDA for backends whose metadata allows them;
+        off under tensor parallelism (a replayed graph would not send the step to the other
+        ranks, whose collectives must match rank 0's)."""
         return (
-            str(self.device).startswith("cuda")
+            self.tp is None
+            and str(self.device).startswith("cuda")
             and not self.args.disable_cuda_graph
             and self.backend.supports_cuda_graph
         )

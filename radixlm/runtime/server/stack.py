@@ -21,7 +21,7 @@ from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.executor.parallel.group import RankFailedError
 from radixlm.runtime.sched.decode import DecodeStrategy, NormalDecode
 from radixlm.runtime.sched.scheduler import Scheduler
-from radixlm.runtime.server.tp_ranks import TensorParallelRanks, check_args
+from radixlm.runtime.server.tp_ranks import TensorParallelRanks
 from radixlm.runtime.speculative import make_speculative_decode
 
 logger = logging.getLogger(__name__)
@@ -95,8 +95,7 @@ def build_stack(
         eos = eos_token_ids(hf_dir, config)
         scheduler = Scheduler(args, runner, eos, tokenizer, decoder=make_decoder(args, runner))
         return ServingStack(config, tokenizer, runner, scheduler)
-    check_args(args, config)  # before any process starts
-    ranks = TensorParallelRanks.start(args, config)
+    ranks = TensorParallelRanks.start(args, config)  # checks the split before it spawns
     try:
         runner = _rank0_runner(args, hf_dir, config, ranks)
         ranks.wait_ready()
