@@ -6,11 +6,12 @@ The model is a random-weight Llama with SmolLM2-135M's shape except its heads (8
 heads of 72 dims and 4 KV heads instead of 9 x 64 and 3, so that two ranks split them):
 30 layers, hidden 576, MLP 1536, a tied 49152-token vocabulary, fp32. Rows:
 
-* `tp1 packed, 2 threads`: one process, radixlm's packed C-kernel layout (the default);
-* `tp1 torch, T threads`: one process, torch's GEMM (`--cpu-gemm torch`), the layer path
-  the ranks use, so the split is compared with like;
-* `tp2, 1 thread/rank`: two ranks over gloo, one compute thread each (as many threads in
-  all as the 2-thread rows).
+* `tp1-packed-2t`: one process, two threads, radixlm's packed C-kernel layout (the
+  default);
+* `tp1-torch-2t`, `tp1-torch-1t`: one process, torch's GEMM (`--cpu-gemm torch`), the
+  layer path the ranks use, so the split is compared with like;
+* `tp2-1t-per-rank`: two ranks over gloo, one compute thread each (as many threads in all
+  as the 2-thread rows).
 
 Decode step: B requests of a P-token prompt decode N tokens; the step time is
 (time of N + 1 tokens - time of 1 token) / N, fresh prompts each repetition. Prefill:
@@ -61,10 +62,10 @@ SHAPE = dict(
 )
 #: name -> Engine settings.
 ROWS = {
-    "tp1 packed, 2 threads": dict(tp_size=1, num_threads=2),
-    "tp1 torch, 2 threads": dict(tp_size=1, num_threads=2, cpu_gemm="torch"),
-    "tp1 torch, 1 thread": dict(tp_size=1, num_threads=1, cpu_gemm="torch"),
-    "tp2, 1 thread/rank": dict(tp_size=2, num_threads=1),
+    "tp1-packed-2t": dict(tp_size=1, num_threads=2),
+    "tp1-torch-2t": dict(tp_size=1, num_threads=2, cpu_gemm="torch"),
+    "tp1-torch-1t": dict(tp_size=1, num_threads=1, cpu_gemm="torch"),
+    "tp2-1t-per-rank": dict(tp_size=2, num_threads=1),
 }
 
 
