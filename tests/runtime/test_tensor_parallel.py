@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import psutil
 import pytest
 import torch
 
 from radixlm import Engine
 from radixlm.config import ServerArgs
-from radixlm.errors import UnsupportedModelError
+from radixlm.errors import UnsupportedModelError, WeightsMismatchError
 from radixlm.runtime.executor.layers.tensor_parallel import check_tensor_parallel
 from radixlm.runtime.executor.parallel.group import RankFailedError, dist_backend_for, rank_device
 from radixlm.runtime.executor.parallel.shards import Shard
@@ -144,6 +145,23 @@ def test_shutdown_ends_every_rank(tiny_llama):
     e.generate(input_ids=PROMPTS[0], sampling_params=_greedy(2))
     e.shutdown()
     assert [p.exitcode for p in procs] == [0]
+
+
+def test_a_checkpoint_that_fails_to_load_ends_every_rank(tmp_path, hf_dir):
+    """Start-up failure: the load error comes out of the Engine, no rank is left."""
+    from safetensors.torch import load_file, save_file
+
+    save_random_model(tiny_config("llama"), tmp_path, hf_dir)
+    state = load_file(tmp_path / "model.safetensors")
+    del state["model.layers.1.mlp.up_proj.weight"]
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    before = set(psutil.Process().children())
+    with pytest.raises((WeightsMismatchError, RankFailedError), match="up_proj"):
+        Engine(str(tmp_path), tp_size=2, max_total_tokens=256)
+    new = set(psutil.Process().children()) - before
+    ranks = [p for p in new if "resource_tracker" not in " ".join(p.cmdline())]
+    _, alive = psutil.wait_procs(ranks, timeout=10)
+    assert not alive
 
 
 def test_refuses_a_split_that_does_not_divide():

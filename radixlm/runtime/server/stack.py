@@ -102,7 +102,7 @@ def build_stack(
         eos = eos_token_ids(hf_dir, config)
         scheduler = Scheduler(args, runner, eos, tokenizer, decoder=make_decoder(args, runner))
     except BaseException:
-        ranks.stop()
+        ranks.abort()
         raise
     ranks.set_on_failure(on_rank_failure)
     return ServingStack(config, tokenizer, runner, scheduler, ranks)

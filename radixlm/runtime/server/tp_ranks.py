@@ -188,6 +188,13 @@ class TensorParallelRanks:
         for _, proc, _ in self._ranks:
             proc.join(_STOP_GRACE_S)
 
+    def abort(self) -> None:
+        """Kill the ranks without the shutdown step (start-up failed: they may be inside
+        another collective) and leave the group. Idempotent."""
+        self._stopping.set()
+        self._kill_all()
+        destroy_group()
+
     def stop(self) -> None:
         """Send the shutdown step (when every rank still runs), wait for the ranks to
         leave (terminating any that do not) and leave the group. Idempotent."""
