@@ -112,6 +112,12 @@ class ServerArgs:
         "barriers by radixlm's short-spin policy unless OMP_WAIT_POLICY or GOMP_SPINCOUNT "
         "is set, see docs/perf-notes.md)",
     )
+    tp_size: int = _opt(
+        1,
+        "tensor-parallel ranks: worker processes joined by torch.distributed (gloo on CPU, "
+        "NCCL on CUDA, one GPU each), each holding 1/N of the attention heads, MLP columns "
+        "and vocabulary; rank 0 schedules (docs/parallelism.md)",
+    )
     page_size: int = _opt(1, "tokens per KV page (a power of two)")
     max_total_tokens: int | None = _opt(
         None, "KV pool size in tokens (none: sized from --mem-fraction)"
@@ -346,6 +352,19 @@ class ServerArgs:
             raise ValueError(f"page_size must be a positive power of two, got {ps}")
         if self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+        if self.tp_size > 1 and self.dp_size > 1:
+            raise ValueError(
+                "--tp-size and --dp-size cannot be combined: run data-parallel replicas of a "
+                "tensor-parallel model as separate `radixlm serve --tp-size N` workers behind "
+                "`radixlm router`"
+            )
+        if self.tp_size > 1 and self.hicache_tier is not None:
+            raise ValueError(
+                "--hicache-tier is not supported with --tp-size > 1 (each rank would need its "
+                "own tier copy of its KV heads)"
+            )
         if self.max_total_tokens is not None and self.max_total_tokens < ps:
             raise ValueError(f"max_total_tokens must be >= page_size, got {self.max_total_tokens}")
         if self.max_running_requests < 1 or self.max_prefill_tokens < 1:

@@ -91,6 +91,7 @@ class Engine:
         stack = build_stack(self.args)
         self.config, self.tokenizer = stack.config, stack.tokenizer
         self.runner, self.scheduler = stack.runner, stack.scheduler
+        self._stack = stack  # closes the other tensor-parallel ranks at shutdown
         self._tracked: dict[str, _Tracked] = {}
         self._stepped: dict[str, None] = {}  # add_request's requests, in arrival order
         self._rid_counter = itertools.count()
@@ -271,9 +272,11 @@ class Engine:
         return ok
 
     def shutdown(self) -> None:
-        """Abort everything in flight and drop the model and pools (idempotent)."""
+        """Abort everything in flight, stop any other tensor-parallel ranks and drop the
+        model and pools (idempotent)."""
         if self.scheduler is not None:
             self._abort(list(self._tracked))
+        self._stack.close()
         self._stepped.clear()
         self.scheduler = None
         self.runner = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -20,6 +21,7 @@ from radixlm.kernels.cpu import CpuKernels
 from radixlm.runtime.executor.expert_stats import ExpertStats
 from radixlm.runtime.executor.layers import CudaLayers, LayerFactory, cpu_layers
 from radixlm.runtime.executor.layers.cpu_linear import FloatPanels, GgufPanels
+from radixlm.runtime.executor.layers.tensor_parallel import TensorParallelLayers
 from radixlm.runtime.executor.memory import (
     PagedAllocator,
     ReqToTokenPool,
@@ -27,9 +29,14 @@ from radixlm.runtime.executor.memory import (
     kv_capacity_tokens,
 )
 from radixlm.runtime.executor.model_registry import resolve_model_path
+from radixlm.runtime.executor.parallel import step_broadcast
+from radixlm.runtime.executor.parallel.group import RankFailedError, TPGroup, rank_device
 from radixlm.runtime.executor.weights import build_model, load_weights, weights_bytes
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a failed collective waits for the watchdog to name the rank that died.
+_FAILURE_WAIT_S = 3.0
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -41,12 +48,24 @@ class ModelRunner:
     (available memory * mem_fraction - weights bytes - weight copy bytes) / KV bytes per
     token, rounded down to a page (the copy: the CPU head's second layout). Raises
     ValueError when the budget leaves no room for a single page.
+
+    Tensor parallelism (`tp`, a joined group of `args.tp_size` ranks): this runner holds
+    rank `tp.rank`'s shard (`TensorParallelLayers`) and KV pool of its heads; the figures
+    above are per rank, with the available memory per rank (a GPU's free memory; on the
+    CPU, whose memory the ranks share, 1/N of the host's) and the smallest capacity of any
+    rank taken by all. Rank 0's `forward` and `copy_kv_slots` first send the step to the
+    other ranks (`parallel/step_broadcast.py`), which replay it through the same methods;
+    its logits are the whole vocabulary's, gathered from the ranks.
     """
 
-    def __init__(self, args: ServerArgs, hf_dir, config):
+    def __init__(self, args: ServerArgs, hf_dir, config, tp: TPGroup | None = None):
         self.args = args
         self.config = config
+        #: The tensor-parallel group, None without tensor parallelism.
+        self.tp = tp if tp is not None and tp.size > 1 else None
         self.device = resolve_device(args.device)
+        if self.tp is not None:
+            self.device = rank_device(self.device, self.tp.rank)
         self.dtype = _DTYPES[args.dtype]
         kv_dtype = self.dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
         #: What the model is built of (`executor/layers/`), chosen before it is built.
@@ -80,6 +99,8 @@ class ModelRunner:
         else:
             held = self.weights_bytes + self.weight_copy_bytes
             budget = int(self._available_bytes() * args.mem_fraction) - held
+            if self.tp is not None:
+                budget = self.tp.min_int(budget)
             self.kv_budget_bytes = max(budget, 0)
             self.max_total_tokens = kv_capacity_tokens(
                 self.kv_budget_bytes, self.kv_bytes_per_token, args.page_size
@@ -145,8 +166,13 @@ class ModelRunner:
     def _layer_factory(self, hf_dir) -> LayerFactory:
         """What the model is built of: plain torch (`CudaLayers`) off the CPU; on CPU the
         packed layout (C kernels unless `--cpu-gemm torch`, fp32, panels per
-        `--weight-format`) or the input-major one (`cpu_layers`). Raises ValueError for
-        `--weight-format gguf` where it cannot apply."""
+        `--weight-format`) or the input-major one (`cpu_layers`); a rank's shard
+        (`TensorParallelLayers`, plain torch on every device) under tensor parallelism.
+        Raises ValueError for `--weight-format gguf` where it cannot apply."""
+        if self.tp is not None:
+            if self.args.weight_format == "gguf":
+                raise ValueError("--weight-format gguf does not run with --tp-size > 1")
+            return TensorParallelLayers(self.tp, self.config)
         if self.device != "cpu":
             if self.args.weight_format == "gguf":
                 raise ValueError("--weight-format gguf runs on CPU only (radixlm's CPU kernels)")
@@ -181,15 +207,19 @@ class ModelRunner:
         return GgufPanels(load_blocks(path, hf_dir, self.config))
 
     def _available_bytes(self) -> int:
-        """Free memory on the model's device (host MemAvailable on CPU)."""
+        """Free memory on the model's device (host MemAvailable on CPU, divided among the
+        tensor-parallel ranks that share it)."""
         if self.device == "cpu":
-            return available_memory_bytes()
+            return available_memory_bytes() // (self.tp.size if self.tp else 1)
         return torch.cuda.mem_get_info(torch.device(self.device))[0] + self.weights_bytes
 
     def _use_cuda_graph(self) -> bool:
-        """Decode graphs: on by default on CUDA for backends whose metadata allows them."""
+        """Decode graphs: on by default on CUDA for backends whose metadata allows them;
+        off under tensor parallelism (a replayed graph would not send the step to the other
+        ranks, whose collectives must match rank 0's)."""
         return (
-            str(self.device).startswith("cuda")
+            self.tp is None
+            and str(self.device).startswith("cuda")
             and not self.args.disable_cuda_graph
             and self.backend.supports_cuda_graph
         )
@@ -198,8 +228,18 @@ class ModelRunner:
         """Run one step; returns float32 logits [B, vocab] of each request's last token.
 
         `fb` may hold CPU index tensors (the scheduler builds them there); they are moved to
-        the model's device. Logits come back on the CPU, where the sampler runs.
+        the model's device. Logits come back on the CPU, where the sampler runs. Under
+        tensor parallelism rank 0 first sends `fb` to the other ranks; it raises
+        RankFailedError naming a rank that died (the other ranks' logits are their own
+        vocabulary part, unused).
         """
+        if self.tp is not None and self.tp.rank == 0:
+            with self._collectives():
+                step_broadcast.send_forward(self.tp, fb)
+                return self._forward(fb)
+        return self._forward(fb)
+
+    def _forward(self, fb: ForwardBatch) -> torch.Tensor:
         if self.device != "cpu":
             fb = self._to_device(fb)
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
@@ -210,6 +250,33 @@ class ModelRunner:
             if self.expert_stats and fb.mode is ForwardMode.DECODE:
                 self.expert_stats.after_decode(fb.seq_lens.shape[0])
         return logits.cpu()
+
+    def copy_kv_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy every layer's K/V rows of slots `src` into slots `dst` (int64 [n]; they may
+        overlap), on every tensor-parallel rank. Raises RankFailedError as `forward`."""
+        if self.tp is not None and self.tp.rank == 0:
+            with self._collectives():
+                step_broadcast.send_copy_slots(self.tp, src, dst)
+        device = self.kv_pool.k_buffer[0].device
+        self.kv_pool.copy_slots(src.to(device), dst.to(device))
+
+    @contextlib.contextmanager
+    def _collectives(self):
+        """Turn a collective's failure into RankFailedError naming the failed rank (the
+        watchdog's finding) when one is known."""
+        failed = self.tp.failure()
+        if failed is not None:
+            raise RankFailedError(failed)
+        try:
+            yield
+        except RuntimeError as exc:
+            # A peer's exit breaks the collective at once; its watchdog notes it soon after.
+            deadline = time.monotonic() + _FAILURE_WAIT_S
+            while (failed := self.tp.failure()) is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if failed is None:
+                raise
+            raise RankFailedError(failed) from exc
 
     def _to_device(self, fb: ForwardBatch) -> ForwardBatch:
         """Copy the batch's table rows (first max(seq_lens) columns) into the device mirror

@@ -19,6 +19,7 @@ from torch import nn
 from radixlm.errors import ModelNotFoundError, WeightsMismatchError
 from radixlm.runtime.executor.layers import LayerFactory, TorchLayers
 from radixlm.runtime.executor.models import get_model_class
+from radixlm.runtime.executor.parallel.shards import shard_state
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +37,11 @@ def load_weights(model: nn.Module, hf_dir: Path, config, dtype: torch.dtype, dev
 
     The checkpoint's names pass through the family's `adapt_checkpoint` (split fused
     tensors, renamed experts); tensors named with a suffix in the family's `fp32_tensors`
-    stay float32 (DeepSeek-V3's router). A tied lm_head (absent from the files) shares the
-    embedding. Raises ModelNotFoundError without files, WeightsMismatchError naming an
-    unreadable file or every missing, unexpected or wrongly shaped tensor.
+    stay float32 (DeepSeek-V3's router). Modules holding a tensor-parallel shard take
+    their slice of each tensor (`tp_shards`, `parallel/shards.py`). A tied lm_head (absent
+    from the files) shares the embedding. Raises ModelNotFoundError without files,
+    WeightsMismatchError naming an unreadable file or every missing, unexpected or wrongly
+    shaped tensor.
     """
     state: dict[str, torch.Tensor] = {}
     files = sorted(Path(hf_dir).glob("*.safetensors"))
@@ -53,6 +56,7 @@ def load_weights(model: nn.Module, hf_dir: Path, config, dtype: torch.dtype, dev
     adapted = family.adapt_checkpoint(state, config)
     _check_no_shadowing(state, adapted, family.checkpoint_name)
     fp32 = family.fp32_tensors
+    adapted = shard_state(model, adapted)
     state = {k: v.to(torch.float32 if k.endswith(fp32) else dtype) for k, v in adapted.items()}
     tied = getattr(config, "tie_word_embeddings", False)
     if tied:

@@ -34,7 +34,12 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
     `sessions`: open sessions, pins (sessions and stored responses), pinned tokens, the
     pin budget and the pins released over it (`SessionManager.info`). `hicache` (None
     without ``--hicache-tier``): the second KV tier's capacity, usage and traffic
-    (`HiRadixCache.tier_stats`; docs/hicache.md)."""
+    (`HiRadixCache.tier_stats`; docs/hicache.md).
+    Tensor parallelism: `tp_size` ranks; `kv_bytes_per_token`, `weights_bytes` and
+    `kv_budget_bytes` are one rank's (each holds its own KV heads and weight shard),
+    `kv_bytes_per_token_all_ranks` their sum, and `max_total_tokens` the group's token
+    capacity (every rank holds its heads of every cached token)."""
+    tp_size = runner.tp.size if runner.tp is not None else 1
     return {
         "args": dataclasses.asdict(args),
         "resolved": {
@@ -45,7 +50,9 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
             "quantized_weights": runner.quantized_weights,
             "omp_wait_policy": omp_policy.describe(),
         },
+        "tp_size": tp_size,
         "kv_bytes_per_token": runner.kv_bytes_per_token,
+        "kv_bytes_per_token_all_ranks": runner.kv_bytes_per_token * tp_size,
         "max_total_tokens": runner.max_total_tokens,
         "weights_bytes": runner.weights_bytes,
         "kv_budget_bytes": runner.kv_budget_bytes,

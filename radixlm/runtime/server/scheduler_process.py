@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 
 import zmq
 
 from radixlm.config import ServerArgs
 from radixlm.errors import InvalidRequestError, RadixLMError, ServerError
+from radixlm.runtime.executor.parallel.group import RankFailedError
 from radixlm.runtime.sched.request import Req, ReqOutput
 from radixlm.runtime.server.heartbeat import HeartbeatThread, scheduler_name
 from radixlm.runtime.server.info import flush_cache, model_facts, server_info
@@ -32,6 +34,7 @@ from radixlm.runtime.server.messages import (
     Heartbeat,
     Message,
     OpenSessionReq,
+    ProcessFailed,
     ReqError,
     UnpinReq,
     decode,
@@ -106,6 +109,8 @@ class SchedulerLoop:
         self.steps += 1
         try:
             outputs = sched.step()
+        except RankFailedError:  # a tensor-parallel rank died: this process cannot serve
+            raise
         except Exception:  # the batch was aborted; its outputs come with the next step
             logger.exception("scheduler step failed")
             self._after_failure = True
@@ -215,11 +220,18 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, status_conn, rank: in
     if args.dp_size > 1:
         args = dataclasses.replace(args, num_threads=max(1, args.num_threads // args.dp_size))
 
+    def fail(error: str) -> None:
+        """A tensor-parallel rank died (watchdog thread): report it and end the process."""
+        try:
+            status_conn.send_bytes(encode(ProcessFailed(name, error)))
+        finally:
+            os._exit(1)
+
     def body(ready) -> None:
         ctx = zmq.Context()
         recv = pull_socket(ctx, ipc.schedulers[rank])
         send = push_socket(ctx, ipc.detokenizer)
-        stack = build_stack(args)
+        stack = build_stack(args, on_rank_failure=fail)
         loop = SchedulerLoop(args, stack, recv, send, name)
         HeartbeatThread(ctx, ipc.detokenizer, loop.heartbeat).start()
         ready(model_facts(stack))

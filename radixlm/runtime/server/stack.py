@@ -7,6 +7,8 @@ Request checks live in `request_checks.py`, the `/get_server_info` payload in `i
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -16,8 +18,10 @@ from radixlm.config import ServerArgs
 from radixlm.errors import ModelNotFoundError
 from radixlm.runtime.executor.model_registry import local_hf_dir, read_hf_config
 from radixlm.runtime.executor.model_runner import ModelRunner
+from radixlm.runtime.executor.parallel.group import RankFailedError
 from radixlm.runtime.sched.decode import DecodeStrategy, NormalDecode
 from radixlm.runtime.sched.scheduler import Scheduler
+from radixlm.runtime.server.tp_ranks import TensorParallelRanks
 from radixlm.runtime.speculative import make_speculative_decode
 
 logger = logging.getLogger(__name__)
@@ -30,6 +34,13 @@ class ServingStack(NamedTuple):
     tokenizer: Any
     runner: ModelRunner
     scheduler: Scheduler
+    #: The other tensor-parallel ranks (None at --tp-size 1); `close()` stops them.
+    ranks: TensorParallelRanks | None = None
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (no-op without them; idempotent)."""
+        if self.ranks is not None:
+            self.ranks.stop()
 
 
 #: Files one of which a Hugging Face tokenizer is read from (fast tokenizer, SentencePiece
@@ -52,13 +63,18 @@ def load_tokenizer(args: ServerArgs):
     return AutoTokenizer.from_pretrained(hf_dir)
 
 
-def build_stack(args: ServerArgs) -> ServingStack:
+def build_stack(
+    args: ServerArgs, on_rank_failure: Callable[[str], None] | None = None
+) -> ServingStack:
     """Load config, tokenizer and weights; size the pools; create the decode strategy
-    (`make_decoder`) and the scheduler.
+    (`make_decoder`) and the scheduler. With `--tp-size N > 1` this process is rank 0 and
+    starts ranks 1..N-1 (`TensorParallelRanks`; `on_rank_failure(message)` is called from
+    a watchdog thread when one dies while serving).
 
     Sets the process's torch thread count and radixlm log level from `args`.
-    Raises ModelNotFoundError / UnsupportedModelError / ValueError (see ModelRunner and
-    `make_decoder`).
+    Raises ModelNotFoundError / UnsupportedModelError / ValueError (see ModelRunner,
+    `make_decoder` and `tp_ranks.check_args`), RankFailedError naming a rank that failed
+    to start.
     """
 
     logging.getLogger("radixlm").setLevel(args.log_level.upper())
@@ -74,10 +90,36 @@ def build_stack(args: ServerArgs) -> ServingStack:
     hf_dir = local_hf_dir(args.model)
     config = read_hf_config(hf_dir)
     tokenizer = load_tokenizer(args)
-    runner = ModelRunner(args, hf_dir, config)
-    eos = eos_token_ids(hf_dir, config)
-    scheduler = Scheduler(args, runner, eos, tokenizer, decoder=make_decoder(args, runner))
-    return ServingStack(config, tokenizer, runner, scheduler)
+    if args.tp_size == 1:
+        runner = ModelRunner(args, hf_dir, config)
+        eos = eos_token_ids(hf_dir, config)
+        scheduler = Scheduler(args, runner, eos, tokenizer, decoder=make_decoder(args, runner))
+        return ServingStack(config, tokenizer, runner, scheduler)
+    ranks = TensorParallelRanks.start(args, config)  # checks the split before it spawns
+    try:
+        runner = _rank0_runner(args, hf_dir, config, ranks)
+        ranks.wait_ready()
+        eos = eos_token_ids(hf_dir, config)
+        scheduler = Scheduler(args, runner, eos, tokenizer, decoder=make_decoder(args, runner))
+    except BaseException:
+        ranks.abort()
+        raise
+    ranks.set_on_failure(on_rank_failure)
+    return ServingStack(config, tokenizer, runner, scheduler, ranks)
+
+
+def _rank0_runner(args: ServerArgs, hf_dir, config, ranks: TensorParallelRanks) -> ModelRunner:
+    """Rank 0's shard. Raises RankFailedError naming a rank that died while the shards
+    were built (its exit breaks the collectives rank 0 runs meanwhile)."""
+    try:
+        return ModelRunner(args, hf_dir, config, ranks.group)
+    except RuntimeError as exc:
+        deadline = time.monotonic() + 3.0
+        while ranks.failure() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if ranks.failure() is None:
+            raise
+        raise RankFailedError(ranks.failure()) from exc
 
 
 def make_decoder(args: ServerArgs, runner: ModelRunner) -> DecodeStrategy:

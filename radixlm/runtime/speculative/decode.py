@@ -298,9 +298,7 @@ class SpeculativeDecode:
 
     def _copy_kv(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move accepted tree nodes' K/V (target and drafter) from `src` to `dst` slots."""
-        pool = self.runner.kv_pool
-        device = pool.k_buffer[0].device
-        pool.copy_slots(src.to(device), dst.to(device))
+        self.runner.copy_kv_slots(src, dst)
         self.drafter.copy_slots(src, dst)
 
     def _hidden(self) -> torch.Tensor | None:
