@@ -14,7 +14,8 @@ and returns the attention output [T, H, Dv] before `o_proj`.
     tokens are up-projected per head, k_nope = W_UK c [H, Dn] and v = W_UV c [H, Dv], the
     shared RoPE key is appended to every head's k_nope, and q = [q_nope ; q_rope] attends
     per head (query/key head dim Dn + Dr, value head dim Dv), causally after the prefix,
-    by torch SDPA over each request's gathered rows.
+    by torch SDPA over each request's gathered rows (V zero-padded to the key width, so
+    SDPA runs its fused kernel).
 
 Both are exact rewrites of the same attention; they differ in cost. Multiply-adds per
 layer for one request of n new tokens after p cached ones (s = p + n keys, P = n * p +
@@ -129,6 +130,10 @@ class ExpandedStep:
         v = F.linear(c, attn.w_uv.view(h * dv, r)).view(s_all, h, dv)
         keys = torch.cat((k_nope, kr[:, None, :].expand(s_all, h, kr.shape[-1])), dim=-1)
         q = torch.cat((q_nope, q_rope), dim=-1)  # [T, H, Dn + Dr]
+        if dv < keys.shape[-1]:
+            # SDPA's fused kernels want V as wide as K (else its math path, several times
+            # slower): zero columns add nothing to the output, which drops them again.
+            v = F.pad(v, (0, keys.shape[-1] - dv))
         out = q.new_empty(q.shape[0], h, dv)
         q_start = k_start = 0
         for n, s, mask in zip(self.ext_lens, self.seq_lens, self.masks):
@@ -139,8 +144,8 @@ class ExpandedStep:
                 attn_mask=mask,
                 is_causal=mask is None,
                 scale=attn.scaling,
-            )  # [H, n, Dv]
-            out[q_start : q_start + n] = o.transpose(0, 1)
+            )  # [H, n, max(Dv, Dn + Dr)]
+            out[q_start : q_start + n] = o[..., :dv].transpose(0, 1)
             q_start, k_start = q_start + n, k_start + s
         return out
 
