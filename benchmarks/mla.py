@@ -14,8 +14,8 @@ per token, with the `cpu` attention backend (radixlm's C kernels: the MLA decode
 for the latent pool, the GQA decode kernel for the others) and `--cpu-gemm` projections
 (default torch: every model runs its layers one by one, where the packed layout would run
 the dense models' decode steps as one fused C call and MLA's layer by layer). A decode
-step is timed as (time to generate `--new` tokens - time to generate 1) / (new - 1) for a
-batch of `--batch` prompts of `--prompt` tokens, median over `--reps`.
+step is timed one `Engine.step` at a time: `--new` - 1 steps of a batch of `--batch`
+prompts of `--prompt` tokens after their prefill, median over `--reps` batches.
 
 Prefill: the MLA model's EXTEND step with its `attention_forms.mode` forced to
 "absorbed", then "expanded", for the batch of fresh prompts and for `--chunks` new tokens
@@ -108,15 +108,25 @@ def timed_generate(engine: Engine, prompts: list[list[int]], n: int) -> float:
 
 
 def decode_step_ms(engine: Engine, args) -> float:
-    prompts = prompts_of(args, args.prompt)
-    timed_generate(engine, prompts, 2)  # warm-up
-    steps = []
-    for _ in range(args.reps):
+    """Median ms of `--new` - 1 decode steps of the `--batch` requests after their
+    prefill, over `--reps` batches (each with fresh prompts, the cache flushed)."""
+    params = {"max_new_tokens": args.new + 1, "temperature": 0, "ignore_eos": True}
+    times = []
+    for rep in range(args.reps):
         engine.flush_cache()
-        one = timed_generate(engine, prompts, 1)
-        engine.flush_cache()
-        steps.append((timed_generate(engine, prompts, args.new) - one) / (args.new - 1) * 1e3)
-    return statistics.median(steps)
+        prompts = prompts_of(args, args.prompt, salt=rep)
+        rids = {engine.add_request(input_ids=p, sampling_params=params) for p in prompts}
+        started: set[str] = set()
+        while started != rids:  # prefill, in as many chunks as it takes
+            started |= {c["rid"] for c in engine.step() if c["output_ids"]}
+        for _ in range(args.new - 1):
+            t0 = time.perf_counter()
+            engine.step()
+            times.append((time.perf_counter() - t0) * 1e3)
+        finished: set[str] = set()
+        while finished != rids:
+            finished |= {c["rid"] for c in engine.step() if c.get("finish_reason")}
+    return statistics.median(times)
 
 
 def extend_ms(engine: Engine, args, prefix: int, new: int) -> float:
