@@ -1,5 +1,6 @@
 """Multi-head latent attention (MLA; DeepSeek-V2, Liu et al. 2024, section 2.1; DeepSeek-V3
-technical report, section 2.1.1) in the absorbed form, over a latent KV cache.
+technical report, section 2.1.1) over a latent KV cache, in the absorbed or the expanded
+form (`layers.mla_forms`).
 
 Per token, the layer computes
   * the query: q = W_UQ (RMSNorm(W_DQ x)) with a LoRA rank (`q_lora_rank`), or W_Q x,
@@ -14,6 +15,9 @@ attention with ONE KV head whose key is [c ; k_rope] (R + Dr values) and whose v
 (the key's first R values), and its output o [H, R] becomes W_UV o per head before
 `o_proj`. The cache holds exactly that key row (`memory.LatentKVPool`); the attention
 backend sees q [T, H, R + Dr], k [T, 1, R + Dr], v [T, 1, R] and returns [T, H, R].
+Decode and verify steps run the absorbed form; an EXTEND step runs whichever form
+`mla_forms.MLAForms` picks for it by multiply-add count (the expanded form for prompts
+without a cached prefix and for long chunks).
 
 The softmax scale is (qk_nope_head_dim + qk_rope_head_dim) ** -0.5, times mscale^2 under
 YaRN scaling with `mscale_all_dim` (DeepSeek's reference; transformers 5.25
@@ -30,6 +34,7 @@ from torch import nn
 
 from radixlm.kernels import AttentionBackend
 from radixlm.runtime.executor.layers.blocks import apply_rotary
+from radixlm.runtime.executor.layers.mla_forms import MLAForms
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.layers.base import LayerFactory
@@ -68,7 +73,7 @@ def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
 
 
 class MLAAttention(nn.Module):
-    """MLA self-attention in the absorbed form (module docstring).
+    """MLA self-attention (module docstring).
 
     Args:
         config: a DeepSeek-V2/V3 config (hidden_size, num_attention_heads, q_lora_rank,
@@ -79,6 +84,8 @@ class MLAAttention(nn.Module):
         prefix: the module's checkpoint name ("model.layers.i.self_attn").
         interleaved_rope: rotate interleaved pairs (DeepSeek's checkpoints) instead of
             halves.
+        forms: the model's `MLAForms`, shared by its layers (default: one of this layer's
+            own, mode "auto").
 
     `kv_b_proj` (weight [H * (qk_nope + v_head_dim), R]) stays a plain holder: after
     loading, `process_weights_after_loading` splits it into `w_uk` [H, qk_nope, R] and
@@ -100,6 +107,7 @@ class MLAAttention(nn.Module):
         layers: LayerFactory,
         prefix: str,
         interleaved_rope: bool,
+        forms: MLAForms | None = None,
     ):
         super().__init__()
         self.layer_id = layer_id
@@ -128,6 +136,7 @@ class MLAAttention(nn.Module):
         kv_b_out = h * (self.qk_nope_head_dim + self.v_head_dim)
         self.kv_b_proj = nn.Linear(self.kv_lora_rank, kv_b_out, bias=False)
         self.o_proj = layers.linear(f"{prefix}.o_proj", h * self.v_head_dim, hidden, bias)
+        self.forms = forms or MLAForms(self.kv_lora_rank, self.qk_nope_head_dim, self.v_head_dim)
 
     def process_weights_after_loading(self) -> None:
         """Split the loaded `kv_b_proj` into the absorbed W_UK and W_UV (contiguous)."""
@@ -151,11 +160,6 @@ class MLAAttention(nn.Module):
         k_rope = ckv[:, None, r:]
         rotate = apply_rotary_interleaved if self.interleaved_rope else apply_rotary
         q_rope, k_rope = rotate(q_rope, *rope), rotate(k_rope, *rope)
-        # W_UK^T q_nope per head: [H, T, dn] @ [H, dn, R] -> [T, H, R].
-        q_abs = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)
-        q = torch.cat((q_abs, q_rope), dim=-1)
-        k = torch.cat((latent[:, None, :], k_rope), dim=-1)
-        o = backend.forward(q, k, k[..., :r], self.layer_id, fb)  # [T, H, R]
-        # W_UV o per head: [H, T, R] @ [H, R, Dv] -> [T, H, Dv].
-        o = torch.bmm(o.transpose(0, 1), self.w_uv.transpose(1, 2)).transpose(0, 1)
+        form = self.forms.for_step(fb)
+        o = form.attend(self, q_nope, q_rope, latent, k_rope, backend, fb)  # [T, H, Dv]
         return self.o_proj(o.reshape(t, h * self.v_head_dim))

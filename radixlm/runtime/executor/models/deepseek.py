@@ -4,9 +4,11 @@ configs name the V3 class): multi-head latent attention over a latent KV cache, 
 (routed experts plus `n_shared_experts` shared ones run as one SwiGLU of
 n_shared_experts * moe_intermediate_size).
 
-  * Attention: `layers.mla.MLAAttention` (absorbed form; q with or without LoRA, the KV
-    latent and the decoupled RoPE key, YaRN with its softmax-scale correction). V2 rotates
-    interleaved pairs; V3 where `rope_interleave` (its default), else halves.
+  * Attention: `layers.mla.MLAAttention` (q with or without LoRA, the KV latent and the
+    decoupled RoPE key, YaRN with its softmax-scale correction). V2 rotates interleaved
+    pairs; V3 where `rope_interleave` (its default), else halves. Decode and verify run the
+    absorbed form, EXTEND steps the absorbed or the expanded form by cost: the model's
+    `attention_forms` (`layers.mla_forms.MLAForms`, one per model; its `mode` forces a form).
   * KV cache: `memory.LatentKVPool`, kv_lora_rank + qk_rope_head_dim values per token and
     layer (`kv_bytes_per_token`, equal to `radixlm plan kv`).
   * Routing (`layers.moe`): V2 softmax scores, top-k `greedy` or `group_limited_greedy`
@@ -32,6 +34,7 @@ transformers 5.25 `models/deepseek_v{2,3}/modeling_*.py` for the exact arithmeti
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING
 
@@ -41,6 +44,7 @@ from torch import nn
 from radixlm.errors import UnsupportedModelError
 from radixlm.runtime.executor.layers.blocks import activation_of
 from radixlm.runtime.executor.layers.mla import MLAAttention
+from radixlm.runtime.executor.layers.mla_forms import MLAForms
 from radixlm.runtime.executor.layers.moe import MoEOptions
 from radixlm.runtime.executor.memory import LatentKVPool, latent_kv_bytes_per_token
 from radixlm.runtime.executor.models.decoder import CausalLM, refuse
@@ -62,7 +66,8 @@ def mla_kv_bytes_per_token(config, dtype: torch.dtype) -> int:
 class MLADecoderLayer(nn.Module):
     """Pre-norm block x + attn(norm(x)), then x + mlp(norm(x)), whose attention is
     `MLAAttention`; norms and the dense MLP come from `layers`, `mlp` (an MoE block)
-    replaces the dense one when given. forward(x float [T, hidden], rope, backend, fb)."""
+    replaces the dense one when given; `forms` is the model's `MLAForms`. forward(x float
+    [T, hidden], rope, backend, fb)."""
 
     def __init__(
         self,
@@ -71,12 +76,13 @@ class MLADecoderLayer(nn.Module):
         layers: LayerFactory,
         prefix: str,
         interleaved_rope: bool,
+        forms: MLAForms,
         mlp: nn.Module | None = None,
     ):
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.self_attn = MLAAttention(
-            config, layer_id, layers, f"{prefix}.self_attn", interleaved_rope
+            config, layer_id, layers, f"{prefix}.self_attn", interleaved_rope, forms
         )
         if mlp is None:
             act = activation_of(config)
@@ -186,7 +192,15 @@ class DeepseekV2ForCausalLM(CausalLM):
     def build_layer(self, config, layer_id: int, layers: LayerFactory, prefix: str) -> nn.Module:
         mlp = self.feed_forward(config, layer_id, layers, f"{prefix}.mlp")
         interleaved = self.interleaved_rope(config)
-        return MLADecoderLayer(config, layer_id, layers, prefix, interleaved, mlp)
+        forms = self.attention_forms
+        return MLADecoderLayer(config, layer_id, layers, prefix, interleaved, forms, mlp)
+
+    @functools.cached_property
+    def attention_forms(self) -> MLAForms:
+        """The one `MLAForms` every layer's attention shares (mode "auto"; assign its
+        `mode` to force the absorbed or the expanded form on EXTEND steps)."""
+        c = self.config
+        return MLAForms(c.kv_lora_rank, c.qk_nope_head_dim, c.v_head_dim)
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         return mla_kv_bytes_per_token(self.config, dtype)
