@@ -203,9 +203,11 @@ class ServerArgs:
     hicache_tier: str | None = _opt(
         None,
         "second KV tier that keeps prefixes evicted from the KV pool and loads them back "
-        "(docs/hicache.md): host (host memory; for a CUDA pool) or disk (a memory-mapped "
-        "file in --hicache-dir); none: evicted prefixes are dropped",
-        choices=["host", "disk"],
+        "(docs/hicache.md): host (host memory; for a CUDA pool), disk (a memory-mapped "
+        "file in --hicache-dir), fp8 or int8 (host memory, 8-bit values with per-row "
+        "scales: lossy, a quarter of an fp32 pool's bytes per token); none: evicted "
+        "prefixes are dropped",
+        choices=["host", "disk", "fp8", "int8"],
     )
     hicache_size: str | None = _opt(
         None,

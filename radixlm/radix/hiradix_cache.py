@@ -17,7 +17,12 @@ Invariants (on top of `RadixCache`'s, checked by tests/radix/test_hiradix_cache.
   primary's eviction candidates); evictable_size() / protected_size() count primary
   slots only;
 * `_host_nodes` is exactly the set of nodes with a host_value, and the tier's used slots
-  equal the sum of their lengths (tier_total == tier_free + tier_used).
+  equal the sum of their lengths (tier_total == tier_free + tier_used);
+* `_host_heap` holds, for every node in `_host_nodes`, an entry
+  (last_access_time, id, node) with its current time: an entry is pushed whenever a
+  node enters the tier or a walk touches it, and entries whose node left the tier or
+  was touched since are stale and skipped (the heap is rebuilt when they outnumber the
+  live ones), so the tier's LRU eviction pops the oldest nodes without scanning them all.
 """
 
 from __future__ import annotations
@@ -104,6 +109,7 @@ class HiRadixCache(RadixCache):
     def reset(self) -> None:
         super().reset()
         self._host_nodes: set[TreeNode] = set()
+        self._host_heap: list[tuple[float, int, TreeNode]] = []
         self._host_tokens = 0
         self.tier.reset()
 
@@ -131,6 +137,23 @@ class HiRadixCache(RadixCache):
         if slots is not None:
             self._host_tokens += len(slots)
             self._host_nodes.add(node)
+            self._push_host(node)
+
+    def _push_host(self, node: TreeNode) -> None:
+        """Record `node`'s current access time in the tier's LRU heap."""
+        if len(self._host_heap) > 2 * len(self._host_nodes) + 64:
+            self._host_heap = [(x.last_access_time, x.id, x) for x in self._host_nodes]
+            heapq.heapify(self._host_heap)
+        heapq.heappush(self._host_heap, (node.last_access_time, node.id, node))
+
+    def _walk(self, root: TreeNode, key, now: float):
+        node, pos, values = super()._walk(root, key, now)
+        x = node
+        while not x.is_root:  # the walk touched the whole path
+            if x.host_value is not None:
+                self._push_host(x)
+            x = x.parent
+        return node, pos, values
 
     def _set_value(self, node: TreeNode, slots: torch.Tensor) -> None:
         """Give a tier-only node primary slots (a load or an insert adopting them)."""
@@ -175,23 +198,25 @@ class HiRadixCache(RadixCache):
     def _tier_alloc(self, n: int) -> torch.Tensor | None:
         """Tier slots for n tokens, evicting the tier's LRU entries when short: host copies
         of nodes also in the primary pool, or whole tier-only leaves. None if impossible."""
-        if self.tier.available() < n:
-            heap = [
-                (x.last_access_time, x.id, x)
-                for x in self._host_nodes
-                if x.lock_ref == 0 and (_primary(x) or not x.children)
-            ]
-            heapq.heapify(heap)
-            while self.tier.available() < n and heap:
-                _, _, x = heapq.heappop(heap)
-                if _primary(x):
-                    self._set_host(x, None)
-                    continue
-                parent = x.parent
-                self._delete(x)
-                if not parent.is_root and not _primary(parent) and not parent.children:
-                    if parent.lock_ref == 0:
-                        heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
+        heap, skipped = self._host_heap, []
+        while self.tier.available() < n and heap:
+            entry = heapq.heappop(heap)
+            t, _, x = entry
+            if x not in self._host_nodes or t != x.last_access_time:
+                continue  # stale: left the tier, or touched since (a newer entry exists)
+            if x.lock_ref > 0 or not (_primary(x) or not x.children):
+                skipped.append(entry)  # not evictable now; stays in the tier
+                continue
+            if _primary(x):
+                self._set_host(x, None)
+                continue
+            parent = x.parent
+            self._delete(x)
+            if not parent.is_root and not _primary(parent) and not parent.children:
+                if parent.lock_ref == 0 and parent.host_value is not None:
+                    heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
+        for entry in skipped:
+            heapq.heappush(heap, entry)
         return self.tier.alloc(n)
 
     def _write(self, node: TreeNode) -> bool:
@@ -213,6 +238,7 @@ class HiRadixCache(RadixCache):
             host = node.host_value
             top.host_value, node.host_value = host[:k].clone(), host[k:].clone()
             self._host_nodes.add(top)
+            self._push_host(top)
         return top
 
     def _match(self, key: Sequence[int], extra_key: Hashable | None):

@@ -121,6 +121,10 @@ class Env:
                 host_nodes.add(n)
                 assert self.tier.data[n.host_value].tolist() == list(n.key)
         assert c._leaves == leaves and c._host_nodes == host_nodes
+        # the tier's LRU heap: a current entry per tier node, stale entries bounded
+        current = {(t, x) for t, _, x in c._host_heap if x in host_nodes}
+        assert all((n.last_access_time, n) in current for n in host_nodes)
+        assert len(c._host_heap) <= 2 * len(host_nodes) + 65
         assert (c.evictable_size(), c.protected_size()) == (ev, pr)
         assert self.alloc.available() + ev + pr == self.alloc.total
         acc = c.tier_accounting()

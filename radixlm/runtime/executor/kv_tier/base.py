@@ -8,8 +8,9 @@ its node, and copy it back when a later request matches it (after SGLang's HiCac
 
 Storage layout (every implementation): one uint8 tensor ``data`` [pages, buffers,
 page_size, row_bytes], where ``buffers`` are the pool's distinct per-layer buffers and
-``row_bytes`` one slot's row of a buffer as raw bytes (num_kv_heads * head_dim * element
-size). A page is one contiguous region, so an implementation can checksum it whole.
+``row_bytes`` one slot's row of a buffer as stored (`stored_row_bytes`: the raw bytes,
+num_kv_heads * head_dim * element size, unless a tier encodes rows, `_encode` /
+`_decode`). A page is one contiguous region, so an implementation can checksum it whole.
 
 Sizes are in tokens (slots) unless named bytes; tier slot ``s`` is offset ``s % page_size``
 of tier page ``s // page_size``. Counters (`stats`): tokens written and loaded, bytes
@@ -19,6 +20,7 @@ moved each way, seconds spent loading, pages found corrupted.
 from __future__ import annotations
 
 import abc
+import math
 import time
 
 import torch
@@ -70,7 +72,7 @@ class KVTier(abc.ABC):
             raise ValueError("the pool's buffers differ in row shape or dtype")
         self.row_shape = tuple(first.shape[1:])
         self.dtype = first.dtype
-        self.row_bytes = first[0].numel() * first.element_size()
+        self.row_bytes = self.stored_row_bytes(self.row_shape, self.dtype)
         self.bytes_per_token = self.row_bytes * len(self.buffers)
         self.device = first.device
         self.data = self._make_storage(
@@ -82,10 +84,11 @@ class KVTier(abc.ABC):
         self.load_seconds = 0.0
         self.corrupt_pages = 0
 
-    @staticmethod
-    def storage_bytes(capacity: int, bytes_per_token: int) -> int:
-        """Bytes a tier of `capacity` tokens stores."""
-        return capacity * bytes_per_token
+    @classmethod
+    def stored_row_bytes(cls, row_shape: tuple[int, ...], dtype: torch.dtype) -> int:
+        """Bytes the tier stores for one slot's row of one buffer (row_shape, dtype: the
+        pool's); lossless tiers store the raw bytes."""
+        return math.prod(row_shape) * dtype.itemsize
 
     @abc.abstractmethod
     def _make_storage(self, shape: tuple[int, ...]) -> torch.Tensor:
@@ -151,19 +154,27 @@ class KVTier(abc.ABC):
     def _index(self, tier_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return tier_slots // self.page_size, tier_slots % self.page_size
 
+    def _encode(self, rows: torch.Tensor) -> torch.Tensor:
+        """Pool rows [n, *row_shape] (pool dtype, pool device) as stored bytes, uint8
+        [n, row_bytes] on the same device (default: the raw bytes)."""
+        return rows.view(torch.uint8).reshape(len(rows), -1)
+
+    def _decode(self, raw: torch.Tensor) -> torch.Tensor:
+        """Stored bytes uint8 [n, row_bytes] (contiguous) back as rows [n, *row_shape]
+        of the pool dtype, on raw's device (default: a view of the raw bytes)."""
+        return raw.view(self.dtype).reshape(len(raw), *self.row_shape)
+
     def _store(self, pool_slots: torch.Tensor, tier_slots: torch.Tensor) -> None:
         page, off = self._index(tier_slots)
         src = pool_slots.to(self.device)
         for b, buf in enumerate(self.buffers):
-            rows = buf.index_select(0, src).view(torch.uint8).reshape(len(src), -1)
-            self.data[page, b, off] = rows.cpu()
+            self.data[page, b, off] = self._encode(buf.index_select(0, src)).cpu()
 
     def _fetch(self, tier_slots: torch.Tensor, pool_slots: torch.Tensor) -> None:
         page, off = self._index(tier_slots)
         dst = pool_slots.to(self.device)
         for b, buf in enumerate(self.buffers):
-            rows = self.data[page, b, off].to(self.device)
-            buf.index_copy_(0, dst, rows.view(self.dtype).reshape(len(dst), *self.row_shape))
+            buf.index_copy_(0, dst, self._decode(self.data[page, b, off].to(self.device)))
 
     def _seal(self, pages: torch.Tensor) -> None:  # noqa: B027 - optional hook
         """Record what `pages` (int64) now hold, for `_verify` (default: nothing)."""

@@ -47,7 +47,6 @@ class HostTier(KVTier):
         if self._done is not None:  # the previous load's host rows may be freed now
             self._done.synchronize()
         page, off = self._index(tier_slots)
-        n = len(pool_slots)
         compute = torch.cuda.current_stream(self.device)
         self._stream.wait_stream(compute)  # the slots' previous reads are done
         self._staged = []
@@ -57,7 +56,7 @@ class HostTier(KVTier):
                 host = self.data[page, b, off].pin_memory()
                 self._staged.append(host)
                 rows = host.to(self.device, non_blocking=True)
-                buf.index_copy_(0, dst, rows.view(self.dtype).reshape(n, *self.row_shape))
+                buf.index_copy_(0, dst, self._decode(rows))
             self._done = torch.cuda.Event()
             self._done.record(self._stream)
         compute.wait_stream(self._stream)
