@@ -220,6 +220,13 @@ def register(subparsers) -> argparse.ArgumentParser:
         ">= 0; with it the report counts the idle sessions both tiers hold",
     )
     p.add_argument(
+        "--hicache-tier-format",
+        choices=["raw", "fp8", "int8"],
+        default="raw",
+        help="how the second tier stores a row: raw as the pool does (--hicache-tier host or "
+        "disk), or 8-bit values with a float32 scale per head row (fp8, int8)",
+    )
+    p.add_argument(
         "--session-history",
         type=positive_int,
         default=None,

@@ -11,7 +11,7 @@ import argparse
 from radixlm.plan.capacity import capacity_table, weights_table
 from radixlm.plan.dtypes import WEIGHT_DTYPES, normalize
 from radixlm.plan.hardware import Hardware, derate, get_hardware
-from radixlm.plan.hicache import idle_sessions
+from radixlm.plan.hicache import idle_sessions, tier_bytes_per_token
 from radixlm.plan.kv import (
     compare_models,
     kv_bytes_per_token,
@@ -271,7 +271,7 @@ def cmd_capacity(args: argparse.Namespace) -> Report:
         )
     )
     if args.hicache_bytes:
-        _idle_sessions(args, rows, data, report)
+        _idle_sessions(args, m, kv_dtype_of(args), rows, data, report)
     for r in rows:
         if r.kv_budget_bytes_per_gpu <= 0:
             report.notes.append(f"tp={r.tp}: the weights alone exceed the memory budget")
@@ -284,13 +284,16 @@ def cmd_capacity(args: argparse.Namespace) -> Report:
     return report
 
 
-def _idle_sessions(args: argparse.Namespace, rows, data: dict, report: Report) -> None:
+def _idle_sessions(
+    args: argparse.Namespace, m, kv_dtype: str, rows, data: dict, report: Report
+) -> None:
     """The idle-sessions table of `capacity --hicache-bytes` (`radixlm.plan.hicache`)."""
     history = args.session_history or args.context
+    fmt = args.hicache_tier_format
     idle = [
         idle_sessions(
             r.max_tokens,
-            int(args.hicache_bytes // r.kv_bytes_per_token_per_gpu),
+            int(args.hicache_bytes // tier_bytes_per_token(m, kv_dtype, r.tp, fmt)),
             history,
             args.page_size,
             args.hicache_write_policy,
@@ -301,7 +304,7 @@ def _idle_sessions(args: argparse.Namespace, rows, data: dict, report: Report) -
     report.tables.append(
         Table(
             f"Idle sessions of {history:,} tokens ({fmt_bytes(args.hicache_bytes)} second "
-            f"tier per GPU, {args.hicache_write_policy})",
+            f"tier per GPU, {fmt} rows, {args.hicache_write_policy})",
             ["tp", "pool tokens", "tier tokens", "in pool", "in tier", "held"],
             [
                 [

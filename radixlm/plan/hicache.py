@@ -10,7 +10,10 @@ recently used first, so with P primary and T second-tier tokens:
     held     = max(primary, tier)        (write_through: the tier copies every session, so
                                           the pool's sessions are already among the tier's)
 P is the pool's token capacity (`radixlm.plan.capacity`), T the tier bytes divided by the
-same KV bytes per token (the tiers store rows as the pool does). The agreement test runs
+tier's bytes per token (`tier_bytes_per_token`): the pool's for the lossless tiers (host,
+disk), which store rows as the pool does; for the 8-bit tiers (fp8, int8) one byte per
+cached value plus one float32 scale per row of one head (a K or V head, or an MLA latent
+row), as radixlm/runtime/executor/kv_tier/quant.py stores them. The agreement test runs
 the engine with both tiers and counts the sessions it still holds.
 """
 
@@ -18,9 +21,31 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from radixlm.plan.kv import kv_bytes_per_token_per_gpu, kv_heads_per_gpu
+from radixlm.plan.models import ModelSpec
 from radixlm.plan.validate import NON_NEGATIVE_INT, POSITIVE_INT
 
 WRITE_POLICIES = ("write_through", "write_back")
+#: Second-tier storage formats: "raw" stores the pool's rows as they are (host, disk).
+TIER_FORMATS = ("raw", "fp8", "int8")
+_SCALE_BYTES = 4  # one float32 scale per stored head row in the 8-bit tiers
+
+
+def tier_bytes_per_token(
+    model: ModelSpec, kv_dtype: str = "bf16", tp: int = 1, tier_format: str = "raw"
+) -> float:
+    """Second-tier bytes one token costs on one GPU (module docstring).
+
+    Raises ValueError for an unknown `tier_format`."""
+    if tier_format not in TIER_FORMATS:
+        raise ValueError(f"tier_format must be one of {TIER_FORMATS}, got {tier_format!r}")
+    if tier_format == "raw":
+        return kv_bytes_per_token_per_gpu(model, kv_dtype, tp)
+    if model.attention == "mla":
+        rows, width = 1, model.kv_lora_rank + model.qk_rope_head_dim
+    else:
+        rows, width = 2 * kv_heads_per_gpu(model, tp), model.head_dim
+    return model.num_layers * rows * (width + _SCALE_BYTES)
 
 
 @dataclass(frozen=True)
