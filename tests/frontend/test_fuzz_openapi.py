@@ -87,6 +87,12 @@ def _clamp_budgets(body: Any) -> None:
         return
     _cap(body, _TOKEN_FIELDS, FUZZ_MAX_TOKENS)
     _cap(body, _COPY_FIELDS, FUZZ_MAX_COPIES)
+    # Without a budget, chat and Responses generate up to the context (minutes on a busy
+    # CPU): give them the cap, as /generate below.
+    budget = {"messages": ("max_tokens", "max_completion_tokens"), "input": ("max_output_tokens",)}
+    for key, fields in budget.items():
+        if key in body and not any(isinstance(body.get(f), int) for f in fields):
+            body.setdefault(fields[0], FUZZ_MAX_TOKENS)
     params = body.get("sampling_params")
     for p in params if isinstance(params, list) else [params]:
         if isinstance(p, dict):
