@@ -91,8 +91,8 @@ def _clamp_budgets(body: Any) -> None:
     # CPU): give them the cap, as /generate below.
     budget = {"messages": ("max_tokens", "max_completion_tokens"), "input": ("max_output_tokens",)}
     for key, fields in budget.items():
-        if key in body and not any(isinstance(body.get(f), int) for f in fields):
-            body.setdefault(fields[0], FUZZ_MAX_TOKENS)
+        if key in body and all(body.get(f) is None for f in fields):
+            body[fields[0]] = FUZZ_MAX_TOKENS  # absent or null: the route's default
     params = body.get("sampling_params")
     for p in params if isinstance(params, list) else [params]:
         if isinstance(p, dict):
