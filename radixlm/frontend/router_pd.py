@@ -69,6 +69,7 @@ class PDProxy:
         self.client = decode.client
         self.ports = bootstrap_ports
         self.relay = Proxy(decode)  # streaming relay and abort forwarding on the decode side
+        self.prefill_relay = Proxy(prefill)  # abort forwarding on the prefill side
         self.prefill_failures = 0
 
     async def forward(self, request: Request) -> Response:
@@ -103,7 +104,7 @@ class PDProxy:
             "POST", d_url + "/generate", json={**body, "bootstrap_room": room}
         )
         prefill = asyncio.create_task(self.client.post(p_url + "/generate", json=p_body))
-        prefill.add_done_callback(lambda _: self.prefill.release(p))
+        prefill.add_done_callback(lambda task: self._prefill_done(task, p))
         decoded = asyncio.create_task(self.client.send(d_req, stream=_is_stream(body)))
         try:
             failed = await until_disconnect(request, self._prefill_failure(p_url, prefill, decoded))
@@ -127,6 +128,12 @@ class PDProxy:
         self.decode.release(d)
         media = resp.headers.get("content-type")
         return Response(content, status_code=resp.status_code, media_type=media)
+
+    def _prefill_done(self, task: asyncio.Task, rank: int) -> None:
+        """Release prefill worker `rank`; log a failure nobody waits for any more."""
+        self.prefill.release(rank)
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("prefill worker request failed: %r", task.exception())
 
     async def _prefill_failure(self, url: str, prefill: asyncio.Task, decoded: asyncio.Task):
         """The prefill worker's error response if it failed before the decode worker
@@ -157,7 +164,7 @@ class PDProxy:
 
         self.relay._abort_later(d, rid, None)
         if p is not None:
-            Proxy(self.prefill)._abort_later(p, rid, None)
+            self.prefill_relay._abort_later(p, rid, None)
         task = asyncio.get_running_loop().create_task(close())
         self.relay._background.add(task)
         task.add_done_callback(self.relay._background.discard)

@@ -145,14 +145,12 @@ class GlooSender(KVSender):
         self.host, self.port = host, port
         self.timeout = datetime.timedelta(seconds=timeout)
         self._pg = None
-        self._store = None
         self._lock = threading.Lock()
 
     def _connect(self):
         store = dist.TCPStore(self.host, self.port, is_master=False, timeout=self.timeout)
         peer = store.add("peers", 1) - 1
         store.set(f"peer/{peer}", "1")
-        self._store = store
         prefixed = dist.PrefixStore(f"peer/{peer}/", store)
         return dist.ProcessGroupGloo(prefixed, 0, 2, self.timeout)
 
@@ -184,7 +182,6 @@ class GlooSender(KVSender):
 
     def close(self) -> None:
         self._pg = None
-        self._store = None
 
 
 class GlooReceiver(KVReceiver):
