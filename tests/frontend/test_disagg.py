@@ -11,11 +11,13 @@ held on either side; KV of another model or layout is refused with a clear error
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -55,7 +57,13 @@ def pd():
         base = ready_url(router, 60)
         port = httpx.get(d_url + "/get_server_info").json()["disaggregation"]["bootstrap_port"]
         with httpx.Client(base_url=base, timeout=120) as client:
-            yield {"router": client, "prefill": p_url, "decode": d_url, "port": port}
+            yield {
+                "router": client,
+                "prefill": p_url,
+                "decode": d_url,
+                "port": port,
+                "decode_proc": decode,
+            }
     finally:
         router.send_signal(signal.SIGTERM)
         router.wait(30)
@@ -159,6 +167,39 @@ def test_prefill_transfer_failure_fails_the_request_and_frees_its_kv(pd):
     # The prefill worker still serves and transfers to the real decode worker.
     body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
     assert pd["router"].post("/generate", json=body).status_code == 200
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants (Linux /proc)."""
+    kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [pid, *(p for k in kids for p in _tree(int(k)))]
+
+
+def test_blocked_decode_worker_fails_the_request_through_the_router(pd):
+    pids = _tree(pd["decode_proc"].pid)
+    body = {"text": PROMPT + " Blocked.", "sampling_params": {"max_new_tokens": 8}}
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        resp = pd["router"].post("/generate", json=body)
+        elapsed = time.monotonic() - start
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    assert resp.status_code == 503
+    assert "KV transfer to 127.0.0.1:" in resp.json()["error"]["message"]
+    assert elapsed < 30
+    assert _held(pd["prefill"]) == (0, 0)
+    deadline = time.monotonic() + 30  # the forwarded abort (or the KV timeout) lands
+    while _held(pd["decode"]) != (0, 0):
+        assert time.monotonic() < deadline, _held(pd["decode"])
+        time.sleep(0.5)
+    while pd["router"].get("/health").status_code != 200:  # re-admitted after its stop
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    ok = pd["router"].post("/generate", json={**body, "sampling_params": {"max_new_tokens": 4}})
+    assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 4
 
 
 def test_bad_bootstrap_fields_are_refused(pd):
