@@ -253,11 +253,10 @@ class SchedulerLoop:
 
 def make_disagg_side(args: ServerArgs, stack: ServingStack) -> PrefillSide | DecodeSide | None:
     """The disaggregation side of --disaggregation-mode (None: colocated)."""
-    pool = stack.runner.kv_pool
     if args.disaggregation_mode == "prefill":
-        return PrefillSide(args, stack.scheduler, pool)
+        return PrefillSide(args, stack.scheduler, stack.runner.kv_pool)
     if args.disaggregation_mode == "decode":
-        return DecodeSide(args, stack.scheduler, pool)
+        return DecodeSide(args, stack.scheduler, stack.runner.kv_pool)
     return None
 
 
