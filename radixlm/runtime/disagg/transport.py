@@ -5,12 +5,15 @@ side to the decode side, answered by an acknowledgement: accepted, or refused wi
 reason (a layout mismatch, a prompt that does not match). `KVSender.send` returns once
 the decode side has the bytes and accepted them, or raises `TransferError`.
 
-The engine here is torch.distributed point-to-point over gloo (CPU tensors; the same
-calls run over NCCL for CUDA tensors). Bootstrap: the decode worker hosts a
-`torch.distributed.TCPStore` on ``--disaggregation-bootstrap-port``; each prefill worker
-that first sends to it takes a peer number ``n`` from the store's counter and both sides
-build a two-rank `ProcessGroupGloo` under the store prefix ``peer/<n>/`` (prefill rank 0,
-decode rank 1). A link that fails is dropped; the next send builds a new one.
+The engine here is torch.distributed point-to-point over gloo on CPU tensors (the
+prefill side copies KV to the CPU first, `kv_pages.gather`, so a GPU pool sends through
+it too; an NCCL or RDMA engine would implement the same two classes).
+
+Bootstrap: the decode worker hosts a `torch.distributed.TCPStore` on
+``--disaggregation-bootstrap-port``; each prefill worker that first sends to it takes a
+peer number ``n`` from the store's counter and both sides build a two-rank
+`ProcessGroupGloo` under the store prefix ``peer/<n>/`` (prefill rank 0, decode rank 1).
+A link that fails is dropped; the next send builds a new one.
 
 Wire (tag 0, in order): int64[2] header (meta bytes, KV bytes); the meta bytes; the KV
 bytes; then decode -> prefill int64[2] (status 0 ok / 1 refused, reason bytes) and the
@@ -138,8 +141,8 @@ def _bytes_of(kv: torch.Tensor) -> torch.Tensor:
 class GlooSender(KVSender):
     """`KVSender` over torch.distributed gloo to the decode worker at host:port.
 
-    timeout: seconds for connecting and for each step of a transfer (the whole send is
-    bounded by about four times this)."""
+    timeout: seconds for connecting and for each step of a transfer (connect, header,
+    metadata, KV, acknowledgement: each waits at most this long)."""
 
     def __init__(self, host: str, port: int, timeout: float):
         self.host, self.port = host, port
