@@ -270,6 +270,23 @@ class ServerArgs:
         "cache_aware: requests in flight by which the busiest replica may exceed the idlest "
         "before a request goes to the idlest regardless of its prefix (>= 0)",
     )
+    disaggregation_mode: str | None = _opt(
+        None,
+        "prefill/decode disaggregation role (none: prefill and decode here): a prefill "
+        "server sends each bootstrapped request's prompt KV to a decode server, which "
+        "decodes it; docs/scale-out.md",
+        choices=["prefill", "decode"],
+    )
+    disaggregation_bootstrap_port: int = _opt(
+        8998,
+        "decode mode: the port of the KV transfer bootstrap store (torch.distributed "
+        "TCPStore; 0: a free port, shown under `disaggregation` in /get_server_info)",
+    )
+    disaggregation_timeout: float = _opt(
+        30.0,
+        "seconds a KV transfer step may take, and a decode request may wait for its KV, "
+        "before the request fails (> 0)",
+    )
     speculative_algorithm: str | None = _opt(
         None,
         "speculative decoding drafter (none: off); see runtime/speculative/",
@@ -420,6 +437,12 @@ class ServerArgs:
             raise ValueError(
                 f"dp_size must be >= 1 and dp_balance_threshold >= 0, got {self.dp_size} "
                 f"and {self.dp_balance_threshold}"
+            )
+        if self.disaggregation_mode is not None and self.dp_size != 1:
+            raise ValueError("disaggregation_mode needs dp_size 1 (one scheduler per worker)")
+        if self.disaggregation_timeout <= 0:
+            raise ValueError(
+                f"disaggregation_timeout must be > 0 (seconds), got {self.disaggregation_timeout}"
             )
         if not 0 < self.mem_fraction < 1:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")

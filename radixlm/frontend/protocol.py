@@ -290,3 +290,7 @@ class GenerateRequest(_Strict):
     lora_path: str | list[str | None] | None = None
     cache_salt: str | None = Field(None, min_length=1)
     session_params: SessionParamsModel | None = None
+    # Prefill/decode disaggregation (SGLang's names; set by the router, disagg_fields.py).
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = Field(None, ge=1, le=65535)
+    bootstrap_room: int | None = Field(None, ge=0, le=2**63 - 1)

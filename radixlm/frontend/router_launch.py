@@ -25,8 +25,17 @@ logger = logging.getLogger(__name__)
 def add_router_args(parser: argparse.ArgumentParser) -> None:
     """The flags of `radixlm router`."""
     parser.add_argument(
-        "--worker-urls", nargs="+", required=True, metavar="URL",
+        "--worker-urls", nargs="+", metavar="URL",
         help="base URLs of the `radixlm serve` workers, e.g. http://10.0.0.2:30000",
+    )  # fmt: skip
+    parser.add_argument(
+        "--prefill-urls", nargs="+", metavar="URL",
+        help="prefill/decode mode (with --decode-urls, instead of --worker-urls): the "
+        "`radixlm serve --disaggregation-mode prefill` workers",
+    )  # fmt: skip
+    parser.add_argument(
+        "--decode-urls", nargs="+", metavar="URL",
+        help="prefill/decode mode: the `radixlm serve --disaggregation-mode decode` workers",
     )  # fmt: skip
     parser.add_argument(
         "--policy", choices=POLICIES, default=POLICIES[0],
@@ -60,6 +69,7 @@ def run_router(args: argparse.Namespace) -> int:
     import uvicorn
 
     from radixlm.frontend.router_app import create_router_app
+    from radixlm.frontend.router_pd import check_roles, create_pd_router_app
 
     logging.basicConfig(
         level=args.log_level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s"
@@ -68,35 +78,49 @@ def run_router(args: argparse.Namespace) -> int:
     if args.health_interval <= 0 or args.balance_threshold < 0:
         logger.error("--health-interval must be > 0 and --balance-threshold >= 0")
         return 1
+    pd = args.prefill_urls is not None or args.decode_urls is not None
+    if pd == (args.worker_urls is not None) or (
+        pd and not (args.prefill_urls and args.decode_urls)
+    ):
+        logger.error("give --worker-urls, or --prefill-urls and --decode-urls")
+        return 1
     status = {"code": 0}
 
     async def main() -> None:
         timeout = httpx.Timeout(connect=5.0, read=None, write=30.0, pool=None)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-            policy = make_policy(
-                args.policy, len(args.worker_urls), balance_threshold=args.balance_threshold
-            )
-            pool = WorkerPool(
-                args.worker_urls, policy, client, health_interval=args.health_interval
-            )
+            url_lists = [args.prefill_urls, args.decode_urls] if pd else [args.worker_urls]
+            pools = [
+                WorkerPool(
+                    urls,
+                    make_policy(args.policy, len(urls), balance_threshold=args.balance_threshold),
+                    client,
+                    health_interval=args.health_interval,
+                )
+                for urls in url_lists
+            ]
             try:
-                await pool.admit_all(args.worker_startup_timeout)
+                for pool in pools:
+                    await pool.admit_all(args.worker_startup_timeout)
+                ports = await check_roles(*pools) if pd else None
             except WorkerRefused as e:
                 logger.error("router start-up failed: %s", e)
                 status["code"] = 1
                 return
+            app = create_pd_router_app(*pools, ports) if pd else create_router_app(pools[0])
             config = uvicorn.Config(
-                create_router_app(pool), host=args.host, port=args.port,
+                app, host=args.host, port=args.port,
                 log_level=args.log_level, loop="none", lifespan="off",
             )  # fmt: skip
             server = uvicorn.Server(config)
-            health = asyncio.create_task(pool.health_loop())
+            health = [asyncio.create_task(pool.health_loop()) for pool in pools]
             announce = asyncio.create_task(_announce(server, args.host))
             try:
                 await server.serve()
             finally:
-                health.cancel()
+                for task in health:
+                    task.cancel()
                 announce.cancel()
 
     _run(main())

@@ -36,6 +36,7 @@ from fastapi.responses import Response
 
 from radixlm.errors import InvalidRequestError
 from radixlm.frontend import streaming
+from radixlm.frontend.disagg_fields import disagg_params
 from radixlm.frontend.errors import from_exception, invalid_request, log_failure, renamed
 from radixlm.frontend.protocol import GenerateRequest, check_supported
 from radixlm.frontend.request_compat import check_lora, sglang_sampling
@@ -67,9 +68,12 @@ class NativeServing:
         req, single, prompts, params, rids, lp = await asyncio.to_thread(self._prepare, body)
         runs = zip(prompts, params, rids)
         salt, session = req.cache_salt, session_params(req, len(prompts))
+        disagg = disagg_params(req, len(prompts))
         merged = streaming.merge(
             [
-                self.tm.generate(ids, p, rid=rid, extra_key=salt, logprobs=lp, session=session)
+                self.tm.generate(
+                    ids, p, rid=rid, extra_key=salt, logprobs=lp, session=session, disagg=disagg
+                )
                 for ids, p, rid in runs
             ]
         )

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 
 from radixlm.config import ServerArgs
@@ -131,6 +132,9 @@ class Scheduler:
         self._pending: list[ReqOutput] = []
         self._seed_rng = random.Random(args.random_seed)
         self._last_extend = False
+        #: Called with each request that finishes by stop or length, before its KV is
+        #: released (a disaggregated prefill worker copies the prompt's KV out here).
+        self.on_finished: Callable[[Req], None] | None = None
         size = args.chunked_prefill_size
         self.step_prefill_tokens = min(size, args.max_prefill_tokens) if size > 0 else None
 
@@ -419,6 +423,8 @@ class Scheduler:
         self, req: Req, reason: FinishReason, new_ids=(), release: bool = True, logprobs=None
     ) -> ReqOutput:
         req.finish_reason = reason
+        if self.on_finished is not None and reason is not FinishReason.ABORT:
+            self.on_finished(req)
         if release:
             self.kv.release(req)
         self.sessions.finished(req)  # after release: a pin locks the sequence just cached
@@ -427,6 +433,19 @@ class Scheduler:
             self.counters.aborted += 1
             self._pending.append(out)
         return out
+
+    def add_prefilled(self, req: Req, first_token: int) -> None:
+        """Run on a request whose prompt KV another worker computed: `req` holds its row
+        and kv_len == len(input_ids) (cached as a running request); `first_token` is the
+        token that worker sampled. It is appended and checked for a stop here; its output
+        comes out of the next `step()`, and the request decodes on unless it finished."""
+        req.output_ids.append(first_token)
+        reason = self.stop.check(req, first_token)
+        if reason is None:
+            self.running.append(req)
+            self._pending.append(req.step_output([first_token]))
+        else:
+            self._pending.append(self._finish(req, reason, new_ids=[first_token]))
 
     # ---- introspection ------------------------------------------------------------------
 

@@ -31,6 +31,19 @@ from radixlm.runtime.sched.finish import FinishReason
 from radixlm.runtime.sched.sessions import SessionParams
 
 
+class DisaggParams(msgspec.Struct, kw_only=True):
+    """SGLang's bootstrap fields of a disaggregated request (docs/scale-out.md).
+
+    bootstrap_room: pairs the prefill worker's transfer with the decode worker's request.
+    bootstrap_host, bootstrap_port: the decode worker's KV bootstrap address (the prefill
+    worker sends there; None on the decode worker's copy of the request).
+    """
+
+    bootstrap_room: int
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+
+
 class GenerateReq(msgspec.Struct, tag="generate", kw_only=True):
     """A validated, tokenized generation request.
 
@@ -43,6 +56,8 @@ class GenerateReq(msgspec.Struct, tag="generate", kw_only=True):
         to the continued turn's sequence in the scheduler.
     pin_key: pin the finished sequence in the radix cache under this key (a stored
         Responses API response) until an `UnpinReq` or --session-timeout.
+    disagg: the bootstrap fields of a prefill/decode disaggregated request (None: run
+        here from prompt to end).
     """
 
     rid: str
@@ -52,6 +67,7 @@ class GenerateReq(msgspec.Struct, tag="generate", kw_only=True):
     logprobs: LogprobOptions = LogprobOptions()
     session: SessionParams | None = None
     pin_key: str | None = None
+    disagg: DisaggParams | None = None
 
 
 class AbortReq(msgspec.Struct, tag="abort"):

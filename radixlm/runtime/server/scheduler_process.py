@@ -20,6 +20,8 @@ from radixlm.config import ServerArgs
 from radixlm.errors import InvalidRequestError, RadixLMError, ServerError
 from radixlm.runtime.executor.parallel.group import RankFailedError
 from radixlm.runtime.sched.request import Req, ReqOutput
+from radixlm.runtime.server.disagg_decode import DecodeSide
+from radixlm.runtime.server.disagg_prefill import PrefillSide
 from radixlm.runtime.server.heartbeat import HeartbeatThread, scheduler_name
 from radixlm.runtime.server.info import flush_cache, model_facts, server_info
 from radixlm.runtime.server.ipc import IpcPaths, pull_socket, push_socket, run_child
@@ -77,6 +79,7 @@ class SchedulerLoop:
         # only for requests that change one of them from its default (False, True, True).
         self._detok: dict[str, tuple[bool, bool, bool]] = {}
         self._after_failure = False
+        self.disagg = make_disagg_side(args, stack)
         self.steps = 0
         self.turn_start = time.monotonic()
 
@@ -94,10 +97,11 @@ class SchedulerLoop:
         sched = self.scheduler
         self.turn_start = time.monotonic()
         sched.sessions.expire()  # idle sessions and stored-response pins time out
+        parked = isinstance(self.disagg, DecodeSide) and self.disagg.waiting
         idle = not (sched.has_work() or self._after_failure)
-        # While grammars compile, step now and then to admit the compiled requests.
-        wait_ms = _GRAMMAR_POLL_MS if sched.compiling else _IDLE_POLL_MS
-        if idle and not self.recv.poll(wait_ms) and not sched.compiling:
+        # While grammars compile or requests wait for their KV, wake up often to admit them.
+        wait_ms = _GRAMMAR_POLL_MS if sched.compiling or parked else _IDLE_POLL_MS
+        if idle and not self.recv.poll(wait_ms) and not (sched.compiling or parked):
             return
         self._after_failure = False
         while True:
@@ -106,6 +110,10 @@ class SchedulerLoop:
             except zmq.Again:
                 break
             self.handle(decode(data))
+        if isinstance(self.disagg, DecodeSide):
+            for error in self.disagg.poll():
+                self._forget(error.rid)
+                self.send.send(encode(error))
         self.steps += 1
         try:
             outputs = sched.step()
@@ -115,6 +123,11 @@ class SchedulerLoop:
             logger.exception("scheduler step failed")
             self._after_failure = True
             return
+        if isinstance(self.disagg, PrefillSide):
+            outputs, errors = self.disagg.settle(outputs)
+            for error in errors:
+                self._forget(error.rid)
+                self.send.send(encode(error))
         if outputs:
             self.send.send(encode(self._token_out(outputs)))
 
@@ -123,12 +136,18 @@ class SchedulerLoop:
         if isinstance(msg, GenerateReq):
             self._add_request(msg)
         elif isinstance(msg, AbortReq):
-            self.scheduler.abort(msg.rid)
+            parked = self.disagg.abort(msg.rid) if isinstance(self.disagg, DecodeSide) else None
+            if parked is not None:
+                self.send.send(encode(self._token_out([parked])))
+            else:
+                self.scheduler.abort(msg.rid)
         elif isinstance(msg, FlushCacheReq):
             ok, message = flush_cache(self.scheduler)
             self.send.send(encode(ControlResp(msg.rid, ok, message)))
         elif isinstance(msg, GetInfoReq):
             info = server_info(self.args, self.stack.runner, self.scheduler)
+            if self.disagg is not None:
+                info["disaggregation"] = self.disagg.info()
             self.send.send(encode(ControlResp(msg.rid, True, info=info)))
         elif isinstance(msg, (OpenSessionReq, CloseSessionReq, UnpinReq)):
             self._session_control(msg)
@@ -155,22 +174,37 @@ class SchedulerLoop:
         self.send.send(encode(resp))
 
     def _add_request(self, msg: GenerateReq) -> None:
-        """Queue `msg` in the scheduler, or send its refusal (ReqError 503: queue full,
-        400: any other RadixLMError, 503 server_error: an unexpected exception, logged, so
-        one bad request never ends this process or leaves its client waiting); remember
-        its stop strings for the detokenizer."""
+        """Queue `msg` in the scheduler (a decode worker parks a disaggregated one until
+        its KV arrives), or send its refusal (ReqError 503: queue full, 400: any other
+        RadixLMError, 503 server_error: an unexpected exception, logged, so one bad
+        request never ends this process or leaves its client waiting); remember its stop
+        strings and text settings for the detokenizer."""
         try:
-            req = Req.new(
-                msg.rid, msg.input_ids, msg.params, extra_key=msg.extra_key, logprobs=msg.logprobs
-            )
-            self.scheduler.add_request(req, msg.session, msg.pin_key)
+            if msg.disagg is not None and self.disagg is None:
+                raise InvalidRequestError(
+                    "bootstrap_room is for a server started with --disaggregation-mode",
+                    param="bootstrap_room",
+                )
+            if isinstance(self.disagg, DecodeSide) and msg.disagg is not None:
+                self.scheduler.check_fits(len(msg.input_ids), msg.params.max_new_tokens)
+                self.disagg.park(msg)
+            else:
+                if isinstance(self.disagg, PrefillSide) and msg.disagg is not None:
+                    msg = self.disagg.admit(msg)
+                req = Req.new(
+                    msg.rid,
+                    msg.input_ids,
+                    msg.params,
+                    extra_key=msg.extra_key,
+                    logprobs=msg.logprobs,
+                )
+                self.scheduler.add_request(req, msg.session, msg.pin_key)
         except RadixLMError as e:  # refused (queue full, too large, bad grammar)
-            self.send.send(encode(ReqError.of(msg.rid, e)))
+            self._refuse(msg.rid, e)
             return
         except Exception:
             logger.exception("request %s could not be queued", msg.rid)
-            error = ServerError("the scheduler could not queue the request")
-            self.send.send(encode(ReqError.of(msg.rid, error)))
+            self._refuse(msg.rid, ServerError("the scheduler could not queue the request"))
             return
         if msg.params.stop:
             self._stops[msg.rid] = msg.params.stop
@@ -178,6 +212,16 @@ class SchedulerLoop:
         flags = (p.no_stop_trim, p.skip_special_tokens, p.spaces_between_special_tokens)
         if flags != _DEFAULT_DETOK:
             self._detok[msg.rid] = flags
+
+    def _refuse(self, rid: str, error: RadixLMError) -> None:
+        if isinstance(self.disagg, PrefillSide):
+            self.disagg.forget(rid)
+        self.send.send(encode(ReqError.of(rid, error)))
+
+    def _forget(self, rid: str) -> None:
+        """Drop the detokenizer settings of a request that failed after it was queued."""
+        self._stops.pop(rid, None)
+        self._detok.pop(rid, None)
 
     def _token_out(self, outputs: list[ReqOutput]) -> BatchTokenOut:
         """One step's outputs as the detokenizer's message; a finished request's stop
@@ -210,6 +254,15 @@ class SchedulerLoop:
             queue_times=[o.queue_time for o in outputs],
             spec_accept_lengths=[o.spec_accept_length for o in outputs],
         )
+
+
+def make_disagg_side(args: ServerArgs, stack: ServingStack) -> PrefillSide | DecodeSide | None:
+    """The disaggregation side of --disaggregation-mode (None: colocated)."""
+    if args.disaggregation_mode == "prefill":
+        return PrefillSide(args, stack.scheduler, stack.runner.kv_pool)
+    if args.disaggregation_mode == "decode":
+        return DecodeSide(args, stack.scheduler, stack.runner.kv_pool)
+    return None
 
 
 def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, status_conn, rank: int = 0) -> None:

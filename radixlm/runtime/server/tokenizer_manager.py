@@ -45,6 +45,7 @@ from radixlm.runtime.server.messages import (
     BatchStrOut,
     CloseSessionReq,
     ControlResp,
+    DisaggParams,
     FlushCacheReq,
     GenerateReq,
     GetInfoReq,
@@ -222,10 +223,13 @@ class TokenizerManager:
         logprobs: LogprobOptions | None = None,
         session: SessionParams | None = None,
         pin_key: str | None = None,
+        disagg: DisaggParams | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Run one request; yield its chunks as they arrive. With `session` it is a turn
         of that session (the scheduler prepends the continued turn's sequence); with
-        `pin_key` its finished sequence stays pinned in the cache until `unpin(pin_key)`.
+        `pin_key` its finished sequence stays pinned in the cache until `unpin(pin_key)`;
+        with `disagg` it is one half of a prefill/decode disaggregated request
+        (runtime/disagg/).
 
         Each chunk: ``rid``, ``text`` (new text), ``output_ids`` (new token ids),
         ``finish_reason`` (None or a `FinishReason`), ``matched_stop``, and
@@ -259,6 +263,7 @@ class TokenizerManager:
                 logprobs=lp,
                 session=session,
                 pin_key=pin_key,
+                disagg=disagg,
             )
         )
         state = self._states[rid] = _ReqState()

@@ -1,0 +1,1 @@
+"""Prefill/decode disaggregation: KV transfer between a prefill and a decode server."""
