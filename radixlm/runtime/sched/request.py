@@ -53,6 +53,10 @@ class Req:
     queue_time: float = -1.0  # s from arrival to first admission; -1 until admitted
     spec_verify_steps: int = 0  # speculative verify steps this request took part in
     spec_emitted_tokens: int = 0  # tokens those steps emitted (accepted drafts + bonus)
+    priority: int = 0  # higher = more important: admitted first, retracted last
+    slo_ttft_ms: float | None = None  # this request's targets (None: the server's, if any)
+    slo_tpot_ms: float | None = None
+    first_token_time: float = -1.0  # s, the scheduler's clock; -1 until the first token
 
     @classmethod
     def new(
@@ -63,9 +67,13 @@ class Req:
         *,
         extra_key: Any = None,
         logprobs: LogprobOptions | None = None,
+        priority: int = 0,
+        slo_ttft_ms: float | None = None,
+        slo_tpot_ms: float | None = None,
     ) -> Req:
         """A request not yet scheduled, with its logprob settings taken from `logprobs`
-        (None: no logprobs). The one way callers (Engine, scheduler process) build a Req;
+        (None: no logprobs), its `priority` and SLO overrides (ms; None: the server's
+        --slo-ttft-ms / --slo-tpot-ms). The one way callers (Engine, scheduler process) build a Req;
         the scheduler fills in the rest of its state."""
         lp = logprobs or LogprobOptions()
         return cls(
@@ -76,6 +84,9 @@ class Req:
             return_logprob=lp.return_logprob,
             logprob_start_len=lp.logprob_start_len,
             top_logprobs_num=lp.top_logprobs_num,
+            priority=priority,
+            slo_ttft_ms=slo_ttft_ms,
+            slo_tpot_ms=slo_tpot_ms,
         )
 
     @property
