@@ -37,7 +37,7 @@ from fastapi.responses import Response
 from radixlm.errors import InvalidRequestError
 from radixlm.frontend import streaming
 from radixlm.frontend.errors import from_exception, invalid_request, log_failure, renamed
-from radixlm.frontend.protocol import GenerateRequest, check_supported
+from radixlm.frontend.protocol import GenerateRequest, check_supported, sched_options
 from radixlm.frontend.request_compat import check_lora, sglang_sampling
 from radixlm.frontend.serving_sessions import session_params
 from radixlm.runtime.sampling.logprobs import LogprobOptions
@@ -67,9 +67,12 @@ class NativeServing:
         req, single, prompts, params, rids, lp = await asyncio.to_thread(self._prepare, body)
         runs = zip(prompts, params, rids)
         salt, session = req.cache_salt, session_params(req, len(prompts))
+        sched = sched_options(req)
         merged = streaming.merge(
             [
-                self.tm.generate(ids, p, rid=rid, extra_key=salt, logprobs=lp, session=session)
+                self.tm.generate(
+                    ids, p, rid=rid, extra_key=salt, logprobs=lp, session=session, sched=sched
+                )
                 for ids, p, rid in runs
             ]
         )

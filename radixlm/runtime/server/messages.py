@@ -29,6 +29,7 @@ from radixlm.errors import (
 from radixlm.runtime.sampling.logprobs import LogprobOptions, TokenLogprobs
 from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.finish import FinishReason
+from radixlm.runtime.sched.request import SchedOptions
 from radixlm.runtime.sched.sessions import SessionParams
 
 
@@ -44,6 +45,7 @@ class GenerateReq(msgspec.Struct, tag="generate", kw_only=True):
         to the continued turn's sequence in the scheduler.
     pin_key: pin the finished sequence in the radix cache under this key (a stored
         Responses API response) until an `UnpinReq` or --session-timeout.
+    sched: priority and SLO targets (`SchedOptions`).
     """
 
     rid: str
@@ -53,6 +55,7 @@ class GenerateReq(msgspec.Struct, tag="generate", kw_only=True):
     logprobs: LogprobOptions = LogprobOptions()
     session: SessionParams | None = None
     pin_key: str | None = None
+    sched: SchedOptions = SchedOptions()
 
 
 class AbortReq(msgspec.Struct, tag="abort"):

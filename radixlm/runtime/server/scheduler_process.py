@@ -156,7 +156,12 @@ class SchedulerLoop:
         its stop strings for the detokenizer."""
         try:
             req = Req.new(
-                msg.rid, msg.input_ids, msg.params, extra_key=msg.extra_key, logprobs=msg.logprobs
+                msg.rid,
+                msg.input_ids,
+                msg.params,
+                extra_key=msg.extra_key,
+                logprobs=msg.logprobs,
+                sched=msg.sched,
             )
             self.scheduler.add_request(req, msg.session, msg.pin_key)
         except RadixLMError as e:  # refused (queue full, too large, bad grammar)

@@ -36,6 +36,7 @@ from radixlm.errors import (
 from radixlm.runtime.sampling.grammar import GrammarCompiler
 from radixlm.runtime.sampling.logprobs import LogprobOptions
 from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.sched.request import SchedOptions
 from radixlm.runtime.sched.sessions import SessionParams
 from radixlm.runtime.server.dispatcher import make_policy
 from radixlm.runtime.server.heartbeat import Liveness, scheduler_name
@@ -222,10 +223,12 @@ class TokenizerManager:
         logprobs: LogprobOptions | None = None,
         session: SessionParams | None = None,
         pin_key: str | None = None,
+        sched: SchedOptions | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Run one request; yield its chunks as they arrive. With `session` it is a turn
         of that session (the scheduler prepends the continued turn's sequence); with
-        `pin_key` its finished sequence stays pinned in the cache until `unpin(pin_key)`.
+        `pin_key` its finished sequence stays pinned in the cache until `unpin(pin_key)`;
+        `sched`: its priority and SLO targets (None: defaults).
 
         Each chunk: ``rid``, ``text`` (new text), ``output_ids`` (new token ids),
         ``finish_reason`` (None or a `FinishReason`), ``matched_stop``, and
@@ -259,6 +262,7 @@ class TokenizerManager:
                 logprobs=lp,
                 session=session,
                 pin_key=pin_key,
+                sched=sched or SchedOptions(),
             )
         )
         state = self._states[rid] = _ReqState()
