@@ -108,7 +108,7 @@ class Engine:
         logprob_start_len: int | list[int] = -1,
         top_logprobs_num: int | list[int] = 0,
         return_text_in_logprobs: bool = False,
-        priority: int = 0,
+        priority: int | list[int] = 0,
         slo_ttft_ms: float | None = None,
         slo_tpot_ms: float | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
@@ -133,7 +133,8 @@ class Engine:
                 position (-1: none, 0: every prompt token).
             top_logprobs_num: alternatives per position (0: none).
             return_text_in_logprobs: fill the token texts of the logprob entries.
-            priority: higher is admitted first and retracted last (docs/slo.md).
+            priority: higher is admitted first and retracted last (docs/slo.md); one
+                value or one per prompt.
             slo_ttft_ms, slo_tpot_ms: this call's SLO targets, ms (None: the engine's
                 --slo-ttft-ms / --slo-tpot-ms; they count only with SLO scheduling on).
 
@@ -159,7 +160,6 @@ class Engine:
             SLOUnattainableError: a TTFT target the queue cannot meet, with
                 --slo-admission reject (nothing is queued).
         """
-        sched = SchedOptions(priority=priority, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
         single, token_lists = self._prompts(prompt, input_ids)
         params = self._params(sampling_params, len(token_lists))
         n = len(token_lists)
@@ -170,6 +170,10 @@ class Engine:
                 _per_prompt(logprob_start_len, n, "logprob_start_len"),
                 _per_prompt(top_logprobs_num, n, "top_logprobs_num"),
             )
+        ]
+        sched = [
+            SchedOptions(priority=prio, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+            for prio in _per_prompt(priority, n, "priority")
         ]
         for ids, p, lp in zip(token_lists, params, lps):
             self._validate(ids, p)
@@ -380,14 +384,15 @@ class Engine:
         params: list[SamplingParams],
         cache_salt=None,
         lps: list[LogprobOptions] | None = None,
-        sched: SchedOptions | None = None,
+        sched: list[SchedOptions] | None = None,
     ) -> list[str]:
         rids: list[str] = []
         lps = lps or [LogprobOptions()] * len(token_lists)
+        sched = sched or [SchedOptions()] * len(token_lists)
         try:
-            for index, (ids, p, lp) in enumerate(zip(token_lists, params, lps)):
+            for index, (ids, p, lp, so) in enumerate(zip(token_lists, params, lps, sched)):
                 rid = f"req-{next(self._rid_counter)}"
-                req = Req.new(rid, ids, p, extra_key=cache_salt, logprobs=lp, sched=sched)
+                req = Req.new(rid, ids, p, extra_key=cache_salt, logprobs=lp, sched=so)
                 self.scheduler.add_request(req)  # may raise QueueFullError
                 self._tracked[rid] = _Tracked(index, rid, self.tokenizer, p, lp)
                 rids.append(rid)
