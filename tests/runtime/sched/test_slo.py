@@ -4,6 +4,7 @@ a known step-time function, so the assertions are about the scheduler's decision
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 from types import SimpleNamespace
 
@@ -182,7 +183,7 @@ def test_priority_orders_retraction():
     assert retraction_order([a, b, c, d]) == [d, b, a, c]
 
 
-def test_unmeetable_ttft_is_refused_or_queued(engine):
+def test_unmeetable_ttft_is_refused_or_queued(engine, caplog):
     sched, clock = setup(engine, slo_ttft_ms=150.0, slo_admission="reject", prior="5,0.05,0.5")
     first = add(sched, clock, random_ids(2000, seed=7), 2)  # 105 ms predicted: in time
     assert first in sched.waiting
@@ -191,7 +192,9 @@ def test_unmeetable_ttft_is_refused_or_queued(engine):
     assert info.value.retry_after_s == pytest.approx((5 + 0.05 * 4000 - 150) / 1e3)
     assert sched.slo.counters.rejected == 1
     sched.slo.reject = False
-    late = add(sched, clock, random_ids(2000, seed=9), 2)  # queue mode: warned, queued
+    with caplog.at_level(logging.WARNING, logger="radixlm.runtime.sched.slo"):
+        late = add(sched, clock, random_ids(2000, seed=9), 2)  # queue mode: warned, queued
     assert late in sched.waiting and sched.slo.counters.queued_late == 1
+    assert f"request {late.rid}: TTFT target 150 ms cannot be met" in caplog.text
     run_all(sched)
     check_pool(sched, idle=True)
