@@ -13,11 +13,29 @@ from radixlm.config import HTTP_ONLY_FIELDS, ServerArgs
 from radixlm.errors import RadixLMError
 
 
+def _with_step_prior(server_args: ServerArgs) -> ServerArgs:
+    """With SLO scheduling on and no --slo-step-prior, the planner's roofline fit for the
+    model on this device (`radixlm/plan/step_prior.py`; unchanged when it has none)."""
+    if server_args.slo_step_prior is not None or (
+        server_args.slo_ttft_ms is None and server_args.slo_tpot_ms is None
+    ):
+        return server_args
+    import torch
+
+    from radixlm.plan.step_prior import serving_step_prior
+
+    a = server_args
+    cuda = a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
+    gpu = torch.cuda.get_device_name(0) if cuda else None
+    prior = serving_step_prior(a.model, "cuda" if cuda else "cpu", a.dtype, a.kv_cache_dtype, gpu)
+    return dataclasses.replace(a, slo_step_prior=prior)
+
+
 def _generate(args: argparse.Namespace) -> int:
     from radixlm.runtime.engine import Engine
     from radixlm.runtime.sampling.sampler import SamplingParams
 
-    server_args = ServerArgs.from_cli_args(args)  # check everything before loading
+    server_args = _with_step_prior(ServerArgs.from_cli_args(args))  # checked before loading
     params = {
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
@@ -47,7 +65,7 @@ def _generate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from radixlm.frontend.launch import launch_server
 
-    return launch_server(ServerArgs.from_cli_args(args))
+    return launch_server(_with_step_prior(ServerArgs.from_cli_args(args)))
 
 
 def _router(args: argparse.Namespace) -> int:

@@ -76,6 +76,21 @@ HTTP_ONLY_FIELDS = (
 )
 
 
+def parse_step_prior(text: str | None) -> tuple[float, float, float] | None:
+    """``"a,b,c"`` (ms, ms per prefill token, ms per decoding request) -> a tuple; None ->
+    None. Raises ValueError unless three finite numbers >= 0."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        values = tuple(float(p) for p in parts)
+    except ValueError:
+        values = ()
+    if len(values) != 3 or not all(0 <= v < float("inf") for v in values):
+        raise ValueError(f"slo_step_prior must be 'a,b,c' with three numbers >= 0, got {text!r}")
+    return values  # type: ignore[return-value]
+
+
 def csv_entries(value: str | None) -> list[str]:
     """The non-empty, stripped entries of a comma-separated flag value (none: [])."""
     return [e.strip() for e in (value or "").split(",") if e.strip()]
@@ -189,6 +204,29 @@ class ServerArgs:
     )
     chunked_prefill_size: int = _opt(
         512, "prompt tokens prefilled per step for one request (-1 disables chunking)"
+    )
+    slo_ttft_ms: float | None = _opt(
+        None,
+        "time-to-first-token target, ms: turns on SLO-aware scheduling (docs/slo.md); "
+        "requests may set their own with slo_ttft_ms",
+    )
+    slo_tpot_ms: float | None = _opt(
+        None,
+        "time-per-output-token target, ms: with it each step's prefill budget is the largest "
+        "chunk that keeps running requests within it (replaces --chunked-prefill-size); "
+        "requests may set their own with slo_tpot_ms",
+    )
+    slo_admission: str = _opt(
+        "queue",
+        "a request whose TTFT target the queue cannot meet: queue (with a warning) or reject "
+        "(HTTP 429 with Retry-After)",
+        choices=["queue", "reject"],
+    )
+    slo_step_prior: str | None = _opt(
+        None,
+        "step-time model before any step is measured, 'a,b,c': ms per step, per prefill "
+        "token, per decoding request (none: the planner's roofline for the model when "
+        "`radixlm serve` can compute it, else the first measured steps)",
     )
     enable_mixed_chunk: bool = _opt(
         False, "run a prefill chunk and the running decodes in the same forward"
@@ -444,6 +482,11 @@ class ServerArgs:
             raise ValueError(
                 f"disaggregation_timeout must be > 0 (seconds), got {self.disaggregation_timeout}"
             )
+        for name in ("slo_ttft_ms", "slo_tpot_ms"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0 (ms), got {value}")
+        parse_step_prior(self.slo_step_prior)
         if not 0 < self.mem_fraction < 1:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
 

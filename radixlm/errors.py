@@ -69,6 +69,18 @@ class QueueFullError(RadixLMError, RuntimeError):
     """
 
 
+class SLOUnattainableError(RadixLMError, RuntimeError):
+    """The request's TTFT target cannot be met behind the current queue and the server runs
+    ``--slo-admission reject``; HTTP 429 with ``Retry-After`` (whole seconds, at least 1).
+
+    retry_after_s: the predicted excess over the target, seconds.
+    """
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class ServerError(RadixLMError, RuntimeError):
     """A server process failed or the request could not be served (HTTP 503)."""
 

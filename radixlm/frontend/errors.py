@@ -17,6 +17,7 @@ runtime's field names in `param` to its own (`renamed`).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +37,7 @@ from radixlm.errors import (
     RadixLMError,
     RequestTimeoutError,
     ServerError,
+    SLOUnattainableError,
 )
 
 logger = logging.getLogger(__name__)
@@ -54,8 +56,10 @@ class APIError(Exception):
         type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.message = message
         self.type = type
@@ -92,8 +96,8 @@ def from_exception(exc: BaseException) -> APIError:
     """Map an exception to an APIError by its type, never its text: InvalidRequestError
     (and RequestTooLargeError) 400 with its own param and code ("invalid_value" when it
     has none), ModelNotFoundError 404, QueueFullError, ServerError and EngineClosedError
-    503, RequestTimeoutError 504, pydantic errors 400, other radixlm errors and unknown
-    ones 500."""
+    503, SLOUnattainableError 429 with Retry-After, RequestTimeoutError 504, pydantic
+    errors 400, other radixlm errors and unknown ones 500."""
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, InvalidRequestError):
@@ -102,6 +106,15 @@ def from_exception(exc: BaseException) -> APIError:
         return APIError(404, str(exc), code="model_not_found")
     if isinstance(exc, QueueFullError):
         return APIError(503, str(exc), type="server_error", code="queue_full")
+    if isinstance(exc, SLOUnattainableError):
+        retry = str(max(1, math.ceil(exc.retry_after_s)))
+        return APIError(
+            429,
+            str(exc),
+            type="server_error",
+            code="slo_unattainable",
+            headers={"Retry-After": retry},
+        )
     if isinstance(exc, ValidationError):
         return _from_validation_errors(exc.errors(include_url=False))
     if isinstance(exc, RequestValidationError):
@@ -207,7 +220,14 @@ def log_failure(where: str, exc: BaseException, err: APIError) -> None:
     """Log a failed request: server faults (5xx) as errors with the traceback; expected
     refusals (queue full, shutting down, request timeout) as one warning line; client
     errors not at all."""
-    if isinstance(exc, QueueFullError | ServerError | EngineClosedError | RequestTimeoutError):
+    if isinstance(
+        exc,
+        QueueFullError
+        | SLOUnattainableError
+        | ServerError
+        | EngineClosedError
+        | RequestTimeoutError,
+    ):
         logger.warning("%s: %s", where, exc)
     elif err.status >= 500:
         logger.error("%s failed: %r", where, exc, exc_info=exc)
@@ -215,7 +235,7 @@ def log_failure(where: str, exc: BaseException, err: APIError) -> None:
 
 def json_error(err: APIError) -> Response:
     """The JSON response for an error."""
-    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else err.headers
     return Response(
         _encoder.encode(err.body()),
         status_code=err.status,

@@ -175,7 +175,12 @@ class SchedulerStatsCollector:
     docs/hicache.md; 0 when off). Counters: retractions_total, aborts_total (scheduler-side
     counts, which include client disconnects and failed steps), and the second tier's
     hicache_{loaded,written}_tokens_total, hicache_{loaded,written}_bytes_total,
-    hicache_load_seconds_total and hicache_corrupt_pages_total. Per scheduler replica,
+    hicache_load_seconds_total and hicache_corrupt_pages_total. With SLO scheduling
+    (docs/slo.md; all 0 when off): the gauge slo_prefill_budget_tokens (the last step's
+    chosen budget) and the counters slo_requests_total, slo_ttft_met_total,
+    slo_tpot_met_total, slo_goodput_requests_total (both met), slo_rejected_total,
+    slo_queued_late_total, slo_prefill_budget_tokens_total and slo_budget_steps_total (their
+    ratio: the mean budget per extend step). Per scheduler replica,
     labelled ``dp_rank`` (one series per replica, also with --dp-size 1): the gauges
     replica_num_running_reqs, replica_num_queue_reqs, replica_cache_hit_rate and the
     counter replica_requests_routed_total (requests the front end sent that replica).
@@ -204,6 +209,11 @@ class SchedulerStatsCollector:
             "spec_draft_time_share",
             "spec_draft_time_share",
             "Speculative decoding: time in the drafter / time in speculative steps.",
+        ),
+        (
+            "slo_prefill_budget_tokens",
+            "slo_prefill_budget",
+            "SLO scheduling: the prefill token budget the last extend step chose (0: off).",
         ),
     )
     _COUNTERS = (
@@ -235,6 +245,30 @@ class SchedulerStatsCollector:
             "tier_corrupt_pages",
             "Second KV tier: pages that failed their check (recomputed, never served).",
         ),
+        ("slo_requests", "slo_finished_total", "SLO scheduling: finished requests judged."),
+        ("slo_ttft_met", "slo_ttft_met_total", "SLO scheduling: requests meeting TTFT."),
+        ("slo_tpot_met", "slo_tpot_met_total", "SLO scheduling: requests meeting TPOT."),
+        (
+            "slo_goodput_requests",
+            "slo_both_met_total",
+            "SLO scheduling: requests meeting both TTFT and TPOT (goodput).",
+        ),
+        (
+            "slo_rejected",
+            "slo_rejected_total",
+            "SLO scheduling: requests refused at arrival (HTTP 429).",
+        ),
+        (
+            "slo_queued_late",
+            "slo_queued_late_total",
+            "SLO scheduling: requests queued although their TTFT target looked unattainable.",
+        ),
+        (
+            "slo_prefill_budget_tokens",
+            "slo_prefill_budget_sum",
+            "SLO scheduling: sum of the prefill budgets chosen (per step: / slo_budget_steps).",
+        ),
+        ("slo_budget_steps", "slo_budget_steps_total", "SLO scheduling: budgets chosen."),
     )
 
     _REPLICA_GAUGES = (

@@ -15,7 +15,8 @@ predicted outputs, reasoning effort, web search, storage and billing options, ..
 accepted and ignored; `check_supported` logs one warning per request naming them.
 vLLM / SGLang extensions that change the output (include_stop_str_in_output,
 skip_special_tokens, spaces_between_special_tokens, cache_salt, chat_template_kwargs) are
-mapped in serving code (`request_compat.py`).
+mapped in serving code (`request_compat.py`); the scheduling extensions (priority,
+slo_ttft_ms, slo_tpot_ms) by `sched_options`.
 
 Response bodies are plain dicts built in `serving_openai.py` / `serving_native.py`; their
 documented schemas (for /openapi.json) are in `response_types.py`.
@@ -30,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from radixlm.frontend.errors import invalid_request
 from radixlm.runtime.sampling.sampler import MAX_REQUEST_INT, MAX_TOP_K
+from radixlm.runtime.sched.request import SchedOptions
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +60,8 @@ IGNORED: tuple[str, ...] = (
     "reasoning_effort",
     "web_search_options",
     "verbosity",
-    # Scheduling and caching hints of OpenAI / vLLM: no scheduler priorities here, and
-    # prefix caching is automatic (cache_salt is the field that changes it).
-    "priority",
+    # Caching hints of OpenAI: prefix caching is automatic (cache_salt is the field that
+    # changes it).
     "prompt_cache_key",
     "safety_identifier",
     "stream_options.include_obfuscation",
@@ -176,8 +177,11 @@ class SamplingFields(_Strict):
     spaces_between_special_tokens: bool | None = None
     # Prefix-cache namespace (vLLM): requests share cached prefixes only with the same salt.
     cache_salt: str | None = Field(None, min_length=1)
-    # Accepted and ignored (`IGNORED`).
+    # Scheduling extensions (`SchedFields`): priority, slo_ttft_ms, slo_tpot_ms.
     priority: int | None = None
+    slo_ttft_ms: float | None = Field(None, gt=0)
+    slo_tpot_ms: float | None = Field(None, gt=0)
+    # Accepted and ignored (`IGNORED`).
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
 
@@ -276,6 +280,7 @@ class GenerateRequest(_Strict):
     mapped by `request_compat.sglang_sampling` (n, sampling_seed, skip_special_tokens, ...).
     lora_path: only null (no adapters here). cache_salt: as on the OpenAI routes.
     session_params: a turn of a session (`SessionParamsModel`; one prompt, n = 1).
+    priority, slo_ttft_ms, slo_tpot_ms: as on the OpenAI routes (`sched_options`).
     """
 
     text: str | list[str] | None = None
@@ -294,3 +299,18 @@ class GenerateRequest(_Strict):
     bootstrap_host: str | None = None
     bootstrap_port: int | None = Field(None, ge=1, le=65535)
     bootstrap_room: int | None = Field(None, ge=0, le=2**63 - 1)
+    priority: int | None = None
+    slo_ttft_ms: float | None = Field(None, gt=0)
+    slo_tpot_ms: float | None = Field(None, gt=0)
+
+
+def sched_options(req: BaseModel) -> SchedOptions:
+    """A request's scheduling extensions (same names on /v1/completions,
+    /v1/chat/completions and /generate): ``priority`` (integer, higher = admitted first
+    and retracted last; default 0) and ``slo_ttft_ms`` / ``slo_tpot_ms`` (its own SLO
+    targets, ms > 0; default: the server's --slo-ttft-ms / --slo-tpot-ms)."""
+    return SchedOptions(
+        priority=getattr(req, "priority", None) or 0,
+        slo_ttft_ms=getattr(req, "slo_ttft_ms", None),
+        slo_tpot_ms=getattr(req, "slo_tpot_ms", None),
+    )

@@ -38,7 +38,7 @@ from radixlm.errors import InvalidRequestError
 from radixlm.frontend import streaming
 from radixlm.frontend.disagg_fields import disagg_params
 from radixlm.frontend.errors import from_exception, invalid_request, log_failure, renamed
-from radixlm.frontend.protocol import GenerateRequest, check_supported
+from radixlm.frontend.protocol import GenerateRequest, check_supported, sched_options
 from radixlm.frontend.request_compat import check_lora, sglang_sampling
 from radixlm.frontend.serving_sessions import session_params
 from radixlm.runtime.sampling.logprobs import LogprobOptions
@@ -69,10 +69,18 @@ class NativeServing:
         runs = zip(prompts, params, rids)
         salt, session = req.cache_salt, session_params(req, len(prompts))
         disagg = disagg_params(req, len(prompts))
+        sched = sched_options(req)
         merged = streaming.merge(
             [
                 self.tm.generate(
-                    ids, p, rid=rid, extra_key=salt, logprobs=lp, session=session, disagg=disagg
+                    ids,
+                    p,
+                    rid=rid,
+                    extra_key=salt,
+                    logprobs=lp,
+                    session=session,
+                    disagg=disagg,
+                    sched=sched,
                 )
                 for ids, p, rid in runs
             ]

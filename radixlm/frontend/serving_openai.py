@@ -45,6 +45,7 @@ from radixlm.frontend.protocol import (
     CompletionRequest,
     SamplingFields,
     check_supported,
+    sched_options,
 )
 from radixlm.frontend.reasoning import request_reasoning
 from radixlm.frontend.request_compat import output_settings, resolve_tools, template_kwargs
@@ -66,6 +67,7 @@ from radixlm.frontend.tool_prompt import ToolSetup, template_knows_tools
 from radixlm.runtime.sampling.logprobs import LogprobOptions
 from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.finish import FinishReason
+from radixlm.runtime.sched.request import SchedOptions
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +105,7 @@ class _Job:
     fanout: Fanout = field(default_factory=Fanout)
     rids: list[str] = field(default_factory=list)
     cache_salt: str | None = None
+    sched: SchedOptions = SchedOptions()
 
 
 class OpenAIServing:
@@ -379,6 +382,7 @@ class OpenAIServing:
             logprobs,
             fanout,
             cache_salt=req.cache_salt,
+            sched=sched_options(req),
         )
         job.rids = [f"{fmt.id}-{i}" for i in range(len(job.prompts))]
         return job
@@ -388,7 +392,14 @@ class OpenAIServing:
     def _streams(self, job: _Job) -> AsyncIterator[tuple[int, dict]]:
         return merge(
             [
-                self.tm.generate(ids, p, rid=r, extra_key=job.cache_salt, logprobs=job.logprobs)
+                self.tm.generate(
+                    ids,
+                    p,
+                    rid=r,
+                    extra_key=job.cache_salt,
+                    logprobs=job.logprobs,
+                    sched=job.sched,
+                )
                 for ids, p, r in zip(job.prompts, job.params, job.rids)
             ]
         )

@@ -29,6 +29,7 @@ def gen(
     logprob_start_len: int | None = None,
     top_logprobs_num: int | None = None,
     return_text_in_logprobs: bool | None = None,
+    priority: int | None = None,
     dtype: Any = None,
     choices: list[str] | None = None,
     choices_method: ChoicesSamplingMethod | None = None,
@@ -43,7 +44,7 @@ def gen(
     `json_schema` (a JSON schema, str or dict) or `ebnf` constrain the output; `dtype`
     (int, float, bool, str) constrains it to a literal of that type by a regex (the
     variable still holds the text). With `choices`, this is `select` (temperature
-    defaults to 0).
+    defaults to 0). `priority`: this gen's scheduling priority (higher first).
 
     Raises:
         ValueError: n > 1 (use `s.fork(n)`), an unknown dtype, conflicting constraints,

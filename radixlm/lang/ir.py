@@ -59,7 +59,9 @@ class SamplingOptions:
     """Generation settings of one gen (SGLang names; `None` = inherit from the program).
 
     max_new_tokens: tokens to generate at most. stop: strings that end generation (not
-    included in the result). regex / json_schema (a JSON schema string) / ebnf: constrain
+    included in the result). priority: the request's scheduling priority (higher =
+    admitted first, retracted last; docs/slo.md); not a sampling parameter, it travels
+    as the request's own field. regex / json_schema (a JSON schema string) / ebnf: constrain
     the output; dtype (int, float, bool, str) is a shorthand for a regex.
     """
 
@@ -78,6 +80,7 @@ class SamplingOptions:
     logprob_start_len: int | None = None
     top_logprobs_num: int | None = None
     return_text_in_logprobs: bool | None = None
+    priority: int | None = None
     dtype: Any = None
     regex: str | None = None
     json_schema: str | None = None

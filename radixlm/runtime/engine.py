@@ -29,7 +29,7 @@ from radixlm.config import ServerArgs
 from radixlm.errors import EngineClosedError, InvalidRequestError
 from radixlm.runtime.sampling.logprobs import LogprobOptions, TokenLogprobs, empty_logprobs
 from radixlm.runtime.sampling.sampler import SamplingParams
-from radixlm.runtime.sched.request import Req, ReqOutput
+from radixlm.runtime.sched.request import Req, ReqOutput, SchedOptions
 from radixlm.runtime.server.detokenizer import RequestDetokenizer
 from radixlm.runtime.server.info import flush_cache, server_info
 from radixlm.runtime.server.meta_info import finish_reason_info, logprob_info
@@ -109,6 +109,9 @@ class Engine:
         logprob_start_len: int | list[int] = -1,
         top_logprobs_num: int | list[int] = 0,
         return_text_in_logprobs: bool = False,
+        priority: int | list[int] = 0,
+        slo_ttft_ms: float | None = None,
+        slo_tpot_ms: float | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate completions.
 
@@ -131,6 +134,10 @@ class Engine:
                 position (-1: none, 0: every prompt token).
             top_logprobs_num: alternatives per position (0: none).
             return_text_in_logprobs: fill the token texts of the logprob entries.
+            priority: higher is admitted first and retracted last (docs/slo.md); one
+                value or one per prompt.
+            slo_ttft_ms, slo_tpot_ms: this call's SLO targets, ms (None: the engine's
+                --slo-ttft-ms / --slo-tpot-ms; they count only with SLO scheduling on).
 
         Returns:
             For a single prompt a dict, for a batch a list of dicts, each with ``text``,
@@ -151,6 +158,8 @@ class Engine:
                 max_new_tokens beyond the KV pool. Nothing is queued when any prompt of a
                 batch is bad.
             QueueFullError: the scheduler's waiting queue is full (nothing is queued).
+            SLOUnattainableError: a TTFT target the queue cannot meet, with
+                --slo-admission reject (nothing is queued).
         """
         single, token_lists = self._prompts(prompt, input_ids)
         params = self._params(sampling_params, len(token_lists))
@@ -163,12 +172,16 @@ class Engine:
                 _per_prompt(top_logprobs_num, n, "top_logprobs_num"),
             )
         ]
+        sched = [
+            SchedOptions(priority=prio, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+            for prio in _per_prompt(priority, n, "priority")
+        ]
         for ids, p, lp in zip(token_lists, params, lps):
             self._validate(ids, p)
             lp.validate(self.config.vocab_size, len(ids))
         if stream:  # submitted on first iteration: an unused stream never runs
-            return self._stream(token_lists, params, cache_salt, lps)
-        rids = self._submit_all(token_lists, params, cache_salt, lps)
+            return self._stream(token_lists, params, cache_salt, lps, sched)
+        rids = self._submit_all(token_lists, params, cache_salt, lps, sched)
         try:
             self._run_until_done(rids)
         except BaseException:  # an interrupted or failed call leaves nothing running
@@ -374,13 +387,15 @@ class Engine:
         params: list[SamplingParams],
         cache_salt=None,
         lps: list[LogprobOptions] | None = None,
+        sched: list[SchedOptions] | None = None,
     ) -> list[str]:
         rids: list[str] = []
         lps = lps or [LogprobOptions()] * len(token_lists)
+        sched = sched or [SchedOptions()] * len(token_lists)
         try:
-            for index, (ids, p, lp) in enumerate(zip(token_lists, params, lps)):
+            for index, (ids, p, lp, so) in enumerate(zip(token_lists, params, lps, sched)):
                 rid = f"req-{next(self._rid_counter)}"
-                req = Req.new(rid, ids, p, extra_key=cache_salt, logprobs=lp)
+                req = Req.new(rid, ids, p, extra_key=cache_salt, logprobs=lp, sched=so)
                 self.scheduler.add_request(req)  # may raise QueueFullError
                 self._tracked[rid] = _Tracked(index, rid, self.tokenizer, p, lp)
                 rids.append(rid)
@@ -415,9 +430,11 @@ class Engine:
         while any(self._tracked[r].final is None for r in rids):
             self._step()
 
-    def _stream(self, token_lists, params, cache_salt=None, lps=None) -> Iterator[dict[str, Any]]:
+    def _stream(
+        self, token_lists, params, cache_salt=None, lps=None, sched=None
+    ) -> Iterator[dict[str, Any]]:
         self._check_open()
-        pending = self._submit_all(token_lists, params, cache_salt, lps)
+        pending = self._submit_all(token_lists, params, cache_salt, lps, sched)
         try:
             while pending:
                 self._check_open()

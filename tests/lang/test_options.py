@@ -42,6 +42,7 @@ def test_gen_takes_every_option_and_sets_each():
         "logprob_start_len": 1,
         "top_logprobs_num": 4,
         "return_text_in_logprobs": True,
+        "priority": 2,
         "dtype": None,
         "regex": "[ab]+",
         "json_schema": None,

@@ -133,8 +133,10 @@ class NativeBackend(Backend):
         input_ids: list[list[int]] | None = None,
         sampling_params: dict[str, Any],
         logprob: dict[str, Any] | None = None,
+        priority: int = 0,
     ) -> list[dict[str, Any]]:
-        """One batched /generate request; one result per prompt, in order.
+        """One batched /generate request; one result per prompt, in order. `priority`:
+        the requests' scheduling priority (higher first).
 
         Raises InvalidRequestError for a request the server refuses, ServerError when it
         fails.
@@ -142,7 +144,7 @@ class NativeBackend(Backend):
 
     @abstractmethod
     def request_stream(
-        self, text: str, sampling_params: dict[str, Any], on_delta: OnDelta
+        self, text: str, sampling_params: dict[str, Any], on_delta: OnDelta, priority: int = 0
     ) -> dict[str, Any]:
         """Stream one request, passing text deltas to `on_delta`; returns the result."""
 
@@ -151,10 +153,13 @@ class NativeBackend(Backend):
     ) -> tuple[str, dict[str, Any]]:
         params = options.to_sampling_params()
         logprob = options.logprob_args()
+        prio = options.priority or 0
         if on_delta is None or logprob is not None:
-            result = self.request(text=[prompt.text], sampling_params=params, logprob=logprob)[0]
+            result = self.request(
+                text=[prompt.text], sampling_params=params, logprob=logprob, priority=prio
+            )[0]
             return result["text"], result["meta_info"]
-        result = self.request_stream(prompt.text, params, on_delta)
+        result = self.request_stream(prompt.text, params, on_delta, priority=prio)
         return result["text"], result["meta_info"]
 
     def cache_prefix(self, text: str) -> int | None:

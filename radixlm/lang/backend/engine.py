@@ -66,8 +66,10 @@ class _Job:
         sampling_params: dict[str, Any],
         logprob: dict[str, Any] | None,
         on_delta: OnDelta | None,
+        priority: int = 0,
     ):
         self.prompts = prompts
+        self.priority = priority
         self.sampling_params = sampling_params
         self.logprob = logprob or {}
         self.on_delta = on_delta
@@ -133,11 +135,12 @@ class _Merged:
 
 def _start(engine, jobs: list[_Job]) -> Iterator[dict[str, Any]]:
     """engine.generate(stream=True) over all prompts of `jobs` (validated at once)."""
-    prompts, params, ret, start, top = [], [], [], [], []
+    prompts, params, ret, start, top, prio = [], [], [], [], [], []
     for job in jobs:
         for p in job.prompts:
             prompts.append(p)
             params.append(job.sampling_params)
+            prio.append(job.priority)
             ret.append(bool(job.logprob.get("return_logprob")))
             start.append(job.logprob.get("logprob_start_len", -1))
             top.append(job.logprob.get("top_logprobs_num", 0))
@@ -149,6 +152,8 @@ def _start(engine, jobs: list[_Job]) -> Iterator[dict[str, Any]]:
             "top_logprobs_num": top,
             "return_text_in_logprobs": jobs[0].text_in_logprobs,
         }
+    if any(prio):
+        kwargs["priority"] = prio
     return engine.generate(prompts, params, stream=True, **kwargs)
 
 
@@ -244,15 +249,16 @@ class EngineBackend(NativeBackend):
     def _load_chat_template(self) -> templates.ChatTemplate:
         return templates.from_tokenizer(self.engine.tokenizer)
 
-    def request(self, *, text=None, input_ids=None, sampling_params, logprob=None):
-        return self._generate(text, input_ids, sampling_params, logprob, None)
+    def request(self, *, text=None, input_ids=None, sampling_params, logprob=None, priority=0):
+        return self._generate(text, input_ids, sampling_params, logprob, None, priority)
 
-    def request_stream(self, text, sampling_params, on_delta):
-        return self._generate([text], None, sampling_params, None, on_delta)[0]
+    def request_stream(self, text, sampling_params, on_delta, priority=0):
+        return self._generate([text], None, sampling_params, None, on_delta, priority)[0]
 
-    def _generate(self, text, input_ids, sampling_params, logprob, on_delta):
+    def _generate(self, text, input_ids, sampling_params, logprob, on_delta, priority=0):
         prompts = list(text) if text is not None else [list(ids) for ids in input_ids]
-        return self._driver.generate(_Job(prompts, sampling_params, logprob, on_delta))
+        job = _Job(prompts, sampling_params, logprob, on_delta, priority)
+        return self._driver.generate(job)
 
     def engine_call(self, fn: Callable[[Any], Any]) -> Any:
         """Run `fn(engine)` on the thread that owns the engine (safe while programs run);

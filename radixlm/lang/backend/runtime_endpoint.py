@@ -80,8 +80,10 @@ class RuntimeEndpoint(NativeBackend):
     def _load_chat_template(self) -> templates.ChatTemplate:
         return templates.for_model(self.model_info.get("model_path", ""))
 
-    def request(self, *, text=None, input_ids=None, sampling_params, logprob=None):
+    def request(self, *, text=None, input_ids=None, sampling_params, logprob=None, priority=0):
         body: dict[str, Any] = {"sampling_params": sampling_params, **(logprob or {})}
+        if priority:
+            body["priority"] = priority
         if text is not None:
             body["text"] = list(text)
         if input_ids is not None:
@@ -89,8 +91,10 @@ class RuntimeEndpoint(NativeBackend):
         results = self._call("POST", "/generate", body)
         return results if isinstance(results, list) else [results]
 
-    def request_stream(self, text, sampling_params, on_delta):
+    def request_stream(self, text, sampling_params, on_delta, priority=0):
         body = {"text": text, "sampling_params": sampling_params, "stream": True}
+        if priority:
+            body["priority"] = priority
         last: dict[str, Any] = {"text": "", "output_ids": [], "meta_info": {}}
         try:
             with self._client.stream("POST", "/generate", json=body) as response:

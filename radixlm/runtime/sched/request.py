@@ -6,10 +6,25 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import msgspec
+
 from radixlm.runtime.sampling.logprobs import LogprobOptions, TokenLogprobs
 from radixlm.runtime.sampling.penalties import uses_processors
 from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.finish import FinishReason
+
+
+class SchedOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """A request's scheduling options (API extension fields of the same names).
+
+    priority: higher = more important (`priority.py`); default 0.
+    slo_ttft_ms / slo_tpot_ms: its TTFT / TPOT targets in ms, > 0 (None: the server's
+        --slo-ttft-ms / --slo-tpot-ms); they count only when SLO scheduling is on.
+    """
+
+    priority: int = 0
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
 
 
 @dataclass(eq=False)
@@ -53,6 +68,10 @@ class Req:
     queue_time: float = -1.0  # s from arrival to first admission; -1 until admitted
     spec_verify_steps: int = 0  # speculative verify steps this request took part in
     spec_emitted_tokens: int = 0  # tokens those steps emitted (accepted drafts + bonus)
+    priority: int = 0  # higher = more important: admitted first, retracted last
+    slo_ttft_ms: float | None = None  # this request's targets (None: the server's, if any)
+    slo_tpot_ms: float | None = None
+    first_token_time: float = -1.0  # s, the scheduler's clock; -1 until the first token
 
     @classmethod
     def new(
@@ -63,11 +82,14 @@ class Req:
         *,
         extra_key: Any = None,
         logprobs: LogprobOptions | None = None,
+        sched: SchedOptions | None = None,
     ) -> Req:
         """A request not yet scheduled, with its logprob settings taken from `logprobs`
-        (None: no logprobs). The one way callers (Engine, scheduler process) build a Req;
-        the scheduler fills in the rest of its state."""
+        (None: no logprobs) and its priority and SLO targets from `sched`. The one way
+        callers (Engine, scheduler process) build a Req; the scheduler fills in the rest
+        of its state."""
         lp = logprobs or LogprobOptions()
+        so = sched or SchedOptions()
         return cls(
             rid=rid,
             input_ids=input_ids,
@@ -76,6 +98,9 @@ class Req:
             return_logprob=lp.return_logprob,
             logprob_start_len=lp.logprob_start_len,
             top_logprobs_num=lp.top_logprobs_num,
+            priority=so.priority,
+            slo_ttft_ms=so.slo_ttft_ms,
+            slo_tpot_ms=so.slo_tpot_ms,
         )
 
     @property

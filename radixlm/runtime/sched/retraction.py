@@ -8,9 +8,9 @@ scheduler.py: init 0.7 scaled by ``--schedule-conservativeness``, floor 0.14 x i
 linear decay to the floor over 600 decode steps).
 
 When a decode step still lacks KV slots, the scheduler retracts running requests in
-`retraction_order` until the others fit: fewest generated tokens first (least decode
-work lost), then longest prompt (most slots freed) -- SGLang's
-``ScheduleBatch.retract_decode`` order.
+`retraction_order` until the others fit: lowest priority first (`priority.py`), then
+fewest generated tokens (least decode work lost), then longest prompt (most slots freed)
+-- SGLang's ``ScheduleBatch.retract_decode`` order within one priority.
 """
 
 from __future__ import annotations
@@ -64,5 +64,6 @@ class NewTokenRatio:
 
 
 def retraction_order(candidates: Sequence[Any]) -> list[Any]:
-    """Requests in the order to retract them: fewest output tokens, then longest prompt."""
-    return sorted(candidates, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
+    """Requests in the order to retract them: lowest priority, then fewest output tokens,
+    then longest prompt."""
+    return sorted(candidates, key=lambda r: (r.priority, len(r.output_ids), -len(r.input_ids)))

@@ -19,6 +19,11 @@ Each `step()` runs one iteration (Orca-style iteration-level batching, Yu et al.
   and on resume they prefill prompt + generated tokens (mostly cache hits) and report
   only new tokens.
 
+With ``--slo-ttft-ms`` / ``--slo-tpot-ms`` the prefill budget of each step and the
+admission order come from `SLOController` (`runtime/sched/slo.py`, docs/slo.md) instead of
+``--chunked-prefill-size`` and the policy alone; priorities (`priority.py`) order
+admission and retraction in every mode.
+
 KV ownership (rows, slots, cache insertion, reservations) is kept by `KVLedger`
 (`runtime/sched/kv_ledger.py`); `memory_accounting()` checks free + evictable + protected +
 held == total.
@@ -35,7 +40,7 @@ from concurrent.futures import Future
 from radixlm.config import ServerArgs
 from radixlm.errors import QueueFullError, RequestTooLargeError
 from radixlm.radix import make_prefix_cache
-from radixlm.radix.policy import make_policy
+from radixlm.radix.policy import make_policy, match_len
 from radixlm.runtime.executor.kv_tier import make_kv_tier
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.sampling.grammar import GrammarBackend, GrammarCompiler
@@ -54,9 +59,11 @@ from radixlm.runtime.sched.finish import FinishReason
 from radixlm.runtime.sched.forward_step import ForwardStep
 from radixlm.runtime.sched.kv_ledger import KVLedger
 from radixlm.runtime.sched.pins import PinTable
+from radixlm.runtime.sched.priority import by_priority
 from radixlm.runtime.sched.request import Req, ReqOutput
 from radixlm.runtime.sched.retraction import NewTokenRatio, retraction_order
 from radixlm.runtime.sched.sessions import SessionManager, SessionParams
+from radixlm.runtime.sched.slo import SLOController
 from radixlm.runtime.sched.stats import SchedulerCounters, format_stats
 from radixlm.runtime.sched.stop import StopChecker
 
@@ -72,6 +79,8 @@ class Scheduler:
         tokenizer: decodes output tails for stop strings (requests with `stop` need it).
         decoder: the decode strategy (`runtime/sched/decode.py`); default `NormalDecode`.
             A speculative one is built by `runtime/server/stack.py::build_stack`.
+        clock: seconds for step times, first tokens and SLO deadlines (a test steps its
+            own); requests' `arrival_time` must be on the same clock.
 
     Raises ValueError when args name a speculative algorithm but no decoder is given
     (the scheduler cannot build one itself).
@@ -84,6 +93,7 @@ class Scheduler:
         eos_token_ids: list[int],
         tokenizer=None,
         decoder: DecodeStrategy | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         if decoder is None and args.speculative_algorithm is not None:
             raise ValueError(
@@ -137,6 +147,10 @@ class Scheduler:
         self.on_finished: Callable[[Req], None] | None = None
         size = args.chunked_prefill_size
         self.step_prefill_tokens = min(size, args.max_prefill_tokens) if size > 0 else None
+        self.clock = clock
+        self.slo: SLOController | None = None
+        if SLOController.enabled(args):
+            self.slo = SLOController(args, self.page_size, self._extend_of)
 
     # ---- queue management -------------------------------------------------------------
 
@@ -152,6 +166,8 @@ class Scheduler:
             RequestTooLargeError: prompt + max_new_tokens can never fit the KV pool or
                 the context (HTTP 400).
             QueueFullError: the waiting queue already holds max_queued_requests (HTTP 503).
+            SLOUnattainableError: its TTFT target cannot be met behind the queue and
+                --slo-admission is reject (HTTP 429).
         """
         if session is not None:
             req.input_ids = self.sessions.compose(req.rid, session, req.input_ids)
@@ -165,6 +181,8 @@ class Scheduler:
             raise QueueFullError(
                 f"waiting queue is full ({self.args.max_queued_requests} requests); retry later"
             )
+        if self.slo is not None:
+            self.slo.admit(req, self.waiting, self._chunk_left(), self.running)
         job = self.grammars.start(req)  # None: ready; InvalidRequestError: failed before
         seed = req.params.seed
         if seed is None:  # reproducible per engine: drawn in arrival order
@@ -182,6 +200,15 @@ class Scheduler:
         burst that the next step admits at once is not refused as a full queue."""
         busy = len(self.running) + (self.chunked is not None)
         return self.args.max_queued_requests + max(self.args.max_running_requests - busy, 0)
+
+    def _extend_of(self, req: Req) -> int:
+        """Prompt tokens a waiting request would compute now (its uncached suffix)."""
+        return req.seq_len - match_len(self.tree, req)
+
+    def _chunk_left(self) -> int:
+        """Prompt tokens the request mid-chunk has still to compute (0: none)."""
+        c = self.chunked
+        return 0 if c is None else c.seq_len - c.kv_len
 
     def check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         """Raise RequestTooLargeError unless the prompt fits the context and prompt +
@@ -248,13 +275,20 @@ class Scheduler:
         if self.compiling:
             self._admit_compiled()
         plan = [] if prefer_decode else self._plan_extend()
+        start = self.clock()
         if plan:
-            outputs = self._extend(plan, list(self.running) if mixed else [])
+            decodes = list(self.running) if mixed else []
+            outputs = self._extend(plan, decodes)
+            shape = (sum(n for _, n in plan), len(decodes))
         elif self.running:
             self._make_room_for_decode()
+            shape = (0, len(self.running))
             outputs = self._decode(list(self.running))
         else:
             outputs, self._pending = self._pending, []
+            shape = None
+        if self.slo is not None and shape is not None:
+            self.slo.observe(*shape, self.clock() - start)
         self._last_extend = bool(plan)
         return outputs
 
@@ -266,6 +300,8 @@ class Scheduler:
         if self.args.enable_mixed_chunk and self.running:
             self._make_room_for_decode()  # the decodes ride along in this extend step
         rem = self.step_prefill_tokens or self.args.max_prefill_tokens
+        if self.slo is not None:
+            rem = self.slo.choose_budget(self.running, self.clock())
         c = self.chunked
         if c is not None:
             chunk = self.kv.pages(c.kv_len, min(c.seq_len - c.kv_len, rem)) * self.page_size
@@ -279,14 +315,18 @@ class Scheduler:
             self.page_size,
             rem,
             budget,
-            chunking=self.step_prefill_tokens is not None,
+            chunking=self.step_prefill_tokens is not None or self.slo is not None,
         )
         if self.chunked is not None and not adder.add_chunked(self.chunked):
             return adder.plan
         self.chunked = None
         if not can_admit:
             return adder.plan
-        for req in self.policy.order(self.waiting):
+        order = by_priority(self.policy.order(self.waiting))
+        if self.slo is not None:
+            ahead = sum(n for _, n in adder.plan)
+            order = self.slo.order(order, self.clock(), rem, len(self.running), ahead)
+        for req in order:
             if self.req_pool.available() == 0:
                 break
             added, match = adder.try_add(req, self.kv.estimate(req))
@@ -407,10 +447,13 @@ class Scheduler:
         then one output per stepped request; finished requests leave `running` (their KV
         goes to the cache), the others run on (stepped ones after the rest)."""
         outputs, self._pending = self._pending, []
+        now = self.clock()
         still_running = [r for r in self.running if r not in result.reqs]
         for req, ids, reason, lp in zip(
             result.reqs, result.new_ids, result.reasons, result.logprobs
         ):
+            if ids and req.first_token_time < 0:
+                req.first_token_time = now
             if reason is None:
                 still_running.append(req)
                 outputs.append(req.step_output(ids, lp))
@@ -432,6 +475,8 @@ class Scheduler:
         if reason is FinishReason.ABORT:
             self.counters.aborted += 1
             self._pending.append(out)
+        elif self.slo is not None:
+            self.slo.on_finish(req, self.clock())
         return out
 
     def add_prefilled(self, req: Req, first_token: int) -> None:
@@ -467,6 +512,7 @@ class Scheduler:
             **self.counters.as_dict(),
             **self.tree.tier_stats(),
             **self.decoder.stats(),
+            **(self.slo.stats() if self.slo is not None else {}),
             **mem,
         }
 

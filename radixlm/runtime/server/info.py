@@ -34,7 +34,8 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
     `sessions`: open sessions, pins (sessions and stored responses), pinned tokens, the
     pin budget and the pins released over it (`SessionManager.info`). `hicache` (None
     without ``--hicache-tier``): the second KV tier's capacity, usage and traffic
-    (`HiRadixCache.tier_stats`; docs/hicache.md).
+    (`HiRadixCache.tier_stats`; docs/hicache.md). `slo` (None without --slo-ttft-ms /
+    --slo-tpot-ms): `slo_info`.
     Tensor parallelism: `tp_size` ranks; `kv_bytes_per_token`, `weights_bytes` and
     `kv_budget_bytes` are one rank's (each holds its own KV heads and weight shard),
     `kv_bytes_per_token_all_ranks` their sum, and `max_total_tokens` the group's token
@@ -65,6 +66,22 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
         "sessions": scheduler.sessions.info(),
         "moe": runner.expert_stats.report(),
         "hicache": scheduler.tree.tier_stats() or None,
+        "slo": slo_info(scheduler),
+    }
+
+
+def slo_info(scheduler: Scheduler) -> dict[str, Any] | None:
+    """SLO scheduling (None when off): the targets, the fitted step-time model next to its
+    prior (the planner's roofline fit, `--slo-step-prior`), and the goodput counters."""
+    slo = scheduler.slo
+    if slo is None:
+        return None
+    return {
+        "ttft_ms": slo.ttft_ms,
+        "tpot_ms": slo.tpot_ms,
+        "admission": "reject" if slo.reject else "queue",
+        "step_model": slo.model.describe(),
+        **slo.stats(),
     }
 
 

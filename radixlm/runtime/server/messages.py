@@ -24,10 +24,12 @@ from radixlm.errors import (
     RadixLMError,
     RequestTooLargeError,
     ServerError,
+    SLOUnattainableError,
 )
 from radixlm.runtime.sampling.logprobs import LogprobOptions, TokenLogprobs
 from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.finish import FinishReason
+from radixlm.runtime.sched.request import SchedOptions
 from radixlm.runtime.sched.sessions import SessionParams
 
 
@@ -58,6 +60,7 @@ class GenerateReq(msgspec.Struct, tag="generate", kw_only=True):
         Responses API response) until an `UnpinReq` or --session-timeout.
     disagg: the bootstrap fields of a prefill/decode disaggregated request (None: run
         here from prompt to end).
+    sched: priority and SLO targets (`SchedOptions`).
     """
 
     rid: str
@@ -68,6 +71,7 @@ class GenerateReq(msgspec.Struct, tag="generate", kw_only=True):
     session: SessionParams | None = None
     pin_key: str | None = None
     disagg: DisaggParams | None = None
+    sched: SchedOptions = SchedOptions()
 
 
 class AbortReq(msgspec.Struct, tag="abort"):
@@ -128,11 +132,14 @@ _REFUSALS: dict[str, type[RadixLMError]] = {
     "invalid_request": InvalidRequestError,
     "request_too_large": RequestTooLargeError,
     "queue_full": QueueFullError,
+    "slo_unattainable": SLOUnattainableError,
     "server_error": ServerError,
 }
 _REFUSAL_NAMES = {cls: name for name, cls in _REFUSALS.items()}
 
-RefusalKind = Literal["invalid_request", "request_too_large", "queue_full", "server_error"]
+RefusalKind = Literal[
+    "invalid_request", "request_too_large", "queue_full", "slo_unattainable", "server_error"
+]
 
 
 class ReqError(msgspec.Struct, tag="req_error", kw_only=True):
@@ -140,7 +147,8 @@ class ReqError(msgspec.Struct, tag="req_error", kw_only=True):
 
     kind: the error's type (a `_REFUSALS` name; a radixlm error of another type travels
     as "server_error"). message: its text. param, code: an InvalidRequestError's fields
-    (runtime field names, OpenAI codes), else None.
+    (runtime field names, OpenAI codes), else None. retry_after_s: an
+    SLOUnattainableError's, else None.
     """
 
     rid: str
@@ -148,6 +156,7 @@ class ReqError(msgspec.Struct, tag="req_error", kw_only=True):
     message: str
     param: str | None = None
     code: str | None = None
+    retry_after_s: float | None = None
 
     @classmethod
     def of(cls, rid: str, exc: RadixLMError) -> ReqError:
@@ -157,6 +166,8 @@ class ReqError(msgspec.Struct, tag="req_error", kw_only=True):
         )
         if isinstance(exc, InvalidRequestError):
             return cls(rid=rid, kind=kind, message=str(exc), param=exc.param, code=exc.code)
+        if isinstance(exc, SLOUnattainableError):
+            return cls(rid=rid, kind=kind, message=str(exc), retry_after_s=exc.retry_after_s)
         return cls(rid=rid, kind=kind, message=str(exc))
 
     def error(self) -> RadixLMError:
@@ -164,6 +175,8 @@ class ReqError(msgspec.Struct, tag="req_error", kw_only=True):
         err_type = _REFUSALS[self.kind]
         if issubclass(err_type, InvalidRequestError):
             return err_type(self.message, param=self.param, code=self.code)
+        if issubclass(err_type, SLOUnattainableError):
+            return err_type(self.message, retry_after_s=self.retry_after_s or 1.0)
         return err_type(self.message)
 
 

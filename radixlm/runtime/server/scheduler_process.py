@@ -197,6 +197,7 @@ class SchedulerLoop:
                     msg.params,
                     extra_key=msg.extra_key,
                     logprobs=msg.logprobs,
+                    sched=msg.sched,
                 )
                 self.scheduler.add_request(req, msg.session, msg.pin_key)
         except RadixLMError as e:  # refused (queue full, too large, bad grammar)

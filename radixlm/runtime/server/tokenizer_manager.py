@@ -36,6 +36,7 @@ from radixlm.errors import (
 from radixlm.runtime.sampling.grammar import GrammarCompiler
 from radixlm.runtime.sampling.logprobs import LogprobOptions
 from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.sched.request import SchedOptions
 from radixlm.runtime.sched.sessions import SessionParams
 from radixlm.runtime.server.dispatcher import make_policy
 from radixlm.runtime.server.heartbeat import Liveness, scheduler_name
@@ -224,12 +225,14 @@ class TokenizerManager:
         session: SessionParams | None = None,
         pin_key: str | None = None,
         disagg: DisaggParams | None = None,
+        sched: SchedOptions | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Run one request; yield its chunks as they arrive. With `session` it is a turn
         of that session (the scheduler prepends the continued turn's sequence); with
         `pin_key` its finished sequence stays pinned in the cache until `unpin(pin_key)`;
         with `disagg` it is one half of a prefill/decode disaggregated request
         (runtime/disagg/).
+        `sched`: its priority and SLO targets (None: defaults).
 
         Each chunk: ``rid``, ``text`` (new text), ``output_ids`` (new token ids),
         ``finish_reason`` (None or a `FinishReason`), ``matched_stop``, and
@@ -264,6 +267,7 @@ class TokenizerManager:
                 session=session,
                 pin_key=pin_key,
                 disagg=disagg,
+                sched=sched or SchedOptions(),
             )
         )
         state = self._states[rid] = _ReqState()
