@@ -5,10 +5,13 @@ from `tests/tiny_models.py` (Mixtral, Qwen2-MoE with its shared expert, Qwen3-Mo
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from radixlm import Engine
+from radixlm.plan.cli import main as plan_main
 from tests.runtime.conftest import hf_greedy
 from tests.tiny_models import save_family_model
 
@@ -33,8 +36,20 @@ def _logprobs(engine, ids) -> list[float]:
     ]
 
 
+def _assert_plan_agrees(path: str, info: dict, capsys) -> None:
+    """`radixlm plan capacity --tp 2` over the engine's per-rank KV budget predicts its
+    per-rank KV bytes per token (the whole latent) and its token capacity."""
+    argv = ["capacity", "--model", path, "--kv-dtype", "fp32", "--page-size", "1"]
+    argv += ["--kv-budget-bytes", str(info["kv_budget_bytes"]), "--tp", "2", "--json"]
+    capsys.readouterr()
+    assert plan_main(argv) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert row["kv_bytes_per_token_per_gpu"] == info["kv_bytes_per_token"]
+    assert row["max_tokens"] == info["max_total_tokens"]
+
+
 @pytest.mark.parametrize("family", FAMILIES)
-def test_tp2_equals_tp1_and_transformers(family, tmp_path, hf_dir):
+def test_tp2_equals_tp1_and_transformers(family, tmp_path, hf_dir, capsys):
     model = save_family_model(family, tmp_path, hf_dir)
     refs = hf_greedy(model, PROMPTS, NEW, eos_token_id=None)
     with Engine(str(tmp_path), **ENGINE) as one:
@@ -46,6 +61,7 @@ def test_tp2_equals_tp1_and_transformers(family, tmp_path, hf_dir):
         if family.startswith("deepseek"):
             assert info["kv_bytes_per_token"] == kv_one
             assert e.runner.model.model.layers[0].self_attn.num_heads == 2
+            _assert_plan_agrees(str(tmp_path), info, capsys)
         first = e.generate(input_ids=PROMPTS[0], sampling_params=_greedy())
         assert first["output_ids"] == refs[0]
         hit = e.generate(input_ids=PROMPTS[1], sampling_params=_greedy())
