@@ -118,6 +118,11 @@ class ServerArgs:
         "NCCL on CUDA, one GPU each), each holding 1/N of the attention heads, MLP columns "
         "and vocabulary; rank 0 schedules (docs/parallelism.md)",
     )
+    ep_size: int = _opt(
+        1,
+        "expert parallelism for MoE models: 1 (every expert split over the --tp-size ranks) "
+        "or --tp-size (each rank holds num_experts / N whole routed experts)",
+    )
     nnodes: int = _opt(
         1,
         "machines the --tp-size ranks span (each runs tp_size / nnodes of them; node 0 serves "
@@ -391,6 +396,10 @@ class ServerArgs:
         if self.tp_size < 1:
             raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
         self._check_nodes()
+        if self.ep_size not in (1, self.tp_size):
+            raise ValueError(
+                f"--ep-size must be 1 or --tp-size ({self.tp_size}), got {self.ep_size}"
+            )
         if self.tp_size > 1 and self.dp_size > 1:
             raise ValueError(
                 "--tp-size and --dp-size cannot be combined: run data-parallel replicas of a "

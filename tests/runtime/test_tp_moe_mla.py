@@ -74,3 +74,34 @@ def test_tp2_equals_tp1_and_transformers(family, tmp_path, hf_dir, capsys):
     want = [float(ref[k - 1, full[k]]) for k in range(1, len(full))]
     assert lp_tp == pytest.approx(lp_one, abs=1e-4)
     assert lp_tp == pytest.approx(want, abs=1e-4)
+
+
+@pytest.mark.parametrize("family", ["qwen2-moe", "deepseek-v3"])
+def test_expert_parallel_equals_transformers(family, tmp_path, hf_dir):
+    """--ep-size 2: each rank holds half the routed experts whole (the shared expert
+    split); tokens and logprobs equal transformers'."""
+    model = save_family_model(family, tmp_path, hf_dir)
+    refs = hf_greedy(model, PROMPTS, NEW, eos_token_id=None)
+    with Engine(str(tmp_path), tp_size=2, ep_size=2, **ENGINE) as e:
+        block = e.runner.model.model.layers[-1].mlp
+        assert block.grouped_experts.w13.shape[0] == block.opts.num_experts // 2
+        outs = e.generate(input_ids=PROMPTS, sampling_params=_greedy())
+        assert [o["output_ids"] for o in outs] == refs
+        lp = _logprobs(e, PROMPTS[0])
+    full = PROMPTS[0] + refs[0][:3]
+    with torch.inference_mode():
+        ref = torch.log_softmax(model(torch.tensor([full])).logits[0].float(), -1)
+    assert lp == pytest.approx([float(ref[k - 1, full[k]]) for k in range(1, len(full))], abs=1e-4)
+
+
+def test_expert_parallel_refusals(tmp_path, hf_dir):
+    from radixlm.config import ServerArgs
+    from radixlm.runtime.server.tp_ranks import check_args
+    from tests.tiny_models import tiny_config
+
+    with pytest.raises(ValueError, match="--ep-size must be 1 or --tp-size"):
+        ServerArgs(tp_size=2, ep_size=4)
+    with pytest.raises(ValueError, match="needs a mixture-of-experts model"):
+        check_args(ServerArgs(tp_size=2, ep_size=2), tiny_config("llama"))
+    with pytest.raises(ValueError, match="this model has 3"):
+        check_args(ServerArgs(tp_size=2, ep_size=2), tiny_config("qwen3-moe", num_experts=3))

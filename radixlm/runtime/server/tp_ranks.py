@@ -61,6 +61,12 @@ def check_args(args: ServerArgs, config) -> None:
     check_tensor_parallel(config, n)
     if n == 1:
         return
+    experts = next((getattr(config, f, None) for f in _EXPERTS if getattr(config, f, None)), 0)
+    if args.ep_size > 1 and (not experts or experts % n):
+        raise ValueError(
+            f"--ep-size {args.ep_size} needs a mixture-of-experts model whose routed experts "
+            f"divide by it (this model has {experts})"
+        )
     device = resolve_device(args.device)
     local = n // args.nnodes
     if device.startswith("cuda") and local > torch.cuda.device_count():
@@ -79,6 +85,7 @@ def check_args(args: ServerArgs, config) -> None:
 #: step broadcast's tables), compared at the rendezvous with the model's config.
 _SHARED_ARGS = (
     "tp_size",
+    "ep_size",
     "nnodes",
     "dtype",
     "kv_cache_dtype",
@@ -89,6 +96,9 @@ _SHARED_ARGS = (
     "max_total_tokens",
     "mem_fraction",
 )
+
+
+_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
 def node_settings(args: ServerArgs, config) -> dict:

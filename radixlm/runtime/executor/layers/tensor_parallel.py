@@ -141,9 +141,11 @@ class TensorParallelLayers(TorchLayers):
     `check_tensor_parallel` for a config it cannot split, ValueError for a projection it
     does not know how to split."""
 
-    def __init__(self, group: TPGroup, config):
+    def __init__(self, group: TPGroup, config, expert_parallel: bool = False):
         check_tensor_parallel(config, group.size)
         self.group = group
+        #: Place whole routed experts on the ranks instead of splitting each (`--ep-size`).
+        self.expert_parallel = expert_parallel
         n, r = group.size, group.rank
         kv = self.kv_total = config.num_key_value_heads
         #: This rank's KV heads: [kv_start, kv_start + kv_heads) of the model's.
@@ -185,7 +187,7 @@ class TensorParallelLayers(TorchLayers):
         return self.group.rank * count, count
 
     def moe(self, opts: MoEOptions, prefix: str) -> nn.Module:
-        return TensorParallelMoeBlock(self.group, opts, prefix)
+        return TensorParallelMoeBlock(self.group, opts, prefix, self.expert_parallel)
 
     def attention(self, config, layer_id: int, opts: AttentionOptions, prefix: str) -> nn.Module:
         attn = super().attention(config, layer_id, opts, prefix)
