@@ -133,6 +133,27 @@ class ServerArgs:
         "NCCL on CUDA, one GPU each), each holding 1/N of the attention heads, MLP columns "
         "and vocabulary; rank 0 schedules (docs/parallelism.md)",
     )
+    ep_size: int = _opt(
+        1,
+        "expert parallelism for MoE models: 1 (every expert split over the --tp-size ranks) "
+        "or --tp-size (each rank holds num_experts / N whole routed experts)",
+    )
+    nnodes: int = _opt(
+        1,
+        "machines the --tp-size ranks span (each runs tp_size / nnodes of them; node 0 serves "
+        "HTTP and schedules)",
+    )
+    node_rank: int = _opt(
+        0, "this machine's node index in [0, nnodes): node r runs ranks r * tp_size / nnodes.."
+    )
+    dist_init_addr: str | None = _opt(
+        None,
+        "HOST:PORT where the ranks meet (node 0's address, the same on every node; needed "
+        "with --nnodes > 1; default a free loopback port)",
+    )
+    dist_timeout: float = _opt(
+        120.0, "seconds to wait for every rank to reach --dist-init-addr and join the group"
+    )
     page_size: int = _opt(1, "tokens per KV page (a power of two)")
     max_total_tokens: int | None = _opt(
         None, "KV pool size in tokens (none: sized from --mem-fraction)"
@@ -394,6 +415,24 @@ class ServerArgs:
         choices=["none", "deepseek-r1", "qwen3"],
     )
 
+    def _check_nodes(self) -> None:
+        """Raise ValueError for a multi-node layout that cannot run."""
+        n = self.nnodes
+        if n < 1 or not 0 <= self.node_rank < n:
+            raise ValueError(
+                f"need nnodes >= 1 and 0 <= node_rank < nnodes, got {n}, {self.node_rank}"
+            )
+        if self.tp_size % n:
+            raise ValueError(f"--nnodes {n} does not divide --tp-size {self.tp_size}")
+        if n > 1 and self.dist_init_addr is None:
+            raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address)")
+        if self.dist_init_addr is not None:
+            host, _, port = self.dist_init_addr.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"--dist-init-addr must be HOST:PORT, got {self.dist_init_addr!r}")
+        if self.dist_timeout <= 0:
+            raise ValueError(f"dist_timeout must be > 0, got {self.dist_timeout}")
+
     def __post_init__(self) -> None:
         """Check types and ranges. Raises ValueError with the field name and allowed values."""
         for f in dataclasses.fields(self):
@@ -411,6 +450,11 @@ class ServerArgs:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.tp_size < 1:
             raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+        self._check_nodes()
+        if self.ep_size not in (1, self.tp_size):
+            raise ValueError(
+                f"--ep-size must be 1 or --tp-size ({self.tp_size}), got {self.ep_size}"
+            )
         if self.tp_size > 1 and self.dp_size > 1:
             raise ValueError(
                 "--tp-size and --dp-size cannot be combined: run data-parallel replicas of a "

@@ -40,6 +40,8 @@ def launch_server(args: ServerArgs) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s"
     )
+    if args.node_rank > 0:
+        return _run_other_node(args)
     signals = Signals()
     signals.install()
     children: list[ChildProcess] = []
@@ -62,6 +64,20 @@ def launch_server(args: ServerArgs) -> int:
             child.stop()
         if ipc is not None:
             ipc.remove()
+
+
+def _run_other_node(args: ServerArgs) -> int:
+    """A node other than node 0 of a multi-node launch: its ranks only, no HTTP
+    (`runtime.server.tp_node`)."""
+    from radixlm.runtime.server.tp_node import run_node
+
+    try:
+        return run_node(args)
+    except (RadixLMError, ValueError) as e:
+        logger.error("node %d start-up failed: %s", args.node_rank, e)
+        return 1
+    except KeyboardInterrupt:
+        return 0
 
 
 def _serve(args, ipc, facts, tokenizer, children: list[ChildProcess], signals: Signals) -> int:

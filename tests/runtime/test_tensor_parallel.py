@@ -172,8 +172,8 @@ def test_refuses_a_split_that_does_not_divide():
         check_tensor_parallel(tiny_config("llama", **gqa), 4)
     with pytest.raises(ValueError, match="intermediate_size 130"):
         check_tensor_parallel(tiny_config("llama", intermediate_size=130), 4)
-    with pytest.raises(UnsupportedModelError, match="not split by tensor parallelism yet"):
-        check_tensor_parallel(tiny_config("qwen2-moe"), 2)
+    with pytest.raises(ValueError, match="moe_intermediate_size 33"):
+        check_tensor_parallel(tiny_config("qwen3-moe", moe_intermediate_size=33), 2)
     with pytest.raises(ValueError, match="tp_size must be >= 1"):
         ServerArgs(tp_size=0)
 

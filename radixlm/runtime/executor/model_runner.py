@@ -172,7 +172,7 @@ class ModelRunner:
         if self.tp is not None:
             if self.args.weight_format == "gguf":
                 raise ValueError("--weight-format gguf does not run with --tp-size > 1")
-            return TensorParallelLayers(self.tp, self.config)
+            return TensorParallelLayers(self.tp, self.config, self.args.ep_size > 1)
         if self.device != "cpu":
             if self.args.weight_format == "gguf":
                 raise ValueError("--weight-format gguf runs on CPU only (radixlm's CPU kernels)")

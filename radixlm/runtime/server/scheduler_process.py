@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
+import threading
 import time
 
 import zmq
@@ -87,9 +89,10 @@ class SchedulerLoop:
         """This loop's liveness report (called from the heartbeat thread)."""
         return Heartbeat(self.name, self.steps, time.monotonic() - self.turn_start)
 
-    def run_forever(self) -> None:
-        """Serve until the process is killed."""
-        while True:
+    def run_forever(self, stop: threading.Event | None = None) -> None:
+        """Serve until the process is killed, or until `stop` is set (checked between
+        steps)."""
+        while stop is None or not stop.is_set():
             self.run_once()
 
     def run_once(self) -> None:
@@ -288,7 +291,13 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcPaths, status_conn, rank: in
         stack = build_stack(args, on_rank_failure=fail)
         loop = SchedulerLoop(args, stack, recv, send, name)
         HeartbeatThread(ctx, ipc.detokenizer, loop.heartbeat).start()
+        stop = threading.Event()
+        if stack.ranks is not None:
+            # SIGTERM ends the loop between steps, so that every rank (other nodes' too)
+            # takes the shutdown step and leaves cleanly.
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
         ready(model_facts(stack))
-        loop.run_forever()
+        loop.run_forever(stop)
+        stack.close()
 
     run_child(name, args.log_level, status_conn, body)

@@ -17,6 +17,8 @@ and a broken collective ends their step loop), so none is orphaned.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -59,16 +61,73 @@ def check_args(args: ServerArgs, config) -> None:
     check_tensor_parallel(config, n)
     if n == 1:
         return
-    device = resolve_device(args.device)
-    if device.startswith("cuda") and n > torch.cuda.device_count():
+    experts = next((getattr(config, f, None) for f in _EXPERTS if getattr(config, f, None)), 0)
+    if args.ep_size > 1 and (not experts or experts % n):
         raise ValueError(
-            f"--tp-size {n} needs {n} GPUs (one per rank); {torch.cuda.device_count()} visible"
+            f"--ep-size {args.ep_size} needs a mixture-of-experts model whose routed experts "
+            f"divide by it (this model has {experts})"
+        )
+    device = resolve_device(args.device)
+    local = n // args.nnodes
+    if device.startswith("cuda") and local > torch.cuda.device_count():
+        raise ValueError(
+            f"--tp-size {n} needs {local} GPUs on each of {args.nnodes} node(s) (one per "
+            f"rank); {torch.cuda.device_count()} visible"
         )
     if args.speculative_algorithm not in (None, "ngram"):
         raise UnsupportedModelError(
             f"--speculative-algorithm {args.speculative_algorithm} does not run with "
             "--tp-size > 1 (n-gram speculation does)"
         )
+
+
+#: ServerArgs fields every node must share (they shape the shards, the KV pool and the
+#: step broadcast's tables), compared at the rendezvous with the model's config.
+_SHARED_ARGS = (
+    "tp_size",
+    "ep_size",
+    "nnodes",
+    "dtype",
+    "kv_cache_dtype",
+    "weight_format",
+    "page_size",
+    "max_running_requests",
+    "context_length",
+    "max_total_tokens",
+    "mem_fraction",
+)
+
+
+_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def node_settings(args: ServerArgs, config) -> dict:
+    """What every rank must agree on (`init_group`'s settings): `_SHARED_ARGS` and a
+    digest of the model's config (its fields, without paths and versions)."""
+    fields = {
+        k: v
+        for k, v in config.to_dict().items()
+        if not k.startswith("_") and k not in ("name_or_path", "transformers_version")
+    }
+    text = json.dumps(fields, sort_keys=True, default=str)
+    out = {k: getattr(args, k) for k in _SHARED_ARGS}
+    out["model config"] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return out
+
+
+def rendezvous(args: ServerArgs) -> tuple[str, int]:
+    """(host, port) where the ranks meet: --dist-init-addr, else a free loopback port."""
+    if args.dist_init_addr is None:
+        return _ADDR, free_port(_ADDR)
+    host, _, port = args.dist_init_addr.rpartition(":")
+    return host, int(port)
+
+
+def node_ranks(args: ServerArgs) -> range:
+    """The global ranks this node runs: tp_size / nnodes consecutive ones from
+    node_rank * tp_size / nnodes."""
+    per = args.tp_size // args.nnodes
+    return range(args.node_rank * per, (args.node_rank + 1) * per)
 
 
 class TensorParallelRanks:
@@ -78,34 +137,25 @@ class TensorParallelRanks:
         group: this process's `TPGroup` (rank 0).
     """
 
-    def __init__(self, args: ServerArgs):
+    def __init__(self, args: ServerArgs, config):
         self.args = args
+        self.config = config
         self._on_failure: Callable[[str], None] | None = None
         self._failed: str | None = None
         self._stopping = threading.Event()
-        port = free_port(_ADDR)
-        ctx = mp.get_context("spawn")
-        self._ranks: list[tuple[int, object, object]] = []
-        for rank in range(1, args.tp_size):
-            conn, child = ctx.Pipe(duplex=False)
-            proc = ctx.Process(
-                target=run_rank, args=(args, rank, port, child), name=f"tp-rank-{rank}"
-            )
-            proc.daemon = True
-            proc.start()
-            child.close()
-            self._ranks.append((rank, proc, conn))
+        addr, port = rendezvous(args)
+        self._ranks = spawn_ranks(args, node_ranks(args)[1:], addr, port)
         self._watch = threading.Thread(target=self._watchdog, name="tp-watchdog", daemon=True)
         self._watch.start()
         try:
-            self.group = self._join(resolve_device(args.device), port)
+            self.group = self._join(resolve_device(args.device), addr, port)
         except BaseException:
             self._stopping.set()
             self._kill_all()
             raise
         self.group.failure = self.failure
 
-    def _join(self, device: str, port: int) -> TPGroup:
+    def _join(self, device: str, addr: str, port: int) -> TPGroup:
         """Join the group as rank 0. The join blocks until every rank has joined, so it
         runs on a helper thread while this one watches for a rank that died first (then
         RankFailedError names it)."""
@@ -113,7 +163,18 @@ class TensorParallelRanks:
 
         def join() -> None:
             try:
-                joined.append(init_group(0, self.args.tp_size, device, _ADDR, port))
+                settings = node_settings(self.args, self.config)
+                joined.append(
+                    init_group(
+                        0,
+                        self.args.tp_size,
+                        device,
+                        addr,
+                        port,
+                        settings=settings,
+                        timeout_s=self.args.dist_timeout,
+                    )
+                )
             except RankFailedError as exc:
                 joined.append(exc)
 
@@ -131,7 +192,7 @@ class TensorParallelRanks:
     def start(cls, args: ServerArgs, config) -> TensorParallelRanks:
         """Check the settings (`check_args`), start ranks 1..N-1 and join the group."""
         check_args(args, config)
-        return cls(args)
+        return cls(args, config)
 
     def set_on_failure(self, on_failure: Callable[[str], None] | None) -> None:
         """Call `on_failure(message)` from the watchdog when a rank dies from now on."""
@@ -214,15 +275,43 @@ class TensorParallelRanks:
         destroy_group()
 
 
-def run_rank(args: ServerArgs, rank: int, port: int, status_conn) -> None:
-    """Entry point of rank `rank` > 0 (multiprocessing target): join the group, build this
-    rank's shard, report ready, replay rank 0's steps until the shutdown step."""
+def spawn_ranks(args: ServerArgs, ranks: range, addr: str, port: int) -> list[tuple]:
+    """Start `run_rank` processes for `ranks` (spawn context, daemonic): a list of (rank,
+    process, the read end of its status pipe)."""
+    ctx = mp.get_context("spawn")
+    out = []
+    for rank in ranks:
+        conn, child = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=run_rank, args=(args, rank, addr, port, child), name=f"tp-rank-{rank}"
+        )
+        proc.daemon = True
+        proc.start()
+        child.close()
+        out.append((rank, proc, conn))
+    return out
+
+
+def run_rank(args: ServerArgs, rank: int, addr: str, port: int, status_conn) -> None:
+    """Entry point of rank `rank` > 0 (multiprocessing target): join the group at
+    addr:port, build this rank's shard, report ready, replay rank 0's steps until the
+    shutdown step."""
 
     def body(ready) -> None:
         torch.set_num_threads(args.num_threads)
-        group = init_group(rank, args.tp_size, resolve_device(args.device), _ADDR, port)
         hf_dir = local_hf_dir(args.model)
-        runner = ModelRunner(args, hf_dir, read_hf_config(hf_dir), group)
+        config = read_hf_config(hf_dir)
+        group = init_group(
+            rank,
+            args.tp_size,
+            resolve_device(args.device),
+            addr,
+            port,
+            local_rank=rank - node_ranks(args).start,
+            settings=node_settings(args, config),
+            timeout_s=args.dist_timeout,
+        )
+        runner = ModelRunner(args, hf_dir, config, group)
         ready()
         follow_steps(runner, group)
         destroy_group()

@@ -99,6 +99,12 @@ class LayerFactory(abc.ABC):
         feed-forward block (a mixture of experts)."""
         return DecoderLayer(config, layer_id, opts, self, prefix, mlp)
 
+    def head_range(self, num_heads: int) -> tuple[int, int]:
+        """(first, count): the attention heads [first, first + count) of the model's
+        `num_heads` this factory's modules compute; all of them unless the model is split
+        by tensor parallelism."""
+        return 0, num_heads
+
     def experts(self) -> ExpertsImpl:
         """How mixture-of-experts blocks hold and run their experts: plain torch, stacked,
         by default."""

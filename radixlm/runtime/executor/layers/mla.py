@@ -35,6 +35,7 @@ from torch import nn
 from radixlm.kernels import AttentionBackend
 from radixlm.runtime.executor.layers.blocks import apply_rotary
 from radixlm.runtime.executor.layers.mla_forms import MLAForms
+from radixlm.runtime.executor.parallel.shards import Shard
 
 if TYPE_CHECKING:
     from radixlm.runtime.executor.layers.base import LayerFactory
@@ -80,7 +81,10 @@ class MLAAttention(nn.Module):
             kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, attention_bias).
         layer_id: the layer's index (its KV pool buffer).
         layers: the factory of the projections (`{prefix}.q_proj` or `q_a_proj` /
-            `q_b_proj`, `kv_a_proj_with_mqa`, `o_proj`) and the latent norms.
+            `q_b_proj`, `kv_a_proj_with_mqa`, `o_proj`) and the latent norms; its
+            `head_range` gives the heads this layer computes (a tensor-parallel rank's
+            share: q / q_b_proj, kv_b_proj and o_proj's input split by heads, the latent
+            and its projections whole).
         prefix: the module's checkpoint name ("model.layers.i.self_attn").
         interleaved_rope: rotate interleaved pairs (DeepSeek's checkpoints) instead of
             halves.
@@ -111,7 +115,8 @@ class MLAAttention(nn.Module):
     ):
         super().__init__()
         self.layer_id = layer_id
-        hidden, h = config.hidden_size, config.num_attention_heads
+        hidden = config.hidden_size
+        first, h = layers.head_range(config.num_attention_heads)
         self.num_heads = h
         self.kv_lora_rank = config.kv_lora_rank
         self.qk_nope_head_dim = config.qk_nope_head_dim
@@ -121,7 +126,9 @@ class MLAAttention(nn.Module):
         self.scaling = mla_softmax_scale(config)
         self.interleaved_rope = interleaved_rope
         bias = bool(getattr(config, "attention_bias", False))
-        q_out = h * (self.qk_nope_head_dim + self.rotary_dim)
+        # The factory's projections take the model's full shapes (and split them).
+        heads = config.num_attention_heads
+        q_out = heads * (self.qk_nope_head_dim + self.rotary_dim)
         self.q_lora_rank = getattr(config, "q_lora_rank", None)
         if self.q_lora_rank:
             self.q_a_proj = layers.linear(f"{prefix}.q_a_proj", hidden, self.q_lora_rank, bias)
@@ -133,9 +140,13 @@ class MLAAttention(nn.Module):
             f"{prefix}.kv_a_proj_with_mqa", hidden, self.head_dim, bias
         )
         self.kv_a_layernorm = layers.rms_norm(self.kv_lora_rank, LATENT_NORM_EPS)
-        kv_b_out = h * (self.qk_nope_head_dim + self.v_head_dim)
-        self.kv_b_proj = nn.Linear(self.kv_lora_rank, kv_b_out, bias=False)
-        self.o_proj = layers.linear(f"{prefix}.o_proj", h * self.v_head_dim, hidden, bias)
+        per_head = self.qk_nope_head_dim + self.v_head_dim
+        self.kv_b_proj = nn.Linear(self.kv_lora_rank, h * per_head, bias=False)
+        if h != heads:
+            # Under tensor parallelism: this rank's heads' rows of the checkpoint's.
+            rows = Shard(0, first * per_head, (first + h) * per_head)
+            self.kv_b_proj.tp_shards = {"weight": rows}
+        self.o_proj = layers.linear(f"{prefix}.o_proj", heads * self.v_head_dim, hidden, bias)
         self.forms = forms or MLAForms(self.kv_lora_rank, self.qk_nope_head_dim, self.v_head_dim)
 
     def process_weights_after_loading(self) -> None:

@@ -11,6 +11,12 @@ dense decoder.
 * KV heads split like the query heads; with fewer KV heads than ranks each rank keeps the
   one KV head its query heads read (replicated N / num_kv_heads times, as
   `radixlm.plan.kv` assumes), so the ranks' KV pools hold only their own heads.
+* Latent attention (MLA) keeps the latent whole on every rank (its down-projections
+  `q_a_proj`, `kv_a_proj_with_mqa` replicated, so each rank caches the full latent) and
+  splits what depends on the head: q_proj / q_b_proj and kv_b_proj by heads, o_proj by
+  input rows with its all-reduce.
+* Mixture-of-experts blocks split every expert (and the shared one) inside itself, with
+  the router replicated and one all-reduce after the block (`layers/tp_moe.py`).
 
 Each module declares the checkpoint slice it holds (`tp_shards`, `parallel/shards.py`);
 the loader slices by it. The layers are plain torch (`TorchLayers`): under tensor
@@ -23,13 +29,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.errors import UnsupportedModelError
 from radixlm.runtime.executor.layers.base import TorchLayers
 from radixlm.runtime.executor.layers.blocks import AttentionOptions
+from radixlm.runtime.executor.layers.moe import MoEOptions
+from radixlm.runtime.executor.layers.tp_moe import TensorParallelMoeBlock
 from radixlm.runtime.executor.parallel.group import TPGroup
 from radixlm.runtime.executor.parallel.shards import Shard
 
-_COLUMN = ("q_proj", "gate_proj", "up_proj")
+_COLUMN = ("q_proj", "q_b_proj", "gate_proj", "up_proj")
+#: Latent attention's down-projections: every rank computes the whole latent.
+_REPLICATED = ("q_a_proj", "kv_a_proj_with_mqa")
 _KV = ("k_proj", "v_proj")
 _ROW = ("o_proj", "down_proj")
 
@@ -37,34 +46,29 @@ _ROW = ("o_proj", "down_proj")
 def check_tensor_parallel(config, size: int) -> None:
     """Raise ValueError unless a `size`-way split of `config` is possible: the attention
     heads and the MLP width divide by `size`, and the KV heads divide by it or it by them
-    (each rank's query heads then read one whole KV head); UnsupportedModelError for
-    families tensor parallelism does not split yet (mixture of experts, latent attention)."""
+    (each rank's query heads then read one whole KV head; not asked of latent attention,
+    whose latent is not split), as do the MLP and experts' widths."""
     if size == 1:
         return
-    if getattr(config, "kv_lora_rank", None) or _is_moe(config):
-        raise UnsupportedModelError(
-            f"--tp-size {size}: {type(config).__name__} (mixture of experts or latent "
-            "attention) is not split by tensor parallelism yet; use --tp-size 1"
-        )
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     if heads % size:
         raise ValueError(
             f"--tp-size {size} does not divide the model's {heads} attention heads; "
             f"use a divisor of {heads}"
         )
-    if kv % size and size % kv:
+    # Latent attention caches one latent every rank holds whole: no KV heads to split.
+    if not getattr(config, "kv_lora_rank", None) and kv % size and size % kv:
         raise ValueError(
             f"--tp-size {size} and the model's {kv} KV heads: one must divide the other"
         )
-    if config.intermediate_size % size:
-        raise ValueError(
-            f"--tp-size {size} does not divide intermediate_size {config.intermediate_size}"
-        )
+    for field in _WIDTHS:
+        width = getattr(config, field, None)
+        if width and width % size:
+            raise ValueError(f"--tp-size {size} does not divide {field} {width}")
 
 
-def _is_moe(config) -> bool:
-    fields = ("num_experts", "num_local_experts", "n_routed_experts")
-    return any(getattr(config, f, None) for f in fields)
+#: MLP widths a split divides: the dense MLP's, each routed expert's, the shared expert's.
+_WIDTHS = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size")
 
 
 def vocab_part(vocab: int, size: int) -> int:
@@ -137,9 +141,11 @@ class TensorParallelLayers(TorchLayers):
     `check_tensor_parallel` for a config it cannot split, ValueError for a projection it
     does not know how to split."""
 
-    def __init__(self, group: TPGroup, config):
+    def __init__(self, group: TPGroup, config, expert_parallel: bool = False):
         check_tensor_parallel(config, group.size)
         self.group = group
+        #: Place whole routed experts on the ranks instead of splitting each (`--ep-size`).
+        self.expert_parallel = expert_parallel
         n, r = group.size, group.rank
         kv = self.kv_total = config.num_key_value_heads
         #: This rank's KV heads: [kv_start, kv_start + kv_heads) of the model's.
@@ -152,6 +158,8 @@ class TensorParallelLayers(TorchLayers):
         n, r = self.group.size, self.group.rank
         if kind in _ROW:
             return RowParallelLinear(self.group, in_features, out_features, bias)
+        if kind in _REPLICATED:
+            return nn.Linear(in_features, out_features, bias=bias)
         if kind in _COLUMN:
             local = out_features // n
             start = r * local
@@ -173,6 +181,13 @@ class TensorParallelLayers(TorchLayers):
         if bias:
             raise ValueError("tensor parallelism does not split a biased output head")
         return VocabParallelHead(self.group, vocab, hidden)
+
+    def head_range(self, num_heads: int) -> tuple[int, int]:
+        count = num_heads // self.group.size
+        return self.group.rank * count, count
+
+    def moe(self, opts: MoEOptions, prefix: str) -> nn.Module:
+        return TensorParallelMoeBlock(self.group, opts, prefix, self.expert_parallel)
 
     def attention(self, config, layer_id: int, opts: AttentionOptions, prefix: str) -> nn.Module:
         attn = super().attention(config, layer_id, opts, prefix)

@@ -1,8 +1,10 @@
 """The tensor-parallel process group: N ranks joined by torch.distributed.
 
 Backend: NCCL when the ranks run on CUDA (one GPU per rank, `cuda:<rank>`), gloo on the
-CPU. The group is initialised over TCP (`tcp://addr:port`, loopback for one machine), so a
-multi-node launch only changes the address and the rank numbering. Every collective the
+CPU. The group meets at a TCP store that rank 0 hosts at addr:port (loopback for one
+machine, node 0's --dist-init-addr across machines), where every rank first checks its
+settings against rank 0's; a multi-node launch only changes the address and the rank
+numbering. Every collective the
 model runs goes through `TPGroup`, so the layers never name torch.distributed.
 
 References: Shoeybi et al. 2019 (Megatron-LM: column/row-parallel layers, one all-reduce
@@ -12,7 +14,9 @@ per block); PyTorch `torch.distributed` (init_process_group, all_reduce, gather,
 from __future__ import annotations
 
 import datetime
+import json
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -91,26 +95,86 @@ class TPGroup:
         return int(t.item())
 
 
-def init_group(rank: int, size: int, device: str, addr: str, port: int) -> TPGroup:
-    """Join the group of `size` ranks meeting at tcp://addr:port as `rank`, on
-    `rank_device(device, rank)` (selecting that GPU first on CUDA). Blocks until every rank
-    has joined; raises RankFailedError when they have not within `JOIN_TIMEOUT_S`."""
-    dev = rank_device(device, rank)
+def init_group(
+    rank: int,
+    size: int,
+    device: str,
+    addr: str,
+    port: int,
+    *,
+    local_rank: int | None = None,
+    settings: dict | None = None,
+    timeout_s: float = JOIN_TIMEOUT_S,
+) -> TPGroup:
+    """Join the group of `size` ranks meeting at addr:port as `rank`, computing on
+    `rank_device(device, local_rank)` (the rank's index on its own machine, default
+    `rank`; that GPU is selected first on CUDA). Rank 0 hosts the rendezvous store.
+
+    `settings` (JSON-serialisable, the same on every rank of a consistent launch) are
+    compared with rank 0's before the group forms (`_agree`). Blocks until every rank has
+    joined. Raises RankFailedError when addr:port cannot be reached, the settings differ
+    (naming the keys), or the ranks have not all joined within `timeout_s` seconds."""
+    dev = rank_device(device, rank if local_rank is None else local_rank)
     if dev.startswith("cuda"):
         torch.cuda.set_device(torch.device(dev))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        store = dist.TCPStore(
+            addr, port, is_master=rank == 0, timeout=timeout, wait_for_workers=False
+        )
+    except (RuntimeError, dist.DistStoreError) as exc:
+        raise RankFailedError(
+            f"tensor-parallel rank {rank} could not reach the group's address {addr}:{port} "
+            f"within {timeout_s:g} s (--dist-init-addr, --dist-timeout): {exc}"
+        ) from None
+    if settings is not None:
+        _agree(store, rank, size, settings, timeout_s)
     try:
         dist.init_process_group(
-            dist_backend_for(dev),
-            init_method=f"tcp://{addr}:{port}",
-            world_size=size,
-            rank=rank,
-            timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S),
+            dist_backend_for(dev), store=store, world_size=size, rank=rank, timeout=timeout
         )
     except (RuntimeError, dist.DistStoreError) as exc:
         raise RankFailedError(
             f"tensor-parallel rank {rank} could not join the group at {addr}:{port}: {exc}"
         ) from None
     return TPGroup(rank, size, dev)
+
+
+_SETTINGS = "radixlm/settings/0"
+_MISMATCH = "radixlm/mismatch"
+_AGREED = "radixlm/agreed"
+
+
+def _agree(store, rank: int, size: int, settings: dict, timeout_s: float) -> None:
+    """Check every rank's `settings` against rank 0's through the rendezvous store, before
+    any collective: a rank > 0 compares and records a mismatch; rank 0 waits until the
+    other size - 1 ranks have agreed or one has recorded a mismatch. Raises
+    RankFailedError naming the differing keys (on rank 0 and on the differing rank)."""
+    mine = json.dumps(settings, sort_keys=True)
+    if rank == 0:
+        store.set(_SETTINGS, mine)
+        deadline = time.monotonic() + timeout_s
+        while store.add(_AGREED, 0) < size - 1:
+            if store.check([_MISMATCH]):
+                raise RankFailedError(store.get(_MISMATCH).decode())
+            if time.monotonic() > deadline:
+                raise RankFailedError(
+                    f"tensor-parallel rank 0: only {store.add(_AGREED, 0)} of the other "
+                    f"{size - 1} ranks joined within {timeout_s:g} s (--dist-timeout)"
+                )
+            time.sleep(0.05)
+        return
+    first = json.loads(store.get(_SETTINGS))
+    differ = sorted(k for k in first.keys() | settings.keys() if first.get(k) != settings.get(k))
+    if differ:
+        pairs = ", ".join(f"{k}: {settings.get(k)!r} vs {first.get(k)!r}" for k in differ)
+        message = (
+            f"tensor-parallel rank {rank}'s settings differ from rank 0's (node 0): {pairs}; "
+            "start every node with the same model and parallel settings"
+        )
+        store.set(_MISMATCH, message)
+        raise RankFailedError(message)
+    store.add(_AGREED, 1)
 
 
 def destroy_group() -> None:

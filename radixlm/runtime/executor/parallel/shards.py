@@ -1,7 +1,7 @@
 """Per-parameter shard specs: which slice of a checkpoint tensor a tensor-parallel rank
 holds.
 
-A module built for one rank declares `tp_shards = {param name: Shard}`; the loader
+A module built for one rank declares `tp_shards = {param name: Shard | None}`; the loader
 (`executor/weights.py`) slices the full checkpoint tensor of each declared parameter
 with `shard_state` before loading, so no layer branches on the rank at load time.
 """
@@ -38,12 +38,17 @@ class Shard:
 
 def shard_state(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`state` (full checkpoint tensors by parameter name) with every parameter that a
-    module of `model` declares in its `tp_shards` replaced by this rank's slice; tensors
-    without a spec (norms, replicated weights) pass unchanged."""
+    module of `model` declares in its `tp_shards` replaced by this rank's slice, or
+    dropped where the spec is None (a tensor this rank does not hold: another rank's
+    expert under expert parallelism); tensors without a spec (norms, replicated weights)
+    pass unchanged."""
     out = dict(state)
     for prefix, module in model.named_modules():
         for param, shard in getattr(module, "tp_shards", {}).items():
             name = f"{prefix}.{param}" if prefix else param
             if name in out:
-                out[name] = shard.take(out[name])
+                if shard is None:
+                    del out[name]
+                else:
+                    out[name] = shard.take(out[name])
     return out
