@@ -6,17 +6,24 @@ free after reserving room for running decodes -- and admits requests one by one 
 either runs out. A prompt longer than the remaining token budget is split when chunking
 is on (its first chunk runs now); otherwise it may run only alone. Requests sharing a
 not-yet-cached prefix with one already planned are skipped this round
-(`InBatchPrefixGuard`).
+(`InBatchPrefixGuard`). Each admitted request is started by `start_request`.
 """
 
 from __future__ import annotations
 
 import enum
+import time
+from typing import TYPE_CHECKING
 
 from radixlm.radix import MatchResult, PrefixCache
 from radixlm.radix.policy import InBatchPrefixGuard
 from radixlm.runtime.executor.memory import PagedAllocator
+from radixlm.runtime.sampling.logprobs import initial_input_logprobs
 from radixlm.runtime.sched.request import Req
+
+if TYPE_CHECKING:
+    from radixlm.runtime.sched.kv_ledger import KVLedger
+    from radixlm.runtime.sched.stats import SchedulerCounters
 
 #: Requests planned for one extend step: (request, new tokens computed from req.kv_len).
 Plan = list[tuple[Req, int]]
@@ -105,3 +112,16 @@ class PrefillAdder:
         if n < extend:
             self.chunked = req
         return Added.YES, match
+
+
+def start_request(req: Req, match, kv: KVLedger, counters: SchedulerCounters) -> None:
+    """Give an admitted request its row and its (locked) cached prefix."""
+    kv.assign(req, match)
+    if req.prompt_logprobs_pending():  # (re)computed from logprob_start_len on
+        start = req.logprob_start_len
+        req.input_logprobs = initial_input_logprobs(req.input_ids, start, req.top_logprobs_num)
+    if req.retractions == 0:  # usage and hit rate describe the original prompt
+        req.queue_time = time.perf_counter() - req.arrival_time
+        req.cached_tokens = req.prefix_len
+        counters.prompt_tokens += len(req.input_ids)
+        counters.cached_tokens += req.prefix_len

@@ -14,7 +14,7 @@ Each `step()` runs one iteration (Orca-style iteration-level batching, Yu et al.
 * DECODE: one token for every running request. After an extend step a decode step runs
   before the next extend (unless ``--enable-mixed-chunk`` puts the decodes inside the
   extend batch), so a long prompt delays other streams by one chunk, not by the prompt.
-* When a decode step lacks KV slots, requests are retracted (`runtime/sched/retraction.py`):
+* When a decode step lacks KV slots, requests are retracted (`Retractor`, `retraction.py`):
   their computed KV is inserted into the cache, they go back to the front of the queue,
   and on resume they prefill prompt + generated tokens (mostly cache hits) and report
   only new tokens.
@@ -32,23 +32,18 @@ held == total.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
 from radixlm.config import ServerArgs
-from radixlm.errors import QueueFullError, RequestTooLargeError
 from radixlm.radix import make_prefix_cache
 from radixlm.radix.policy import make_policy, match_len
 from radixlm.runtime.executor.kv_tier import make_kv_tier
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.sampling.grammar import GrammarBackend, GrammarCompiler
-from radixlm.runtime.sampling.logprobs import (
-    initial_input_logprobs,
-)
 from radixlm.runtime.sampling.sampler import Sampler
-from radixlm.runtime.sched.admission import Added, Plan, PrefillAdder
+from radixlm.runtime.sched.admission import Added, Plan, PrefillAdder, start_request
 from radixlm.runtime.sched.decode import (
     DecodeContext,
     DecodeResult,
@@ -57,14 +52,15 @@ from radixlm.runtime.sched.decode import (
 )
 from radixlm.runtime.sched.finish import FinishReason
 from radixlm.runtime.sched.forward_step import ForwardStep
+from radixlm.runtime.sched.intake import Intake
 from radixlm.runtime.sched.kv_ledger import KVLedger
 from radixlm.runtime.sched.pins import PinTable
 from radixlm.runtime.sched.priority import by_priority
 from radixlm.runtime.sched.request import Req, ReqOutput
-from radixlm.runtime.sched.retraction import NewTokenRatio, retraction_order
+from radixlm.runtime.sched.retraction import NewTokenRatio, Retractor
 from radixlm.runtime.sched.sessions import SessionManager, SessionParams
 from radixlm.runtime.sched.slo import SLOController
-from radixlm.runtime.sched.stats import SchedulerCounters, format_stats
+from radixlm.runtime.sched.stats import SchedulerCounters, format_stats, scheduler_stats
 from radixlm.runtime.sched.stop import StopChecker
 
 logger = logging.getLogger(__name__)
@@ -118,6 +114,7 @@ class Scheduler:
             args.schedule_policy, self.tree, args.schedule_fallback_queue_len, args.random_seed
         )
         self.ratio = NewTokenRatio(args.schedule_conservativeness)
+        self.retractor = Retractor(self)  # memory pressure: retracts requests for room
         self.kv = KVLedger(runner, self.tree, self.ratio)  # rows, slots, reservations
         budget = args.session_pin_budget
         self.pins = PinTable(self.tree, self.allocator.total // 4 if budget is None else budget)
@@ -135,12 +132,11 @@ class Scheduler:
         )
         self.waiting: list[Req] = []
         #: Requests whose grammar compiles on a worker thread, with its future; they join
-        #: `waiting` at the first step after it is done (`_admit_compiled`).
+        #: `waiting` at the first step after it is done (`Intake.admit_compiled`).
         self.compiling: list[tuple[Req, Future]] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None  # the request mid-chunk (holds a row, not running)
         self._pending: list[ReqOutput] = []
-        self._seed_rng = random.Random(args.random_seed)
         self._last_extend = False
         #: Called with each request that finishes by stop or length, before its KV is
         #: released (a disaggregated prefill worker copies the prompt's KV out here).
@@ -148,6 +144,7 @@ class Scheduler:
         size = args.chunked_prefill_size
         self.step_prefill_tokens = min(size, args.max_prefill_tokens) if size > 0 else None
         self.clock = clock
+        self.intake = Intake(self, args.random_seed)  # checks requests before queueing
         self.slo: SLOController | None = None
         if SLOController.enabled(args):
             self.slo = SLOController(args, self.page_size, self._extend_of)
@@ -169,46 +166,15 @@ class Scheduler:
             SLOUnattainableError: its TTFT target cannot be met behind the queue and
                 --slo-admission is reject (HTTP 429).
         """
-        if session is not None:
-            req.input_ids = self.sessions.compose(req.rid, session, req.input_ids)
-        try:
-            self.check_fits(len(req.input_ids), req.params.max_new_tokens)
-        except RequestTooLargeError:
-            self.counters.rejected += 1
-            raise
-        if len(self.waiting) + len(self.compiling) >= self._queue_capacity():
-            self.counters.rejected += 1
-            raise QueueFullError(
-                f"waiting queue is full ({self.args.max_queued_requests} requests); retry later"
-            )
-        if self.slo is not None:
-            self.slo.admit(req, self.waiting, self._chunk_left(), self.running)
-        job = self.grammars.start(req)  # None: ready; InvalidRequestError: failed before
-        seed = req.params.seed
-        if seed is None:  # reproducible per engine: drawn in arrival order
-            seed = self._seed_rng.getrandbits(63)
-        req.seed = seed
-        for rid in self.sessions.start(req, session, pin_key):  # replace: other branches
-            self.abort(rid)
+        job = self.intake.accept(req, session, pin_key)
         if job is None:
             self.waiting.append(req)
         else:
             self.compiling.append((req, job))
 
-    def _queue_capacity(self) -> int:
-        """Waiting requests accepted: max_queued_requests plus the free running rows, so a
-        burst that the next step admits at once is not refused as a full queue."""
-        busy = len(self.running) + (self.chunked is not None)
-        return self.args.max_queued_requests + max(self.args.max_running_requests - busy, 0)
-
     def _extend_of(self, req: Req) -> int:
         """Prompt tokens a waiting request would compute now (its uncached suffix)."""
         return req.seq_len - match_len(self.tree, req)
-
-    def _chunk_left(self) -> int:
-        """Prompt tokens the request mid-chunk has still to compute (0: none)."""
-        c = self.chunked
-        return 0 if c is None else c.seq_len - c.kv_len
 
     def check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         """Raise RequestTooLargeError unless the prompt fits the context and prompt +
@@ -249,31 +215,14 @@ class Scheduler:
         calls `step()` now and then to let them in."""
         return bool(self.running or self.waiting or self.chunked is not None or self._pending)
 
-    def _admit_compiled(self) -> None:
-        """Move the requests whose grammar has compiled into `waiting`, in arrival order.
-        One whose compile failed is aborted (the HTTP process and `Engine` compile every
-        grammar before queueing it, so only a failure of the worker gets here)."""
-        still: list[tuple[Req, Future]] = []
-        for req, job in self.compiling:
-            if not job.done():
-                still.append((req, job))
-                continue
-            try:
-                self.grammars.finish(req, job)
-            except Exception:
-                logger.exception("request %s: its grammar did not compile; aborting", req.rid)
-                self._finish(req, FinishReason.ABORT, release=False)
-                continue
-            self.waiting.append(req)
-        self.compiling = still
-
     def step(self) -> list[ReqOutput]:
         """Run one extend or decode step; return the outputs of every request it touched
         (plus abort events since the last step). Returns [] at once when idle."""
         mixed = self.args.enable_mixed_chunk
         prefer_decode = self._last_extend and self.running and not mixed
         if self.compiling:
-            self._admit_compiled()
+            for req in self.intake.admit_compiled():  # its grammar did not compile
+                self._finish(req, FinishReason.ABORT, release=False)
         plan = [] if prefer_decode else self._plan_extend()
         start = self.clock()
         if plan:
@@ -281,7 +230,7 @@ class Scheduler:
             outputs = self._extend(plan, decodes)
             shape = (sum(n for _, n in plan), len(decodes))
         elif self.running:
-            self._make_room_for_decode()
+            self.retractor.make_room_for_decode()
             shape = (0, len(self.running))
             outputs = self._decode(list(self.running))
         else:
@@ -298,7 +247,7 @@ class Scheduler:
         if self.chunked is None and not can_admit:
             return []  # nothing to plan: skip the budgets (a loop over the running requests)
         if self.args.enable_mixed_chunk and self.running:
-            self._make_room_for_decode()  # the decodes ride along in this extend step
+            self.retractor.make_room_for_decode()  # decodes ride along in this extend step
         rem = self.step_prefill_tokens or self.args.max_prefill_tokens
         if self.slo is not None:
             rem = self.slo.choose_budget(self.running, self.clock())
@@ -306,7 +255,7 @@ class Scheduler:
         if c is not None:
             chunk = self.kv.pages(c.kv_len, min(c.seq_len - c.kv_len, rem)) * self.page_size
             if chunk > self.kv.room():
-                self._retract(c)  # decodes took its room; it resumes from the cache later
+                self.retractor.retract(c)  # decodes took its room; it resumes from the cache
         budget = self.allocator.available() - self.kv.reserved_tokens(self.running, self.chunked)
         if self.args.enable_mixed_chunk:
             budget -= self.kv.decode_tokens(self.running)
@@ -334,23 +283,11 @@ class Scheduler:
                 break
             if added is Added.YES:
                 self.waiting.remove(req)
-                self._start(req, match)
+                start_request(req, match, self.kv, self.counters)
         self.chunked = adder.chunked
         if not adder.plan and not self.running and self.chunked is None:
             self.pins.release_oldest()  # only pins keep the waiting requests out: free one
         return adder.plan
-
-    def _start(self, req: Req, match) -> None:
-        """Give an admitted request its row and its (locked) cached prefix."""
-        self.kv.assign(req, match)
-        if req.prompt_logprobs_pending():  # (re)computed from logprob_start_len on
-            start = req.logprob_start_len
-            req.input_logprobs = initial_input_logprobs(req.input_ids, start, req.top_logprobs_num)
-        if req.retractions == 0:  # usage and hit rate describe the original prompt
-            req.queue_time = time.perf_counter() - req.arrival_time
-            req.cached_tokens = req.prefix_len
-            self.counters.prompt_tokens += len(req.input_ids)
-            self.counters.cached_tokens += req.prefix_len
 
     def _extend(self, plan: Plan, decodes: list[Req]) -> list[ReqOutput]:
         """An extend step: the planned prefill chunks (decodes ride along in mixed steps).
@@ -369,7 +306,11 @@ class Scheduler:
         for req, _ in plan:  # cache prefilled prompts (or chunks) so later chunks and requests hit
             if req.finish_reason is None:
                 self.kv.cache_running(req)
-        self._log_extend(plan)
+        if logger.isEnabledFor(logging.DEBUG):
+            tokens = sum(n for _, n in plan)
+            logger.debug(
+                "extend: %d reqs, %d tokens; %s", len(plan), tokens, format_stats(self.stats())
+            )
         return outputs
 
     def _decode(self, reqs: list[Req]) -> list[ReqOutput]:
@@ -385,7 +326,7 @@ class Scheduler:
         c.decode_steps += 1
         self.ratio.on_decode_step()
         if c.decode_steps % 100 == 0:
-            logger.info("decode: %s", self._log_line())
+            logger.info("decode: %s", format_stats(self.stats()))
         return self._commit(result)
 
     def _after_forward(self, fb, batch: list[Req], next_ids: dict[Req, int]) -> None:
@@ -410,35 +351,6 @@ class Scheduler:
             self.sessions.finished(req)
             self.counters.aborted += 1
             self._pending.append(req.step_output([]))
-
-    # ---- memory pressure ----------------------------------------------------------------
-
-    def _make_room_for_decode(self) -> None:
-        """Retract requests until every running request can get one more slot."""
-
-        def short() -> int:
-            return self.kv.decode_tokens(self.running) - self.kv.room()
-
-        if short() <= 0:
-            return
-        for req in retraction_order(self.running + ([self.chunked] if self.chunked else [])):
-            if short() <= 0 or (req is not self.chunked and len(self.running) == 1):
-                continue
-            self._retract(req)
-        while short() > 0 and self.pins.release_oldest() is not None:
-            pass  # the last resort: a pin never stops the one running request
-        self.ratio.on_retract(self.running)
-        logger.info("retracted; new_token_ratio %.3f, %s", self.ratio.value, self._log_line())
-
-    def _retract(self, req: Req) -> None:
-        """Cache the request's computed KV, free its row, requeue it at the front."""
-        if req is self.chunked:
-            self.chunked = None
-        else:
-            self.running.remove(req)
-        self.kv.retract(req)
-        self.waiting.insert(0, req)
-        self.counters.retracted += 1
 
     # ---- outputs ------------------------------------------------------------------------
 
@@ -499,27 +411,5 @@ class Scheduler:
         return self.kv.accounting(self.running, self.chunked, self.pins.pinned_tokens())
 
     def stats(self) -> dict[str, int | float | str]:
-        """Counters for `/get_server_info` and logs (`SchedulerCounters.as_dict`), the
-        pool accounting and token_usage = (total - free - evictable) / total."""
-        mem = self.memory_accounting()
-        return {
-            "num_running": len(self.running),
-            "num_waiting": len(self.waiting) + len(self.compiling),
-            "num_chunked": int(self.chunked is not None),
-            "schedule_policy": self.policy.name,
-            "new_token_ratio": round(self.ratio.value, 4),
-            "token_usage": (mem["total"] - mem["free"] - mem["evictable"]) / mem["total"],
-            **self.counters.as_dict(),
-            **self.tree.tier_stats(),
-            **self.decoder.stats(),
-            **(self.slo.stats() if self.slo is not None else {}),
-            **mem,
-        }
-
-    def _log_line(self) -> str:
-        return format_stats(self.stats())
-
-    def _log_extend(self, plan: Plan) -> None:
-        if logger.isEnabledFor(logging.DEBUG):
-            tokens = sum(n for _, n in plan)
-            logger.debug("extend: %d reqs, %d tokens; %s", len(plan), tokens, self._log_line())
+        """Counters, pool accounting and token usage (`stats.py::scheduler_stats`)."""
+        return scheduler_stats(self)

@@ -1,8 +1,13 @@
-"""Cumulative scheduler counters (exposed by `Scheduler.stats()` and `/get_server_info`)."""
+"""Scheduler introspection: cumulative counters and the `Scheduler.stats()` snapshot
+(exposed by `/get_server_info` and the logs)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixlm.runtime.sched.scheduler import Scheduler
 
 
 @dataclass
@@ -51,3 +56,22 @@ def format_stats(s: dict) -> str:
         f"token usage {s['token_usage']:.2f}, cache hit rate {s['cache_hit_rate']:.3f}, "
         f"retracted {s['num_retracted_total']}"
     )
+
+
+def scheduler_stats(sched: Scheduler) -> dict[str, int | float | str]:
+    """Counters for `/get_server_info` and logs (`SchedulerCounters.as_dict`), the
+    pool accounting and token_usage = (total - free - evictable) / total."""
+    mem = sched.memory_accounting()
+    return {
+        "num_running": len(sched.running),
+        "num_waiting": len(sched.waiting) + len(sched.compiling),
+        "num_chunked": int(sched.chunked is not None),
+        "schedule_policy": sched.policy.name,
+        "new_token_ratio": round(sched.ratio.value, 4),
+        "token_usage": (mem["total"] - mem["free"] - mem["evictable"]) / mem["total"],
+        **sched.counters.as_dict(),
+        **sched.tree.tier_stats(),
+        **sched.decoder.stats(),
+        **(sched.slo.stats() if sched.slo is not None else {}),
+        **mem,
+    }
