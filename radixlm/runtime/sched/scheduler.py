@@ -395,7 +395,10 @@ class Scheduler:
         """Run on a request whose prompt KV another worker computed: `req` holds its row
         and kv_len == len(input_ids) (cached as a running request); `first_token` is the
         token that worker sampled. It is appended and checked for a stop here; its output
-        comes out of the next `step()`, and the request decodes on unless it finished."""
+        comes out of the next `step()`, and the request decodes on unless it finished. Its
+        prompt and `req.cached_tokens` count in the hit-rate counters as a local prefill's."""
+        self.counters.prompt_tokens += len(req.input_ids)
+        self.counters.cached_tokens += req.cached_tokens
         req.output_ids.append(first_token)
         reason = self.stop.check(req, first_token)
         if reason is None:

@@ -162,8 +162,6 @@ class DecodeSide:
         sched.kv.cache_running(req)
         req.queue_time = time.perf_counter() - req.arrival_time
         req.cached_tokens = start
-        sched.counters.prompt_tokens += n
-        sched.counters.cached_tokens += start
         self.stats["transfers"] += 1
         self.stats["bytes_received"] += kv.numel() * kv.element_size()
         sched.add_prefilled(req, meta.first_token)
