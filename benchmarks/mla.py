@@ -15,7 +15,7 @@ for the latent pool, the GQA decode kernel for the others) and `--cpu-gemm` proj
 (default torch: every model runs its layers one by one, where the packed layout would run
 the dense models' decode steps as one fused C call and MLA's layer by layer). A decode
 step is timed one `Engine.step` at a time: `--new` - 1 steps of a batch of `--batch`
-prompts of `--prompt` tokens after their prefill, median over `--reps` batches.
+prompts of `--prompt` tokens once all are decoding, median over `--reps` batches.
 
 Prefill: the MLA model's EXTEND step with its `attention_forms.mode` forced to
 "absorbed", then "expanded", for the batch of fresh prompts and for `--chunks` new tokens
@@ -108,24 +108,27 @@ def timed_generate(engine: Engine, prompts: list[list[int]], n: int) -> float:
 
 
 def decode_step_ms(engine: Engine, args) -> float:
-    """Median ms of `--new` - 1 decode steps of the `--batch` requests after their
-    prefill, over `--reps` batches (each with fresh prompts, the cache flushed)."""
-    params = {"max_new_tokens": args.new + 1, "temperature": 0, "ignore_eos": True}
+    """Median ms of `--new` - 1 decode steps of all `--batch` requests once every one has
+    its first token (the scheduler interleaves prefill chunks with decode until then),
+    over `--reps` batches (each with fresh prompts, the cache flushed); the requests are
+    aborted afterwards."""
+    params = {"max_new_tokens": 2048, "temperature": 0, "ignore_eos": True}
     times = []
     for rep in range(args.reps):
         engine.flush_cache()
         prompts = prompts_of(args, args.prompt, salt=rep)
         rids = {engine.add_request(input_ids=p, sampling_params=params) for p in prompts}
         started: set[str] = set()
-        while started != rids:  # prefill, in as many chunks as it takes
+        while started != rids:
             started |= {c["rid"] for c in engine.step() if c["output_ids"]}
         for _ in range(args.new - 1):
             t0 = time.perf_counter()
             engine.step()
             times.append((time.perf_counter() - t0) * 1e3)
-        finished: set[str] = set()
-        while finished != rids:
-            finished |= {c["rid"] for c in engine.step() if c.get("finish_reason")}
+        for rid in rids:
+            engine.abort_request(rid)
+        while engine.has_unfinished_requests():
+            engine.step()
     return statistics.median(times)
 
 
