@@ -1,10 +1,12 @@
 """Tensor parallelism over mixture-of-experts and latent-attention (MLA) models, CPU ranks
 over gloo: greedy fp32 tokens with --tp-size 2 equal --tp-size 1's and transformers',
-with chunked prefill and prefix-cache hits; logprobs agree within 1e-4. Tiny configs
+with chunked prefill, prefix-cache hits, retraction and n-gram speculation; logprobs agree
+within 1e-4. Tiny configs
 from `tests/tiny_models.py` (Mixtral, Qwen2-MoE with its shared expert, Qwen3-MoE)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -12,6 +14,8 @@ import torch
 
 from radixlm import Engine
 from radixlm.plan.cli import main as plan_main
+from radixlm.runtime.sched.decode import NormalDecode
+from radixlm.runtime.speculative import make_speculative_decode
 from tests.runtime.conftest import hf_greedy
 from tests.tiny_models import save_family_model
 
@@ -105,3 +109,32 @@ def test_expert_parallel_refusals(tmp_path, hf_dir):
         check_args(ServerArgs(tp_size=2, ep_size=2), tiny_config("llama"))
     with pytest.raises(ValueError, match="this model has 3"):
         check_args(ServerArgs(tp_size=2, ep_size=2), tiny_config("qwen3-moe", num_experts=3))
+
+
+@pytest.mark.parametrize("family", ["qwen3-moe", "deepseek-v3"])
+def test_tp2_retraction_and_ngram_speculation(family, tmp_path, hf_dir):
+    """A batch that cannot fit 48 slots at once (decode retracts) and n-gram speculation
+    (the ranks replay verify forwards and KV slot copies) give transformers' tokens."""
+    model = save_family_model(family, tmp_path, hf_dir)
+    # Short prompts decoding together outgrow the pool (as in test_tensor_parallel.py).
+    prompts = [
+        [5, 17, 300, 4000, 9],
+        [77, 78, 79, 80] * 6 + [123, 456],
+        [5, 17, 300, 4000, 9, 11, 12],
+    ]
+    refs = hf_greedy(model, prompts, 10, eos_token_id=None)
+    engine = dict(ENGINE, max_total_tokens=48, chunked_prefill_size=7)
+    with Engine(str(tmp_path), tp_size=2, schedule_conservativeness=0.3, **engine) as e:
+        batch = [0, 1, 2, 1, 1]
+        outs = e.generate(input_ids=[prompts[i] for i in batch], sampling_params=_greedy(10))
+        assert [o["output_ids"] for o in outs] == [refs[i] for i in batch]
+        assert e.get_server_info()["scheduler"]["num_retracted_total"] > 0
+        sched = e.scheduler
+        args = dataclasses.replace(
+            e.args, speculative_algorithm="ngram", speculative_budget="fixed"
+        )
+        sched.decoder = make_speculative_decode(args, e.runner)
+        spec = e.generate(input_ids=prompts, sampling_params=_greedy(10))
+        assert [o["output_ids"] for o in spec] == refs
+        assert sched.stats()["spec_verify_steps_total"] > 0
+        sched.decoder = NormalDecode()
