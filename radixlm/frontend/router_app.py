@@ -174,6 +174,25 @@ class Proxy:
         return [r for r in results if isinstance(r, httpx.Response)]
 
 
+def add_model_routes(app: FastAPI, pool: WorkerPool) -> None:
+    """GET /v1/models and /get_model_info, answered by the first healthy worker of `pool`
+    (a worker that fails to answer is marked failed and the next one asked); 503
+    no_healthy_worker when none answers."""
+
+    async def from_any(request: Request) -> Response:
+        for rank in pool.healthy_ranks():
+            try:
+                resp = await pool.client.get(pool.workers[rank].url + request.url.path)
+            except httpx.HTTPError as e:
+                pool.mark_failed(rank, e)
+                continue
+            return Response(resp.content, resp.status_code, media_type="application/json")
+        return json_error(no_worker_error())
+
+    app.add_api_route("/v1/models", from_any, methods=["GET"])
+    app.add_api_route("/get_model_info", from_any, methods=["GET"])
+
+
 def _is_stream(body: Any) -> bool:
     return isinstance(body, dict) and body.get("stream") is True
 
@@ -236,18 +255,7 @@ def create_router_app(pool: WorkerPool) -> FastAPI:
             "aborts_forwarded": proxy.aborts_forwarded,
         }
 
-    async def from_any(request: Request) -> Response:
-        for rank in pool.healthy_ranks():
-            try:
-                resp = await pool.client.get(pool.workers[rank].url + request.url.path)
-            except httpx.HTTPError as e:
-                pool.mark_failed(rank, e)
-                continue
-            return Response(resp.content, resp.status_code, media_type="application/json")
-        return json_error(no_worker_error())
-
-    app.add_api_route("/v1/models", from_any, methods=["GET"])
-    app.add_api_route("/get_model_info", from_any, methods=["GET"])
+    add_model_routes(app, pool)
 
     @app.post("/flush_cache")
     async def flush_cache(request: Request) -> Response:

@@ -32,6 +32,7 @@ from radixlm.frontend.router_app import (
     Proxy,
     _assign_rid,
     _is_stream,
+    add_model_routes,
     no_worker_error,
     worker_failed,
 )
@@ -214,18 +215,7 @@ def create_pd_router_app(
             "aborts_forwarded": proxy.relay.aborts_forwarded,
         }
 
-    async def from_decode(request: Request) -> Response:
-        for rank in decode.healthy_ranks():
-            try:
-                resp = await decode.client.get(decode.workers[rank].url + request.url.path)
-            except httpx.HTTPError as e:
-                decode.mark_failed(rank, e)
-                continue
-            return Response(resp.content, resp.status_code, media_type="application/json")
-        return json_error(no_worker_error())
-
-    app.add_api_route("/v1/models", from_decode, methods=["GET"])
-    app.add_api_route("/get_model_info", from_decode, methods=["GET"])
+    add_model_routes(app, decode)
 
     @app.post("/flush_cache")
     async def flush_cache() -> Response:
