@@ -13,9 +13,10 @@ Method
   previous turn's context). Goodput fraction = requests meeting both TTFT and TPOT /
   successful requests (`radixlm.bench.stats.goodput`).
 * Output: one PNG (a panel per workload, goodput fraction against request rate, a line
-  per configuration) and, per workload and configuration, the highest rate at which the
-  goodput fraction stays >= 0.9 (none: not even the lowest rate). The JSON of every
-  sweep is kept beside the PNG.
+  per configuration) and one JSON (``--out`` with ``.json``: every curve, the highest
+  rate per workload and configuration at which the goodput fraction stays >= 0.9 (None:
+  not even the lowest rate), the arguments and the machine). Each sweep's own bench JSON
+  goes to a temporary folder.
 
     python benchmarks/slo.py --quick                      # CPU: small prompts, 3 rates
     python benchmarks/slo.py --rates 1,2,4,8,16 --ttft-ms 500 --tpot-ms 50
@@ -25,9 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-args", default="", help="extra `radixlm serve` flags")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"a subset of {', '.join(CONFIGS)}")
     p.add_argument("--quick", action="store_true", help="16 requests, 3 rates, prompts <= 512")
-    p.add_argument("--out", type=Path, default=RESULTS / "slo_goodput.png")
+    p.add_argument("--out", type=Path, default=RESULTS / "slo.png")
     args = p.parse_args(argv)
     if args.quick:
         args.rates, args.num_prompts, args.input_len, args.output_len = "0.5,1,2", 16, 512, 16
@@ -157,22 +161,32 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     slo_flags = ["--slo-ttft-ms", str(args.ttft_ms), "--slo-tpot-ms", str(args.tpot_ms)]
     curves: dict[str, dict[str, dict[float, float]]] = {"mixed": {}, "multi-turn": {}}
-    for config in args.configs.split(","):
-        flags = CONFIGS[config]
-        proc, url = start_server(args, flags + (slo_flags if config == "slo" else []))
-        try:
-            for workload in curves:
-                stem = f"slo_{workload}_{config.replace(' ', '')}"
-                out_json = args.out.parent / f"{stem}.json"
-                curves[workload][config] = sweep(args, url, workload, out_json)
-        finally:
-            proc.terminate()
-            proc.wait(60)
+    with tempfile.TemporaryDirectory() as tmp:
+        for config in args.configs.split(","):
+            flags = CONFIGS[config]
+            proc, url = start_server(args, flags + (slo_flags if config == "slo" else []))
+            try:
+                for workload in curves:
+                    out_json = Path(tmp) / f"{workload}_{config.replace(' ', '')}.json"
+                    curves[workload][config] = sweep(args, url, workload, out_json)
+            finally:
+                proc.terminate()
+                proc.wait(60)
     png = plot(curves, args)
+    best = {w: {c: highest_good_rate(curve) for c, curve in by.items()} for w, by in curves.items()}
+    result = {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count()},
+        "curves": {
+            w: {c: {str(r): f for r, f in cv.items()} for c, cv in by.items()}
+            for w, by in curves.items()
+        },
+        "highest_rate_goodput_ge_90pct": best,
+    }
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     print(f"\nhighest rate with goodput >= {GOOD:.0%} (plot: {png})")
-    for workload, by_config in curves.items():
-        for config, curve in by_config.items():
-            rate = highest_good_rate(curve)
+    for workload, by_config in best.items():
+        for config, rate in by_config.items():
             print(f"  {workload:<11} {config:<11} {'none' if rate is None else f'{rate:g} req/s'}")
     return 0
 
