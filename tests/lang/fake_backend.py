@@ -65,18 +65,22 @@ class FakeBackend(NativeBackend):
         out = "" if params["max_new_tokens"] == 0 else self.gen_text(text, params)
         return {"text": out, "output_ids": [ord(c) for c in out], "meta_info": meta}
 
-    def request(self, *, text=None, input_ids=None, sampling_params, logprob=None):
+    def request(self, *, text=None, input_ids=None, sampling_params, logprob=None, priority=0):
         prompts = text if text is not None else input_ids
         payload = {
             "prompts": list(prompts),
             "sampling_params": dict(sampling_params),
             "logprob": logprob,
+            "priority": priority,
         }
         self._record("request", payload)
         return [self._one(p, sampling_params, logprob) for p in prompts]
 
-    def request_stream(self, text, sampling_params, on_delta):
-        self._record("stream", {"prompts": [text], "sampling_params": dict(sampling_params)})
+    def request_stream(self, text, sampling_params, on_delta, priority=0):
+        self._record(
+            "stream",
+            {"prompts": [text], "sampling_params": dict(sampling_params), "priority": priority},
+        )
         result = self._one(text, sampling_params, None)
         out, n = result["text"], max(1, self.deltas)
         step = max(1, -(-len(out) // n))
