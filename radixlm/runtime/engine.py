@@ -21,16 +21,15 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import numbers
 from collections.abc import Iterator
 from typing import Any
 
 from radixlm.config import ServerArgs
 from radixlm.errors import EngineClosedError, InvalidRequestError
-from radixlm.runtime.sampling.logprobs import LogprobOptions, TokenLogprobs, empty_logprobs
+from radixlm.runtime.engine_requests import Tracked, is_token, per_prompt
+from radixlm.runtime.sampling.logprobs import LogprobOptions
 from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.request import Req, ReqOutput, SchedOptions
-from radixlm.runtime.server.detokenizer import RequestDetokenizer
 from radixlm.runtime.server.info import flush_cache, server_info
 from radixlm.runtime.server.meta_info import finish_reason_info, logprob_info
 from radixlm.runtime.server.request_checks import check_request
@@ -39,32 +38,6 @@ from radixlm.runtime.server.stack import build_stack
 logger = logging.getLogger(__name__)
 
 PromptInput = str | list[int] | list[str] | list[list[int]]
-
-
-def _is_token(value: Any) -> bool:
-    """An integer token id (Python or numpy int; bool excluded)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-class _Tracked:
-    """Per-request client-side state: detokenizer and accumulated result."""
-
-    def __init__(self, index: int, rid: str, tokenizer, params: SamplingParams, lp):
-        self.index = index
-        self.rid = rid
-        self.detok = RequestDetokenizer(
-            tokenizer,
-            params.stop,
-            params.no_stop_trim,
-            params.skip_special_tokens,
-            params.spaces_between_special_tokens,
-        )
-        self.output_ids: list[int] = []
-        self.chunks: list[dict[str, Any]] = []
-        self.final: ReqOutput | None = None
-        self.logprobs: LogprobOptions = lp
-        self.input_lp: TokenLogprobs | None = None
-        self.output_lp = empty_logprobs(lp.top_logprobs_num) if lp.return_logprob else None
 
 
 class Engine:
@@ -92,7 +65,7 @@ class Engine:
         self.config, self.tokenizer = stack.config, stack.tokenizer
         self.runner, self.scheduler = stack.runner, stack.scheduler
         self._stack = stack  # closes the other tensor-parallel ranks at shutdown
-        self._tracked: dict[str, _Tracked] = {}
+        self._tracked: dict[str, Tracked] = {}
         self._stepped: dict[str, None] = {}  # add_request's requests, in arrival order
         self._rid_counter = itertools.count()
 
@@ -167,14 +140,14 @@ class Engine:
         lps = [
             LogprobOptions(*values, bool(return_text_in_logprobs))
             for values in zip(
-                _per_prompt(return_logprob, n, "return_logprob"),
-                _per_prompt(logprob_start_len, n, "logprob_start_len"),
-                _per_prompt(top_logprobs_num, n, "top_logprobs_num"),
+                per_prompt(return_logprob, n, "return_logprob"),
+                per_prompt(logprob_start_len, n, "logprob_start_len"),
+                per_prompt(top_logprobs_num, n, "top_logprobs_num"),
             )
         ]
         sched = [
             SchedOptions(priority=prio, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
-            for prio in _per_prompt(priority, n, "priority")
+            for prio in per_prompt(priority, n, "priority")
         ]
         for ids, p, lp in zip(token_lists, params, lps):
             self._validate(ids, p)
@@ -329,14 +302,14 @@ class Engine:
     def _tokenize(self, value) -> tuple[bool, list[list[int]]]:
         if isinstance(value, str):
             return True, [self._encode(value)]
-        if isinstance(value, list) and value and all(_is_token(t) for t in value):
+        if isinstance(value, list) and value and all(is_token(t) for t in value):
             return True, [[int(t) for t in value]]
         if isinstance(value, list) and value:
             out = []
             for item in value:
                 if isinstance(item, str):
                     out.append(self._encode(item))
-                elif isinstance(item, list) and all(_is_token(t) for t in item):
+                elif isinstance(item, list) and all(is_token(t) for t in item):
                     out.append([int(t) for t in item])
                 else:
                     raise InvalidRequestError(
@@ -397,7 +370,7 @@ class Engine:
                 rid = f"req-{next(self._rid_counter)}"
                 req = Req.new(rid, ids, p, extra_key=cache_salt, logprobs=lp, sched=so)
                 self.scheduler.add_request(req)  # may raise QueueFullError
-                self._tracked[rid] = _Tracked(index, rid, self.tokenizer, p, lp)
+                self._tracked[rid] = Tracked(index, rid, self.tokenizer, p, lp)
                 rids.append(rid)
         except BaseException:  # all or nothing: withdraw what this call queued
             self._abort(rids)
@@ -452,12 +425,12 @@ class Engine:
         finally:  # the consumer stopped early or the step failed: abort what is left
             self._abort(pending)
 
-    def _decode_token(self, t: _Tracked) -> Any:
+    def _decode_token(self, t: Tracked) -> Any:
         if not t.logprobs.return_text_in_logprobs:
             return None
         return lambda tok: self.tokenizer.decode([tok])
 
-    def _add_logprobs(self, t: _Tracked, out: ReqOutput) -> dict[str, list]:
+    def _add_logprobs(self, t: Tracked, out: ReqOutput) -> dict[str, list]:
         """Accumulate this output's logprobs into `t`; return its meta_info delta."""
         if out.input_logprobs is not None:
             t.input_lp = out.input_logprobs
@@ -465,7 +438,7 @@ class Engine:
             t.output_lp.extend(out.output_logprobs)
         return logprob_info(out.input_logprobs, out.output_logprobs, self._decode_token(t))
 
-    def _meta(self, t: _Tracked) -> dict[str, Any]:
+    def _meta(self, t: Tracked) -> dict[str, Any]:
         out = t.final
         meta: dict[str, Any] = {
             "id": t.rid,
@@ -492,17 +465,6 @@ class Engine:
             "meta_info": meta,
         }
 
-    def _result(self, t: _Tracked) -> dict[str, Any]:
+    def _result(self, t: Tracked) -> dict[str, Any]:
         assert t.final is not None
         return {"text": t.detok.text, "output_ids": list(t.output_ids), **self._meta(t)}
-
-
-def _per_prompt(value: Any, n: int, name: str) -> list[Any]:
-    """One value per prompt: `value` repeated, or a list of exactly n values."""
-    if isinstance(value, list):
-        if len(value) != n:
-            raise InvalidRequestError(
-                f"{len(value)} values of {name} for {n} prompts", param=name, code="invalid_value"
-            )
-        return list(value)
-    return [value] * n
