@@ -95,6 +95,10 @@ class ResponsesRequest(_Strict):
     parallel_tool_calls: bool | None = None  # unset: one call per response
     # Prefix-cache namespace (vLLM's field, as on the chat routes).
     cache_salt: str | None = Field(None, min_length=1)
+    # Scheduling extensions, as on the chat routes (`protocol.sched_options`).
+    priority: int | None = None
+    slo_ttft_ms: float | None = Field(None, gt=0)
+    slo_tpot_ms: float | None = Field(None, gt=0)
     # Accepted and ignored (IGNORED).
     reasoning: dict[str, Any] | None = None
     truncation: str | None = None

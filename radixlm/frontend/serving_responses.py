@@ -38,6 +38,7 @@ from fastapi.responses import JSONResponse, Response
 
 from radixlm.errors import InvalidRequestError
 from radixlm.frontend.errors import APIError, from_exception, log_failure, renamed
+from radixlm.frontend.protocol import sched_options
 from radixlm.frontend.reasoning import ReasoningParser, request_reasoning
 from radixlm.frontend.responses_input import input_messages
 from radixlm.frontend.responses_output import (
@@ -108,7 +109,16 @@ class ResponsesServing:
         pin = pin_key(turn.id) if stored else None
         salt = turn.req.cache_salt
         merged = merge(
-            [self.tm.generate(turn.ids, turn.params, rid=turn.id, extra_key=salt, pin_key=pin)]
+            [
+                self.tm.generate(
+                    turn.ids,
+                    turn.params,
+                    rid=turn.id,
+                    extra_key=salt,
+                    pin_key=pin,
+                    sched=sched_options(turn.req),
+                )
+            ]
         )
         try:
             if turn.req.stream:

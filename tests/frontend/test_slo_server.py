@@ -47,12 +47,44 @@ def test_unattainable_ttft_is_429_and_overrides_run(http):
     assert chat.status_code == 200, chat.text
     bad = http.post("/v1/completions", json={"prompt": "Hi", "slo_ttft_ms": 0})
     assert bad.status_code == 400
+    # /v1/responses takes the same extensions: the server's 1 ms target is refused, a
+    # request's own slack target runs.
+    body = {"input": "Hi", "max_output_tokens": 3, "temperature": 0, "store": False}
+    refused = http.post("/v1/responses", json=body)
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["code"] == "slo_unattainable"
+    resp = http.post("/v1/responses", json={**body, "priority": 1, **slack})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["output_tokens"] == 3
 
     slo = wait_idle(http)["slo"]
     assert slo["step_model"]["prior"] == [100.0, 0.0, 0.0]
     assert slo["step_model"]["steps_seen"] >= 2
-    assert slo["slo_rejected_total"] == 1
-    assert slo["slo_finished_total"] == 2 == slo["slo_both_met_total"]
+    assert slo["slo_rejected_total"] == 2
+    assert slo["slo_finished_total"] == 3 == slo["slo_both_met_total"]
     metrics = http.get("/metrics").text
-    assert "radixlm:slo_rejected_total 1.0" in metrics
-    assert "radixlm:slo_goodput_requests_total 2.0" in metrics
+    assert "radixlm:slo_rejected_total 2.0" in metrics
+    assert "radixlm:slo_goodput_requests_total 3.0" in metrics
+
+
+def test_cli_fills_the_step_prior_from_the_planner():
+    """`radixlm serve --slo-ttft-ms` without --slo-step-prior: the scheduler's prior is the
+    planner's roofline fit for the served model on this device. The planner measures the
+    CPU in each process (and the least-squares terms shift with the measured ratio of
+    bandwidth to FLOP/s), so the test compares predicted step times, which agree within a
+    factor of 3 on a shared machine."""
+    from radixlm.config_checks import parse_step_prior
+    from radixlm.plan.step_prior import serving_step_prior
+
+    expected = parse_step_prior(serving_step_prior("smollm2-135m", "cpu", "float32", "auto", None))
+    assert expected is not None
+    with running_server("--slo-ttft-ms", "60000") as url, httpx.Client(base_url=url) as client:
+        prior = client.get("/get_server_info").json()["slo"]["step_model"]["prior"]
+    assert prior is not None and len(prior) == 3
+
+    def step_ms(terms, chunk, batch):
+        return terms[0] + terms[1] * chunk + terms[2] * batch
+
+    for chunk, batch in ((512, 0), (0, 32), (256, 8)):
+        ratio = step_ms(prior, chunk, batch) / step_ms(expected, chunk, batch)
+        assert 1 / 3 <= ratio <= 3, (prior, expected, chunk, batch)

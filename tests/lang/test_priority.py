@@ -42,3 +42,14 @@ def test_runtime_endpoint_sends_priority(monkeypatch):
     backend.request(text=["Hi"], sampling_params={"max_new_tokens": 1}, priority=2)
     backend.request(text=["Hi"], sampling_params={"max_new_tokens": 1})
     assert bodies[0]["priority"] == 2 and "priority" not in bodies[1]
+
+
+def test_openai_backend_sends_priority_in_extra_body():
+    from radixlm.lang.backend.openai import OpenAI
+    from radixlm.lang.ir import SamplingOptions
+
+    backend = OpenAI.__new__(OpenAI)
+    backend.model_name = "m"
+    kwargs = backend._request_kwargs(SamplingOptions(max_new_tokens=2, priority=2))
+    assert kwargs["extra_body"] == {"priority": 2}
+    assert "extra_body" not in backend._request_kwargs(SamplingOptions(max_new_tokens=2))

@@ -22,7 +22,7 @@ from radixlm.lang.ir import SamplingOptions
 
 _COMPLETION_ONLY = ("gpt-3.5-turbo-instruct", "davinci-002", "babbage-002")
 # radixlm / SGLang / vLLM extensions, sent only when not at their neutral value.
-_EXTRA = {"top_k": -1, "min_p": 0.0, "ignore_eos": False}
+_EXTRA = {"top_k": -1, "min_p": 0.0, "ignore_eos": False, "priority": 0}
 
 
 class OpenAI(Backend):
