@@ -78,16 +78,18 @@ def _rne(v):
 
 @triton.jit
 def _e4m3_bits(v):
-    """The e4m3fn byte (uint8) of fp32 v, |v| <= 448, rounded to nearest even: v is rounded
-    on the e4m3 grid by powers of two (exact), then v * 2^-8 is an exact fp16 whose bits
-    15 and 13..7 are the byte."""
-    e = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    """The e4m3fn byte (uint8) of fp32 v, |v| <= 448, rounded to nearest even: |v| is
+    rounded on the e4m3 grid by powers of two (exact), then |v| * 2^-8 is an exact fp16
+    whose bits 13..7 are the byte's low 7; the sign is v's (so -0 stays -0)."""
+    bits = v.to(tl.int32, bitcast=True)
+    a = tl.abs(v)
+    e = ((bits >> 23) & 0xFF) - 127
     ulp_exp = tl.maximum(e, -6) - 3  # 3 mantissa bits; subnormals below 2^-6
     inv_ulp = ((127 - ulp_exp) << 23).to(tl.float32, bitcast=True)
     ulp = ((127 + ulp_exp) << 23).to(tl.float32, bitcast=True)
-    r = _rne(v * inv_ulp) * ulp
+    r = _rne(a * inv_ulp) * ulp
     h = (r * 0.00390625).to(tl.float16).to(tl.int16, bitcast=True)
-    return (((h >> 8) & 0x80) | ((h >> 7) & 0x7F)).to(tl.uint8)
+    return (((bits >> 24) & 0x80) | ((h >> 7) & 0x7F)).to(tl.uint8)
 
 
 @triton.jit
