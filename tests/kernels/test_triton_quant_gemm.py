@@ -223,3 +223,19 @@ def test_cpu_tensors_outside_the_interpreter_raise(monkeypatch):
         w8a8_int8_gemm(x, q, w_scale)
     with pytest.raises(ValueError, match="CUDA"):
         w4a16_gemm(x, *w4_layout(32, 64, 32, symmetric=True), 32)
+
+
+def test_strided_activations_and_bad_tiles(device):
+    x = activations(40, 64).to(device).t()  # [64, 40]: K strided, M contiguous
+    qpacked, scales, zeros = on(device, *w4_layout(32, 40, 20, symmetric=False))
+    want = quant_ref.w4a16_ref(x.cpu(), *on("cpu", qpacked, scales, zeros), 20)
+    got = w4a16_gemm(x, qpacked, scales, zeros, 20)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    q, w_scale = int8_weights(32, 40)
+    got = w8a8_int8_gemm(x, *on(device, q, w_scale))
+    torch.testing.assert_close(
+        got.cpu(), quant_ref.w8a8_int8_ref(x.cpu(), q, w_scale), rtol=1e-6, atol=0
+    )
+    for tiles in (Tiles(16, 32, 16), Tiles(8, 32, 32), Tiles(16, 48, 32), Tiles(16, 32, 32, 0)):
+        with pytest.raises(ValueError):
+            w8a8_int8_gemm(x, *on(device, q, w_scale), tiles=tiles)

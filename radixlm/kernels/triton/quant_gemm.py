@@ -101,26 +101,27 @@ def _e4m3_to_f16(b):
 
 @triton.jit
 def _quant_act_kernel(
-    X, XQ, Scale, Static, K, stride_xm, stride_qm,
+    X, XQ, Scale, Static, K, stride_xm, stride_xk, stride_qm,
     FP8: tl.constexpr, QMAX: tl.constexpr, STATIC: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Row program_id(0) of x: its scale (absmax / QMAX, 1 for a zero row, or the static
     one) to Scale[row], its int8 values or e4m3 bytes to XQ[row]."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
+    x_row = X + row * stride_xm
     if STATIC:
         s = tl.load(Static).to(tl.float32)
     else:
         amax = tl.zeros((BLOCK,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK):
-            x = tl.load(X + row * stride_xm + k0 + offs, mask=k0 + offs < K, other=0.0)
+            x = tl.load(x_row + (k0 + offs) * stride_xk, mask=k0 + offs < K, other=0.0)
             amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
         s = tl.math.div_rn(tl.max(amax, 0), QMAX)
         s = tl.where(s > 0.0, s, 1.0)
     tl.store(Scale + row, s)
     for k0 in range(0, K, BLOCK):
         mask = k0 + offs < K
-        x = tl.load(X + row * stride_xm + k0 + offs, mask=mask, other=0.0)
+        x = tl.load(x_row + (k0 + offs) * stride_xk, mask=mask, other=0.0)
         v = tl.math.div_rn(x.to(tl.float32), s)
         if FP8:
             q = _e4m3_bits(tl.minimum(tl.maximum(v, -QMAX), QMAX))
@@ -255,7 +256,8 @@ def _quantize(x: torch.Tensor, static: torch.Tensor | None, fp8: bool) -> tuple[
     if m:
         block = min(triton.next_power_of_2(k), 1024)
         _quant_act_kernel[(m,)](
-            x, xq, scale, static if static is not None else scale, k, x.stride(0), xq.stride(0),
+            x, xq, scale, static if static is not None else scale, k,
+            x.stride(0), x.stride(1), xq.stride(0),
             FP8=fp8, QMAX=FP8_E4M3_MAX if fp8 else INT8_MAX, STATIC=static is not None,
             BLOCK=block,
         )  # fmt: skip
@@ -263,7 +265,13 @@ def _quantize(x: torch.Tensor, static: torch.Tensor | None, fp8: bool) -> tuple[
 
 
 def _splits(k: int, tiles: Tiles) -> tuple[int, int]:
-    """(K range per split, a multiple of block_k; number of non-empty splits)."""
+    """(K range per split, a multiple of block_k; number of non-empty splits). Raises
+    ValueError for tiles tl.dot cannot take."""
+    sizes = (tiles.block_m, tiles.block_n, tiles.block_k)
+    if any(b & (b - 1) for b in sizes) or min(sizes[:2]) < 16 or tiles.block_k < 32:
+        raise ValueError(f"{tiles}: blocks must be powers of two, M and N >= 16, K >= 32")
+    if tiles.split_k < 1:
+        raise ValueError(f"{tiles}: split_k must be >= 1")
     k_split = triton.cdiv(triton.cdiv(k, tiles.block_k), tiles.split_k) * tiles.block_k
     return k_split, triton.cdiv(k, k_split)
 
@@ -287,10 +295,10 @@ def w4a16_gemm(
     fp32 for fp32 x). Grid (cdiv(M, BM), cdiv(N, BN), splits).
     Raises ValueError for shapes, dtypes, devices or a group size not dividing K.
     """
-    n, k = qpacked.shape[0], 2 * qpacked.shape[-1]
-    _check_common(x, k, qpacked, scales, zeros)
     if qpacked.dim() != 2 or qpacked.dtype != torch.uint8:
         raise ValueError(f"qpacked must be uint8 [N, K / 2], got {qpacked.dtype}")
+    n, k = qpacked.shape[0], 2 * qpacked.shape[1]
+    _check_common(x, k, qpacked, scales, zeros)
     if group_size <= 0 or group_size % 2 or k % group_size:
         raise ValueError(f"group size {group_size} must be even and divide K = {k}")
     groups = (n, k // group_size)
@@ -322,9 +330,9 @@ def w4a16_gemm(
 
 
 def _w8a8_checks(x, q, w_scale, act_scale, qdtype: torch.dtype) -> None:
-    _check_common(x, q.shape[-1], q, w_scale, *([act_scale] if act_scale is not None else []))
     if q.dim() != 2 or q.dtype != qdtype:
         raise ValueError(f"q must be {qdtype} [N, K], got {q.dtype} {tuple(q.shape)}")
+    _check_common(x, q.shape[1], q, w_scale, *([act_scale] if act_scale is not None else []))
     _check_scale(w_scale, q.shape[0], "w_scale")
     if act_scale is not None:
         _check_scale(act_scale, 1, "act_scale")
@@ -335,6 +343,7 @@ def _w8a8_triton(xq, xs, q, w_scale, out_dtype, fp8: bool, tiles: Tiles | None):
     e4m3 bytes as uint8) with the scale epilogue; [M, N] in out_dtype."""
     m, k = xq.shape
     n = q.shape[0]
+    w_scale = w_scale.reshape(-1).contiguous()
     tiles = tiles or _tiles(m, n, k, 128, xq.device)
     k_split, splits = _splits(k, tiles)
     acc_dtype = torch.float32 if fp8 else torch.int32
@@ -381,7 +390,7 @@ def w8a8_int8_gemm(
 
 def _scaled_mm_ok(x: torch.Tensor, n: int, k: int) -> bool:
     """Whether `torch._scaled_mm` runs here: fp8 tensor cores (sm 8.9+), N and K % 16."""
-    if x.device.type != "cuda" or n % 16 or k % 16:
+    if x.device.type != "cuda" or n % 16 or k % 16 or x.shape[0] == 0:
         return False
     return torch.cuda.get_device_capability(x.device) >= (8, 9)
 
@@ -410,7 +419,7 @@ def w8a8_fp8_gemm(
     n, k = q.shape
     if not _scaled_mm_ok(x, n, k):
         return _w8a8_triton(xq, xs, q.view(torch.uint8), w_scale, x.dtype, True, tiles)
-    a, b = xq.view(torch.float8_e4m3fn), q.t()  # b column-major, as _scaled_mm requires
+    a, b = xq.view(torch.float8_e4m3fn), q.contiguous().t()  # b column-major, as required
     if x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0):
         sb = w_scale.reshape(1, -1).contiguous()
         return torch._scaled_mm(a, b, xs[:, None], sb, out_dtype=torch.bfloat16)
