@@ -264,14 +264,19 @@ def _quantize(x: torch.Tensor, static: torch.Tensor | None, fp8: bool) -> tuple[
     return xq, scale
 
 
-def _splits(k: int, tiles: Tiles) -> tuple[int, int]:
-    """(K range per split, a multiple of block_k; number of non-empty splits). Raises
-    ValueError for tiles tl.dot cannot take."""
+def _check_tiles(tiles: Tiles | None) -> None:
+    """Raises ValueError for tiles tl.dot cannot take."""
+    if tiles is None:
+        return
     sizes = (tiles.block_m, tiles.block_n, tiles.block_k)
     if any(b & (b - 1) for b in sizes) or min(sizes[:2]) < 16 or tiles.block_k < 32:
         raise ValueError(f"{tiles}: blocks must be powers of two, M and N >= 16, K >= 32")
     if tiles.split_k < 1:
         raise ValueError(f"{tiles}: split_k must be >= 1")
+
+
+def _splits(k: int, tiles: Tiles) -> tuple[int, int]:
+    """(K range per split, a multiple of block_k; number of non-empty splits)."""
     k_split = triton.cdiv(triton.cdiv(k, tiles.block_k), tiles.split_k) * tiles.block_k
     return k_split, triton.cdiv(k, k_split)
 
@@ -293,12 +298,13 @@ def w4a16_gemm(
         group_size: G, even and dividing K. tiles: override the tile table (block_k >= 32).
     Returns [M, N] in x's dtype; products accumulate in fp32 (tl.dot on x's dtype, exact
     fp32 for fp32 x). Grid (cdiv(M, BM), cdiv(N, BN), splits).
-    Raises ValueError for shapes, dtypes, devices or a group size not dividing K.
+    Raises ValueError for shapes, dtypes, devices, tiles or a group size not dividing K.
     """
     if qpacked.dim() != 2 or qpacked.dtype != torch.uint8:
         raise ValueError(f"qpacked must be uint8 [N, K / 2], got {qpacked.dtype}")
     n, k = qpacked.shape[0], 2 * qpacked.shape[1]
     _check_common(x, k, qpacked, scales, zeros)
+    _check_tiles(tiles)
     if group_size <= 0 or group_size % 2 or k % group_size:
         raise ValueError(f"group size {group_size} must be even and divide K = {k}")
     groups = (n, k // group_size)
@@ -329,13 +335,14 @@ def w4a16_gemm(
     return y[0] if splits == 1 else y.sum(0).to(x.dtype)
 
 
-def _w8a8_checks(x, q, w_scale, act_scale, qdtype: torch.dtype) -> None:
+def _w8a8_checks(x, q, w_scale, act_scale, tiles, qdtype: torch.dtype) -> None:
     if q.dim() != 2 or q.dtype != qdtype:
         raise ValueError(f"q must be {qdtype} [N, K], got {q.dtype} {tuple(q.shape)}")
     _check_common(x, q.shape[1], q, w_scale, *([act_scale] if act_scale is not None else []))
     _check_scale(w_scale, q.shape[0], "w_scale")
     if act_scale is not None:
         _check_scale(act_scale, 1, "act_scale")
+    _check_tiles(tiles)
 
 
 def _w8a8_triton(xq, xs, q, w_scale, out_dtype, fp8: bool, tiles: Tiles | None):
@@ -381,9 +388,9 @@ def w8a8_int8_gemm(
             per-token absmax / 127. tiles: override the tile table (block_k >= 32).
     Returns [M, N] in x's dtype: int32 accumulation (exact for K < 133,000), then
     acc * act_scale[m] * w_scale[n] in fp32.
-    Raises ValueError for shapes, dtypes or devices.
+    Raises ValueError for shapes, dtypes, devices or tiles.
     """
-    _w8a8_checks(x, q, w_scale, act_scale, torch.int8)
+    _w8a8_checks(x, q, w_scale, act_scale, tiles, torch.int8)
     xq, xs = _quantize(x, act_scale, fp8=False)
     return _w8a8_triton(xq, xs, q, w_scale, x.dtype, False, tiles)
 
@@ -412,9 +419,9 @@ def w8a8_fp8_gemm(
     Returns [M, N] in x's dtype, products in fp32. On sm 8.9+ `torch._scaled_mm` multiplies
     (row-wise scales for bf16 output on sm 9.0+; else unit scales, fp32 output, and the
     scales applied after); elsewhere, and under the interpreter, the Triton GEMM.
-    Raises ValueError for shapes, dtypes or devices.
+    Raises ValueError for shapes, dtypes, devices or tiles.
     """
-    _w8a8_checks(x, q, w_scale, act_scale, torch.float8_e4m3fn)
+    _w8a8_checks(x, q, w_scale, act_scale, tiles, torch.float8_e4m3fn)
     xq, xs = _quantize(x, act_scale, fp8=True)
     n, k = q.shape
     if not _scaled_mm_ok(x, n, k):
