@@ -24,7 +24,13 @@ Method
    metadata (`init_forward_metadata`) excluded and reported separately.
 4. RMSNorm and SwiGLU (SmolLM2 widths 576 / 1536, bf16) at 1, 64, 256 and 8192 tokens:
    the Triton kernels against the model's torch code, to decide whether they pay.
-5. Whole decode step of the bundled model (SmolLM2-135M-Instruct, bf16; a random model of
+5. Quantized GEMMs (`kernels.triton.quant_gemm`), N = K = ``--quant-dim`` (4096), bf16
+   activations, M in ``--quant-m`` (1 16 2048: decode and prefill): W4A16 (group 128,
+   asymmetric), W8A8 int8 and W8A8 fp8 (``torch._scaled_mm`` on sm 8.9+) against torch
+   dequantize-then-matmul of the same weights each call and against the bf16 matmul of the
+   dequantized weight. Weight GB/s = the stored weight bytes / time; ``max_rel_err`` = max
+   |y - reference| / max |reference| against `kernels.quant_ref`.
+6. Whole decode step of the bundled model (SmolLM2-135M-Instruct, bf16; a random model of
    the same shape when the bundled one is not installed): ``ModelRunner.forward`` on a
    scheduler-style CPU batch, including the host-to-device copy of the table rows, CUDA
    graph replay when enabled, and the logits copy back to the CPU. Backends: torch_native
@@ -244,6 +250,67 @@ def elementwise_rows(device: str, timer: Timer, copy_gbs: float) -> list[dict[st
     return rows
 
 
+def quant_gemm_rows(args, device: str, timer: Timer) -> list[dict[str, Any]]:
+    """The Triton quantized GEMMs against torch dequantize + matmul (section 5)."""
+    from radixlm.kernels import quant_ref
+    from radixlm.kernels.triton.quant_gemm import w4a16_gemm, w8a8_fp8_gemm, w8a8_int8_gemm
+
+    n = k = args.quant_dim
+    group, bf16 = 128, torch.bfloat16
+    g = torch.Generator(device=device).manual_seed(0)
+    q4 = torch.randint(0, 16, (n, k), generator=g, device=device, dtype=torch.uint8)
+    qpacked = quant_ref.pack_int4(q4)
+    scales = torch.rand(n, k // group, generator=g, device=device) * 0.01
+    zeros = torch.randint(0, 16, (n, k // group), generator=g, device=device, dtype=torch.uint8)
+    q8 = torch.randint(-127, 128, (n, k), generator=g, device=device, dtype=torch.int8)
+    qf8 = (torch.randn(n, k, generator=g, device=device) * 60).clamp(-448, 448)
+    qf8 = qf8.to(torch.float8_e4m3fn)
+    w_scale = torch.rand(n, generator=g, device=device) * 1e-3
+    w4 = quant_ref.dequant_w4(qpacked, scales, zeros, group).to(bf16)
+    methods = {  # name: (stored weight bytes, kernel, torch dequantize + matmul, reference)
+        "w4a16": (
+            qpacked.numel() + scales.numel() * 4 + zeros.numel(),
+            lambda x: w4a16_gemm(x, qpacked, scales, zeros, group),
+            lambda x: x @ quant_ref.dequant_w4(qpacked, scales, zeros, group).to(bf16).t(),
+            lambda x: quant_ref.w4a16_ref(x, qpacked, scales, zeros, group),
+        ),
+        "w8a8_int8": (
+            q8.numel() + w_scale.numel() * 4,
+            lambda x: w8a8_int8_gemm(x, q8, w_scale),
+            lambda x: x @ (q8.to(bf16) * w_scale[:, None].to(bf16)).t(),
+            lambda x: quant_ref.w8a8_int8_ref(x, q8, w_scale),
+        ),
+        "w8a8_fp8": (
+            qf8.numel() + w_scale.numel() * 4,
+            lambda x: w8a8_fp8_gemm(x, qf8, w_scale),
+            lambda x: x @ (qf8.to(bf16) * w_scale[:, None].to(bf16)).t(),
+            lambda x: quant_ref.w8a8_fp8_ref(x, qf8, w_scale),
+        ),
+    }
+    rows = []
+    for m in args.quant_m:
+        x = torch.randn(m, k, generator=g, device=device).to(bf16)
+        flops = 2 * m * n * k
+        cases = [("bf16_dense", "torch matmul", n * k * 2, lambda x=x: x @ w4.t(), None)]
+        for name, (nbytes, kernel, torch_fn, ref) in methods.items():
+            cases.append((name, "triton", nbytes, lambda x=x, f=kernel: f(x), ref))
+            cases.append((name, "torch dequant+matmul", nbytes, lambda x=x, f=torch_fn: f(x), ref))
+        for method, impl, nbytes, fn, ref in cases:
+            ms = timer(fn)
+            row = {"method": method, "impl": impl, "M": m, "N=K": n, "ms": round(ms, 4)}
+            row["weight GB/s"] = round(nbytes / ms / 1e6, 1)
+            row["TFLOP/s"] = round(flops / ms / 1e9, 2)
+            row["max_rel_err"] = "-"
+            if ref is not None:
+                want = ref(x)
+                err = (fn().float() - want).abs().max() / want.abs().max()
+                row["max_rel_err"] = f"{err.item():.1e}"
+            rows.append(row)
+            print(_fmt_row(row), flush=True)
+        _free(device)
+    return rows
+
+
 def model_dir(args, tmp: Path) -> tuple[Path, str]:
     """The bundled model's HF directory, or a random model of the same shape (`tmp`)."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -346,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tests-only", action="store_true", help="run the tests, no timing")
     parser.add_argument("--tests-timeout", type=float, default=420, help="seconds")
     parser.add_argument("--skip-model", action="store_true", help="no whole-model decode steps")
+    parser.add_argument("--quant-m", type=int, nargs="+", default=[1, 16, 2048])
+    parser.add_argument("--quant-dim", type=int, default=4096, help="N = K of the GEMMs")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     parser.add_argument(
         "--smoke-cpu", action="store_true",
@@ -398,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cuda":
         results["elementwise"] = elementwise_rows(device, timer, copy_gbs)
         save()
+        results["quant_gemm"] = quant_gemm_rows(args, device, timer)
+        save()
     if not args.skip_model:
         variants = [("torch_native", False)]
         if device == "cuda":
@@ -412,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     print("\n## Attention (one layer)\n" + _table(results["attention"]))
     print("\n## RMSNorm / SwiGLU\n" + _table(results.get("elementwise", [])))
+    print("\n## Quantized GEMMs\n" + _table(results.get("quant_gemm", [])))
     print("\n## Decode step (whole model)\n" + _table(results.get("decode_step", [])))
     if not args.smoke_cpu:
         print(f"\nsaved {args.output}")
