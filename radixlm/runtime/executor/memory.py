@@ -125,14 +125,14 @@ class KVPool:
             self.v_buffer[layer_id].index_copy_(0, loc, v.to(self.dtype))
             return
         ks, vs = self.kv_scales.k[layer_id], self.kv_scales.v[layer_id]
-        _copy_rows(self.k_buffer[layer_id], loc, quantize(k, ks, self.dtype))
-        _copy_rows(self.v_buffer[layer_id], loc, quantize(v, vs, self.dtype))
+        copy_rows(self.k_buffer[layer_id], loc, quantize(k, ks, self.dtype))
+        copy_rows(self.v_buffer[layer_id], loc, quantize(v, vs, self.dtype))
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy every layer's K and V rows of slots `src` into slots `dst` (int64 [n], on
         the pool's device; the two may overlap: each buffer's rows are read before written)."""
         for buf in self.k_buffer + self.v_buffer:
-            _copy_rows(buf, dst, buf.index_select(0, src))
+            copy_rows(buf, dst, buf.index_select(0, src))
 
 
 class LatentKVPool:
@@ -201,14 +201,14 @@ class LatentKVPool:
             self.k_buffer[layer_id].index_copy_(0, loc, k.to(self.dtype))
             return
         scale = self.kv_scales.k[layer_id]
-        _copy_rows(self.k_buffer[layer_id], loc, quantize(k, scale, self.dtype))
+        copy_rows(self.k_buffer[layer_id], loc, quantize(k, scale, self.dtype))
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy every layer's rows of slots `src` into slots `dst` (int64 [n], on the pool's
         device; they may overlap). Only `k_buffer`: copying the aliasing `v_buffer` again
         would read rows the first copy already overwrote."""
         for buf in self.k_buffer:
-            _copy_rows(buf, dst, buf.index_select(0, src))
+            copy_rows(buf, dst, buf.index_select(0, src))
 
 
 def _checked_scales(pool, scales: KVScales) -> KVScales:
@@ -221,7 +221,7 @@ def _checked_scales(pool, scales: KVScales) -> KVScales:
     return scales
 
 
-def _copy_rows(buf: torch.Tensor, loc: torch.Tensor, rows: torch.Tensor) -> None:
+def copy_rows(buf: torch.Tensor, loc: torch.Tensor, rows: torch.Tensor) -> None:
     """buf[loc] = rows (index_copy_); fp8 buffers through their bytes, which torch's CPU
     index_copy_ does not take as fp8."""
     if is_fp8(buf.dtype):
