@@ -198,7 +198,35 @@ def test_triton_on_fp8_pools_matches_torch_native(fmt, mode, page_size, group, h
     assert torch.equal(_bytes(got_v, loc), _bytes(ref_pool.v_buffer[0], loc))
 
 
-def test_triton_refuses_fp8_latent_pools(device):
-    pool = LatentKVPool(8, 1, 16, 8, torch.float8_e4m3fn, device)
-    with pytest.raises(ValueError, match="fp8 latent"):
-        create_attention_backend("triton", pool, 1.0)
+def _latent_fp8_run(name: str, fmt: str, mode: str, device: str):
+    """One step of `name` over a `LatentKVPool` in `fmt` (scale K_SCALE for the latent rows,
+    which are keys and values alike), filled from a random latent case."""
+    from tests.kernels.latent_cases import make_latent_case
+
+    fmode, prefix_lens, extend_lens = MODES[mode]
+    rank, rope = 32, 16
+    case = make_latent_case(fmode, prefix_lens, extend_lens, heads=16, rank=rank, rope_dim=rope)
+    src = case.pool.k_buffer[0]
+    pool = LatentKVPool(src.shape[0], 1, rank, rope, FP8_DTYPES[fmt], device)
+    pool.k_buffer[0].copy_(quantize(src, K_SCALE, pool.dtype).to(device))
+    pool.use_scales(KVScales((K_SCALE,), (K_SCALE,)))
+    fb = case.fb.to(device)
+    backend = create_attention_backend(name, pool, case.scaling, num_heads=16)
+    backend.init_forward_metadata(fb)
+    out = backend.forward(case.q.to(device), case.k.to(device), case.v.to(device), 0, fb)
+    rows = pool.k_buffer[0][fb.out_cache_loc].cpu().view(torch.uint8)
+    return out.cpu(), rows, type(backend).__name__
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("mode", ["extend", "decode"])
+def test_fp8_latent_pools_match_torch_native(fmt, mode, device, cpu_kernels):
+    """Multi-head latent attention over an fp8 latent pool: the C MLA decode and extend
+    kernels and the Triton MLA decode / extend kernels equal torch_native's
+    dequantize-then-attend, and every store writes the same bytes."""
+    ref, ref_rows, _ = _latent_fp8_run("torch_native", fmt, mode, "cpu")
+    for name, dev, backend in (("cpu", "cpu", "CpuNativeBackend"), ("triton", device, None)):
+        out, rows, made = _latent_fp8_run(name, fmt, mode, dev)
+        assert made == (backend or made)
+        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+        assert torch.equal(rows, ref_rows)

@@ -6,7 +6,7 @@ import torch
 
 from radixlm.kernels.base import AttentionBackend
 from radixlm.kernels.forward_batch import ForwardBatch, ForwardMode
-from radixlm.kernels.fp8 import is_fp8, pool_scales
+from radixlm.kernels.fp8 import pool_scales
 from radixlm.kernels.triton.decode_attention import decode_attention, num_kv_splits
 from radixlm.kernels.triton.extend_attention import extend_attention
 from radixlm.kernels.triton.mla_decode import MLA_BLOCK_H, mla_decode_attention
@@ -31,18 +31,9 @@ class TritonBackend(AttentionBackend):
     An fp8 pool (`radixlm.kernels.fp8`) is quantized by the store and read as fp8 by the
     kernels, computed in fp32, with the layer's K scale folded into the softmax scale and
     its V scale into the output; the scales are constants, so CUDA graphs capture them.
-    Raises ValueError for an fp8 latent pool (the MLA decode kernel reads no fp8).
     """
 
     supports_cuda_graph = True
-
-    def __init__(self, kv_pool, scaling: float, sliding_windows=None):
-        super().__init__(kv_pool, scaling, sliding_windows)
-        if self.latent_values and is_fp8(kv_pool.k_buffer[0].dtype):
-            raise ValueError(
-                "the triton attention backend does not read fp8 latent (MLA) KV pools; "
-                "use --kv-cache-dtype auto, or the cpu / torch_native backend"
-            )
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         if fb.mode is ForwardMode.DECODE:
@@ -60,7 +51,8 @@ class TritonBackend(AttentionBackend):
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         if self.latent_values:
-            store_kv(self.kv_pool.k_buffer[layer_id], None, loc, k, None)
+            k_scale = pool_scales(self.kv_pool, layer_id)[0]
+            store_kv(self.kv_pool.k_buffer[layer_id], None, loc, k, None, k_scale)
             return
         k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
         store_kv(k_buf, v_buf, loc, k, v, *pool_scales(self.kv_pool, layer_id))
@@ -82,6 +74,7 @@ class TritonBackend(AttentionBackend):
                 num_kv_splits(fb.batch_size, blocks, q.device),
                 block_h=MLA_BLOCK_H,
                 window=self.sliding_windows[layer_id] or 0,
+                kv_scale=k_scale,
             )
         return decode_attention(
             q.contiguous(),
