@@ -77,10 +77,12 @@ class ServerArgs:
     )
     kv_cache_dtype: str = _opt(
         "auto",
-        "KV cache dtype ('auto' = the model dtype); on CPU the C kernels serve float32 and "
-        "float16 pools (float16: half the KV bytes, attention still computed in fp32), "
-        "bfloat16 falls back to torch_native attention",
-        choices=["auto", "float32", "bfloat16", "float16"],
+        "KV cache dtype ('auto' = the model dtype); on CPU the C kernels serve float32, "
+        "float16 and fp8 pools (attention computed in fp32), bfloat16 falls back to "
+        "torch_native attention; fp8_e4m3 / fp8_e5m2: one byte a value with per-layer "
+        "scales from the checkpoint, else 1.0 (cpu, torch_native, triton backends; "
+        "docs/quant-kv.md)",
+        choices=["auto", "float32", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2"],
     )
     device: str = _opt(
         "auto",

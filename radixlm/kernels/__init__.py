@@ -70,27 +70,39 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def resolve_attention_backend(name: str, device: str, dtype: str | None = None) -> str:
+def resolve_attention_backend(
+    name: str, device: str, dtype: str | None = None, kv_dtype=None
+) -> str:
     """Map the `--attention-backend` setting to a registered backend name for `device`.
 
     'auto' is flashinfer on CUDA when installed (and `dtype`, the model's, is not float32:
-    FlashInfer's kernels are half precision), else triton on CUDA; on CPU it is cpu
-    (torch_native with radixlm's C decode kernel, which itself falls back to torch_native
-    where the kernel cannot be built or the KV pool is not float32).
+    FlashInfer's kernels are half precision; and `kv_dtype`, the KV pool's torch dtype, is
+    not fp8: radixlm passes FlashInfer no fp8 scales), else triton on CUDA; on CPU it is
+    cpu (torch_native with radixlm's C attention kernels, which itself falls back to
+    torch_native where the kernels cannot be built or the KV pool is outside them).
     Raises ValueError when a GPU-only backend is asked for on CPU (triton is allowed on CPU
-    under `TRITON_INTERPRET=1`) or flashinfer is asked for but not installed.
+    under `TRITON_INTERPRET=1`), flashinfer is asked for but not installed, or flashinfer
+    is asked for over an fp8 KV pool (naming both).
     """
+    from radixlm.kernels.fp8 import is_fp8
+
     on_cuda = str(device).startswith("cuda")
+    fp8 = kv_dtype is not None and is_fp8(kv_dtype)
     if name == "auto":
         if not on_cuda:
             return "cpu"
         half = dtype != "float32"
-        return "flashinfer" if half and flashinfer_available() else "triton"
+        return "flashinfer" if half and not fp8 and flashinfer_available() else "triton"
     if name == "cpu" and on_cuda:
         raise ValueError("attention backend 'cpu' runs on CPU; use triton or flashinfer on CUDA")
     if name == "triton" and not on_cuda and not triton_interpreting():
         raise ValueError("attention backend 'triton' needs CUDA (or TRITON_INTERPRET=1 on CPU)")
     if name == "flashinfer":
+        if fp8:
+            raise ValueError(
+                f"attention backend 'flashinfer' does not read an fp8 KV cache ({kv_dtype}); "
+                "use triton with --kv-cache-dtype fp8_e4m3 / fp8_e5m2"
+            )
         if not on_cuda:
             raise ValueError("attention backend 'flashinfer' needs CUDA; use cpu on CPU")
         if not flashinfer_available():

@@ -3,8 +3,10 @@
 Decode reads each request's K/V in place from the pool through its slot list
 (`radixlm/kernels/cpu/decode_attention.c`) instead of gathering them into a padded
 block for SDPA; extend runs FlashAttention-style blocks over the slot list
-(`extend_attention.c`; head_dim a multiple of 16, else torch_native's SDPA). float32 or
-float16 pools (`--kv-cache-dtype float16`: half the KV bytes, computed in fp32);
+(`extend_attention.c`; head_dim a multiple of 16, else torch_native's SDPA). float32,
+float16 or fp8 pools (`--kv-cache-dtype float16`: half the KV bytes, fp8_e4m3 / fp8_e5m2:
+a quarter; computed in fp32, an fp8 layer's K scale folded into the softmax scale and its
+V scale applied to the output, `radixlm.kernels.fp8`);
 `create_attention_backend` falls back to torch_native where the CPU kernels cannot be
 built or the pool's dtype or shape is outside them (`supports_pool`).
 
@@ -21,11 +23,12 @@ import torch
 from radixlm.kernels.base import FusedLayerTables
 from radixlm.kernels.cpu import KV_DTYPES, CpuKernels
 from radixlm.kernels.forward_batch import ForwardBatch, ForwardMode
+from radixlm.kernels.fp8 import is_fp8, pool_scales
 from radixlm.kernels.torch_native import TorchNativeBackend
 
 
 def supports_pool(kv_pool, num_heads: int | None) -> bool:
-    """Whether the C kernels can serve this pool: float32 or float16 CPU buffers, K and V
+    """Whether the C kernels can serve this pool: float32, float16 or fp8 CPU buffers, K and V
     head dims multiples of 8, each slot's V heads contiguous (V may be a view of K), and
     (when known) the query heads a multiple of the KV heads."""
     k, v = kv_pool.k_buffer[0], kv_pool.v_buffer[0]
@@ -45,12 +48,13 @@ def supports_pool(kv_pool, num_heads: int | None) -> bool:
 class CpuNativeBackend(TorchNativeBackend):
     """TorchNativeBackend whose `forward_decode` and `forward_extend` run the C attention
     kernels (extend: when head_dim % 16 == 0, chosen once here) and whose `set_kv` copies
-    the new K/V rows in one C call. Sliding windows go to the kernels as their `window`
-    argument (0 for a layer without one); verify runs torch_native's masks.
+    the new K/V rows in one C call (an fp8 pool's own `set_kv` quantizes them). Sliding
+    windows go to the kernels as their `window` argument (0 for a layer without one);
+    verify runs torch_native's masks.
 
     Args:
         kv_pool, scaling, sliding_windows: as `AttentionBackend`; the pool's buffers
-            float32 or float16.
+            float32, float16, or fp8 with per-layer `kv_scales`.
         kernels: the loaded `CpuKernels`.
     """
 
@@ -65,6 +69,8 @@ class CpuNativeBackend(TorchNativeBackend):
         self.plain_pool = kv_pool.v_buffer[0].shape == kv_pool.k_buffer[0].shape and all(
             b.is_contiguous() for b in (kv_pool.k_buffer[0], kv_pool.v_buffer[0])
         )
+        #: Whether the pool stores fp8 (written by its own `set_kv`, never by the fused stack).
+        self.fp8 = is_fp8(kv_pool.k_buffer[0].dtype)
         if self.extend_kernel:
             self.forward_extend = self._extend_kernel
 
@@ -76,14 +82,15 @@ class CpuNativeBackend(TorchNativeBackend):
     def _extend_kernel(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         """forward_extend by the C kernel: q [T, H, Dk] -> [T, H, Dv] in q's dtype."""
         k_buf, v_buf = self._layer_kv(layer_id)
+        k_scale, v_scale = pool_scales(self.kv_pool, layer_id)
         out = self.kernels.extend_attention(
-            q.float(), k_buf, v_buf, self._slots, self._lens, self._ext, self.scaling,
+            q.float(), k_buf, v_buf, self._slots, self._lens, self._ext, self.scaling * k_scale,
             self._windows[layer_id],
         )  # fmt: skip
-        return out.to(q.dtype)
+        return _scaled(out, v_scale).to(q.dtype)
 
     def _layer_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer's K and V buffers, float32 or float16 [num_slots, Hkv, Dk / Dv]."""
+        """One layer's K and V buffers, float32, float16 or fp8 [num_slots, Hkv, Dk / Dv]."""
         return self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
 
     def _padding_mask(self, valid: torch.Tensor, max_len: int) -> None:
@@ -95,9 +102,10 @@ class CpuNativeBackend(TorchNativeBackend):
         EXTEND or TARGET_VERIFY step (`causal_step`) when extend attention runs the C
         kernel (`ext_lens` None when each request has one new token: the decode kernel
         serves it). None otherwise (tree-masked verifies, head_dim % 16 != 0, pools whose V
-        rows are not K's shape packed, e.g. latent pools, and every step when a layer has a
-        sliding window: the fused stack has no window argument)."""
-        if self.has_windows or not self.plain_pool:
+        rows are not K's shape packed, e.g. latent pools, fp8 pools, whose scales and
+        quantizing store the stack lacks, and every step when a layer has a sliding window:
+        the fused stack has no window argument)."""
+        if self.has_windows or not self.plain_pool or self.fp8:
             return None
         if fb.mode is ForwardMode.DECODE:
             ext_lens = None
@@ -113,18 +121,24 @@ class CpuNativeBackend(TorchNativeBackend):
         )
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        if not self.plain_pool:  # the pool knows what it stores (a latent pool: K alone)
+        if not self.plain_pool or self.fp8:  # the pool knows what it stores (latent: K alone)
             self.kv_pool.set_kv(layer_id, loc, k, v)
             return
         self.kernels.store_kv(k.float(), v.float(), *self._layer_kv(layer_id), loc)
 
     def forward_decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         k_buf, v_buf = self._layer_kv(layer_id)
+        k_scale, v_scale = pool_scales(self.kv_pool, layer_id)
         out = self.kernels.decode_attention(
-            q.float(), k_buf, v_buf, self._slots, self._lens, self.scaling,
+            q.float(), k_buf, v_buf, self._slots, self._lens, self.scaling * k_scale,
             self._windows[layer_id],
         )  # fmt: skip
-        return out.to(q.dtype)
+        return _scaled(out, v_scale).to(q.dtype)
+
+
+def _scaled(out: torch.Tensor, v_scale: float) -> torch.Tensor:
+    """The kernels' output (float32) times an fp8 layer's V scale, in place (1.0: as is)."""
+    return out if v_scale == 1.0 else out.mul_(v_scale)
 
 
 def causal_step(fb: ForwardBatch) -> bool:

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from radixlm.kernels.base import AttentionBackend
 from radixlm.kernels.forward_batch import ForwardBatch
+from radixlm.kernels.fp8 import dequantize, is_fp8, pool_scales
 from radixlm.kernels.sliding_window import causal_window_mask, verify_window_mask, window_keep
 
 
@@ -20,6 +21,10 @@ class TorchNativeBackend(AttentionBackend):
 
     V may be narrower than K (Dv < Dk: multi-head latent attention, whose V is the first
     Dv elements of each latent K row, `latent_values`: gathered once, V sliced from K).
+
+    An fp8 pool (`radixlm.kernels.fp8`) is dequantized as it is gathered (stored value
+    times the layer's scale, in float32, then cast to q's dtype) and attended as above:
+    the reference the fp8 kernels are tested against.
 
     A layer with a sliding window (`sliding_windows`) adds the window to those masks: one
     mask per window, built on the first layer of the step that needs it and kept for the
@@ -103,15 +108,24 @@ class TorchNativeBackend(AttentionBackend):
     def _gather_kv(
         self, layer_id: int, slots: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """K [*slots.shape, Hkv, Dk] and V [*slots.shape, Hkv, Dv] of `slots` in `dtype`; a
-        latent pool's V is the first Dv elements of the gathered K (one gather)."""
+        """K [*slots.shape, Hkv, Dk] and V [*slots.shape, Hkv, Dv] of `slots` in `dtype`
+        (an fp8 pool's dequantized); a latent pool's V is the first Dv elements of the
+        gathered K (one gather)."""
         k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
         flat = slots.flatten()
         # index_select is several times faster than advanced indexing on CPU.
-        k = k_buf.index_select(0, flat).view(*slots.shape, *k_buf.shape[1:]).to(dtype)
-        if self.latent_values:
+        k = k_buf.index_select(0, flat).view(*slots.shape, *k_buf.shape[1:])
+        v = None if self.latent_values else v_buf.index_select(0, flat)
+        if is_fp8(k_buf.dtype):
+            k_scale, v_scale = pool_scales(self.kv_pool, layer_id)
+            k = dequantize(k, k_scale, dtype)
+            v = None if v is None else dequantize(v, v_scale, dtype)
+        else:
+            k = k.to(dtype)
+            v = None if v is None else v.to(dtype)
+        if v is None:
             return k, k[..., : self.v_head_dim]
-        return k, v_buf.index_select(0, flat).view(*slots.shape, *v_buf.shape[1:]).to(dtype)
+        return k, v.view(*slots.shape, *v_buf.shape[1:])
 
     def forward_decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
         k, v = self._gather_kv(layer_id, self._slots, q.dtype)

@@ -19,7 +19,7 @@ from radixlm.errors import ModelNotFoundError
 from radixlm.plan import commands_memory as mem
 from radixlm.plan import commands_moe
 from radixlm.plan import commands_perf as perf
-from radixlm.plan.dtypes import KV_DTYPES, WEIGHT_DTYPES
+from radixlm.plan.dtypes import KV_DTYPES, WEIGHT_DTYPES, normalize
 from radixlm.plan.hardware import gpu_names
 from radixlm.plan.models import preset_names
 from radixlm.plan.report import Report, render_json, render_text
@@ -87,8 +87,10 @@ def _common(
     p.add_argument(
         "--kv-dtype",
         default=None,
+        type=normalize,
         choices=KV_DTYPES,
-        help=f"KV-cache format (default: bf16{on_cpu})",
+        help=f"KV-cache format; radixlm's --kv-cache-dtype names (float16, fp8_e4m3, "
+        f"fp8_e5m2, ...) are taken as theirs (default: bf16{on_cpu})",
     )
     if tp_list:
         p.add_argument(

@@ -22,7 +22,13 @@ from radixlm.plan.models import load_model
 logger = logging.getLogger(__name__)
 
 #: radixlm's --dtype / --kv-cache-dtype names -> the planner's.
-_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+_DTYPES = {
+    "float32": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+}
 
 
 def linear_step_prior(

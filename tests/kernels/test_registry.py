@@ -71,3 +71,15 @@ def test_forward_batch_to_and_mask_indptr():
     assert moved.mode is ForwardMode.TARGET_VERIFY
     assert torch.equal(moved.custom_mask, fb.custom_mask)
     assert moved.batch_size == 2
+
+
+def test_fp8_kv_pools_steer_backend_choice(monkeypatch):
+    """An fp8 KV pool: 'auto' on CUDA takes triton even where flashinfer would serve a
+    half-precision model; flashinfer by name is refused, naming both."""
+    monkeypatch.setattr(kernels, "flashinfer_available", lambda: True)
+    fp8 = torch.float8_e4m3fn
+    assert resolve_attention_backend("auto", "cuda", "bfloat16") == "flashinfer"
+    assert resolve_attention_backend("auto", "cuda", "bfloat16", fp8) == "triton"
+    assert resolve_attention_backend("auto", "cpu", "float32", fp8) == "cpu"
+    with pytest.raises(ValueError, match="'flashinfer' does not read an fp8 KV cache"):
+        resolve_attention_backend("flashinfer", "cuda", "bfloat16", torch.float8_e5m2)

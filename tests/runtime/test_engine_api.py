@@ -200,6 +200,8 @@ def test_server_info_says_which_paths_were_chosen(engine):
         # the bundled GGUF's Q4_1 / Q8_0 blocks: 30 layers x 4 fused projections + the head
         "weight_format": "gguf" if built else None,
         "quantized_weights": 121 if built else 0,
+        "kv_cache_dtype": "float32",
+        "kv_scales": None,
         "omp_wait_policy": omp_policy.describe(),
     }
     with Engine(MODEL, max_total_tokens=256, cpu_gemm="torch") as ref:

@@ -1,5 +1,5 @@
 """CPU kernels compiled on first use (fp32 compute, AVX2 + FMA + F16C, OpenMP; the KV pool
-may be float32 or float16, `KV_DTYPES`):
+may be float32 or float16, and fp8 for the attention kernels alone, `KV_DTYPES`):
 
 * `packed_gemm.c`: the GEMM over packed weight panels (`CpuKernels.mm`), AVX-512 where
   the CPU has it, else AVX2 (`CpuKernels.gemm_isa`);
@@ -216,8 +216,8 @@ class CpuKernels(ScreenKernels, AttentionKernels):
         if len(k_bufs) != n or len(v_bufs) != n:
             raise ValueError(f"decode_layers: {n} layers but {len(k_bufs)} / {len(v_bufs)} buffers")
         f16 = {_check_pool(k, v, spec.heads, spec.head_dim) for k, v in zip(k_bufs, v_bufs)}
-        if len(f16) != 1:
-            raise ValueError("decode_layers: the layers' KV buffers mix float32 and float16")
+        if len(f16) != 1 or not f16 <= {0, 1}:
+            raise ValueError("decode_layers: the KV buffers must be all float32 or all float16")
         b = seq_lens.shape[0] if ext_lens is not None else t
         _check_tables(b, slots, seq_lens)
         if ext_lens is not None:

@@ -2,7 +2,10 @@
 `extend_attention.c`) and the KV store, with the checks of their inputs. `CpuKernels`
 inherits them.
 
-The KV pool's buffers may be float32 or float16 (`KV_DTYPES`); the kernels compute in fp32.
+The KV pool's buffers may be float32, float16, or fp8 e4m3fn / e5m2 (`KV_DTYPES`; fp8
+read exactly through binary16, `fp8.h`); the kernels compute in fp32. They apply no fp8
+scale: the caller folds a K scale into `scale` and multiplies the output by the V scale
+(`radixlm.kernels.fp8`). The store takes float32 and float16 pools only.
 V rows may be narrower than K rows and lie at their own stride, as a view of K's first
 Dv elements (multi-head latent attention's pool, docs/kernels.md).
 """
@@ -15,8 +18,10 @@ import torch
 
 from radixlm.kernels.cpu.ffi import bind
 
-#: KV pool dtypes the kernels read and write.
-KV_DTYPES = (torch.float32, torch.float16)
+#: KV pool dtypes the attention kernels read, in the order of their kv_fmt codes (fp8.h).
+KV_DTYPES = (torch.float32, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
+#: KV pool dtypes `store_kv` writes.
+STORE_DTYPES = (torch.float32, torch.float16)
 
 
 class AttentionKernels:
@@ -27,7 +32,7 @@ class AttentionKernels:
         p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
         attn_args = [p, i64, p, p, i32, p, i64, p, p, i64, i64, i64, i64, f32, i64, i32]
         self._attn = bind(lib.radixlm_decode_attention, attn_args, ctypes.c_int)
-        # q, ldq, k, ldk, v, ldv, f16, slots, ld_slots, seq_lens, [ext_lens,] out, B, H, Hkv,
+        # q, ldq, k, ldk, v, ldv, fmt, slots, ld_slots, seq_lens, [ext_lens,] out, B, H, Hkv,
         # Dk, Dv, scale, window, threads
         mla_args = [p, i64, p, i64, p, i64, i32, p, i64, p, p, i64, i64, i64, i64, i64, f32]
         mla_args += [i64, i32]
@@ -52,7 +57,7 @@ class AttentionKernels:
         Args:
             q: float32 [T, H, Dk], T = ext_lens.sum(), each request's new tokens in order;
                 token rows may be strided (else it is copied); Dk a multiple of 16.
-            k_buf: float32 or float16 [num_slots, Hkv, Dk] contiguous, v_buf [num_slots,
+            k_buf: a `KV_DTYPES` dtype, [num_slots, Hkv, Dk] contiguous, v_buf [num_slots,
                 Hkv, Dv] of the same dtype, Dv a multiple of 16, heads contiguous within a
                 slot, slots at any stride (a view of k_buf[:, :, :Dv] included): one layer
                 of the KV pool, the new tokens' K/V already stored; H a multiple of Hkv.
@@ -72,13 +77,13 @@ class AttentionKernels:
         if d % 16 or dv % 16:
             raise ValueError(f"CPU extend attention needs D % 16 == 0, got Dk={d}, Dv={dv}")
         b = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
-        q, slots, seq_lens, (f16, ldk, ldv) = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
+        q, slots, seq_lens, (fmt, ldk, ldv) = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
         _check_extend(ext_lens, seq_lens, t, d)
         _check_window(window)
         ext_lens = ext_lens.contiguous()
         out = torch.empty(t, h, dv, dtype=torch.float32)
         rc = self._ext_attn(
-            q.data_ptr(), q.stride(0), k_buf.data_ptr(), ldk, v_buf.data_ptr(), ldv, f16,
+            q.data_ptr(), q.stride(0), k_buf.data_ptr(), ldk, v_buf.data_ptr(), ldv, fmt,
             slots.data_ptr(), slots.shape[1], seq_lens.data_ptr(), ext_lens.data_ptr(),
             out.data_ptr(), b, h, k_buf.shape[1], d, dv, scale, window, torch.get_num_threads(),
         )  # fmt: skip
@@ -102,7 +107,7 @@ class AttentionKernels:
         Args:
             q: float32 [B, H, Dk], rows may be strided (else it is copied); Dk a multiple
                 of 8.
-            k_buf: float32 or float16 [num_slots, Hkv, Dk] contiguous, one layer of the KV
+            k_buf: a `KV_DTYPES` dtype, [num_slots, Hkv, Dk] contiguous, one layer of the KV
                 pool; H a multiple of Hkv. v_buf: the same dtype, [num_slots, Hkv, Dv]
                 contiguous with Dv == Dk (the plain kernel, `decode_attention.c`), or any
                 Dv multiple of 8 with heads contiguous within a slot and slots at any
@@ -125,13 +130,13 @@ class AttentionKernels:
         """
         b, h, d = q.shape
         hkv = k_buf.shape[1]
-        q, slots, seq_lens, (f16, ldk, ldv) = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
+        q, slots, seq_lens, (fmt, ldk, ldv) = _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens)
         _check_window(window)
         dv = v_buf.shape[2]
         if dv != d or ldv != ldk:
             out = torch.empty(b, h, dv, dtype=torch.float32)
             rc = self._mla_attn(
-                q.data_ptr(), q.stride(0), k_buf.data_ptr(), ldk, v_buf.data_ptr(), ldv, f16,
+                q.data_ptr(), q.stride(0), k_buf.data_ptr(), ldk, v_buf.data_ptr(), ldv, fmt,
                 slots.data_ptr(), slots.shape[1], seq_lens.data_ptr(), out.data_ptr(), b, h,
                 hkv, d, dv, scale, window, torch.get_num_threads(),
             )  # fmt: skip
@@ -144,7 +149,7 @@ class AttentionKernels:
             q.stride(0),
             k_buf.data_ptr(),
             v_buf.data_ptr(),
-            f16,
+            fmt,
             slots.data_ptr(),
             slots.shape[1],
             seq_lens.data_ptr(),
@@ -176,6 +181,8 @@ class AttentionKernels:
         t = k.shape[0]
         width = k.shape[1] * k.shape[2]
         f16 = _check_pool(k_buf, v_buf, k.shape[1], k.shape[2])
+        if k_buf.dtype not in STORE_DTYPES:
+            raise ValueError(f"store_kv writes float32 or float16 pools, not {k_buf.dtype}")
         if k_buf.shape[1:] != k.shape[1:] or v.shape != k.shape:
             raise ValueError("store_kv: k, v and the buffers need the same [Hkv, D]")
         k2, v2 = k.reshape(t, width), v.reshape(t, width)
@@ -199,7 +206,7 @@ class AttentionKernels:
 
 def _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens):
     """Checks an attention call's q (float32 [rows, H, Dk]), pool buffers and tables for B =
-    `b` requests (ValueError); returns (q, slots, seq_lens, (kv_f16, ldk, ldv)) ready for C
+    `b` requests (ValueError); returns (q, slots, seq_lens, (kv_fmt, ldk, ldv)) ready for C
     (`_kv_layout`): token rows may stay strided (q inside a fused qkv row), heads and dims
     made contiguous."""
     layout = _kv_layout(k_buf, v_buf, q.shape[1], q.shape[2])
@@ -214,12 +221,12 @@ def _attention_inputs(q, k_buf, v_buf, b, slots, seq_lens):
 def _kv_layout(k_buf: torch.Tensor, v_buf: torch.Tensor, heads: int, head_dim: int):
     """One layer's K/V buffers for the attention kernels: K as `_check_pool`; V of K's dtype
     and device, [slots, Hkv, Dv] with Dv % 8 == 0 and each slot's Hkv * Dv elements
-    contiguous, slots at any stride (a latent pool's view k_buf[:, :, :Dv]). Returns (kv_f16,
-    ldk, ldv): the kernels' kv_f16 flag and the K and V slot strides in elements."""
+    contiguous, slots at any stride (a latent pool's view k_buf[:, :, :Dv]). Returns (kv_fmt,
+    ldk, ldv): the kernels' format code and the K and V slot strides in elements."""
     if v_buf.shape == k_buf.shape and v_buf.is_contiguous():
-        f16 = _check_pool(k_buf, v_buf, heads, head_dim)
-        return f16, v_buf.stride(0), v_buf.stride(0)
-    f16 = _check_pool(k_buf, k_buf, heads, head_dim)
+        fmt = _check_pool(k_buf, v_buf, heads, head_dim)
+        return fmt, v_buf.stride(0), v_buf.stride(0)
+    fmt = _check_pool(k_buf, k_buf, heads, head_dim)
     hkv, dv = k_buf.shape[1], v_buf.shape[-1]
     ok = (
         v_buf.dtype == k_buf.dtype
@@ -236,13 +243,13 @@ def _kv_layout(k_buf: torch.Tensor, v_buf: torch.Tensor, heads: int, head_dim: i
             f"for K {k_buf.dtype} {tuple(k_buf.shape)} (need [slots, Hkv, Dv] of K's dtype, "
             "Dv % 8 == 0, each slot's heads contiguous)"
         )
-    return f16, k_buf.stride(0), v_buf.stride(0)
+    return fmt, k_buf.stride(0), v_buf.stride(0)
 
 
 def _check_pool(k_buf: torch.Tensor, v_buf: torch.Tensor, heads: int, head_dim: int) -> int:
-    """One layer's K/V buffers: float32 or float16 (both one dtype) [slots, Hkv, D]
-    contiguous on the CPU, D % 8 == 0, `heads` a multiple of Hkv. Returns the kernels'
-    kv_f16 flag (1 for float16)."""
+    """One layer's K/V buffers: one `KV_DTYPES` dtype, [slots, Hkv, D] contiguous on the
+    CPU, D % 8 == 0, `heads` a multiple of Hkv. Returns the kernels' kv_fmt code (the
+    dtype's index in `KV_DTYPES`: 0 float32, 1 float16, 2 e4m3fn, 3 e5m2)."""
     ok = (
         k_buf.dtype == v_buf.dtype
         and k_buf.dtype in KV_DTYPES
@@ -258,10 +265,10 @@ def _check_pool(k_buf: torch.Tensor, v_buf: torch.Tensor, heads: int, head_dim: 
     if not ok:
         raise ValueError(
             f"unsupported KV buffers {k_buf.dtype} {tuple(k_buf.shape)} for {heads} heads of "
-            f"{head_dim} (need float32 or float16 [slots, Hkv, D] contiguous, D % 8 == 0, "
+            f"{head_dim} (need float32, float16 or fp8 [slots, Hkv, D] contiguous, D % 8 == 0, "
             "Hkv | heads)"
         )
-    return int(k_buf.dtype == torch.float16)
+    return KV_DTYPES.index(k_buf.dtype)
 
 
 def _check_tables(b: int, slots: torch.Tensor, seq_lens: torch.Tensor) -> None:

@@ -35,7 +35,13 @@ SOURCES = [
 ]
 HEADERS = [
     _DIR / n
-    for n in ("simd_math.h", "kernels.h", "decode_attention_kv.h", "decode_attention_mla_kv.h")
+    for n in (
+        "simd_math.h",
+        "kernels.h",
+        "fp8.h",
+        "decode_attention_kv.h",
+        "decode_attention_mla_kv.h",
+    )
 ]
 #: -mf16c: the fp16 KV pool conversions (every AVX2 CPU has F16C: Intel from Ivy Bridge,
 #: AMD from Piledriver).

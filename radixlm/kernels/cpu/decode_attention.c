@@ -32,6 +32,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "fp8.h"
 #include "kernels.h"
 #include "simd_math.h"
 
@@ -237,20 +238,53 @@ static ZW void softmax_cols(float *st, int64_t L, int64_t ld, int64_t R, float *
 #undef KV_TO_F32
 #undef KV_FN
 
+#define KV_T uint8_t
+#define KV_LOAD(p) load8_e4m3(p)
+#define KV_LOAD16(p) load16_e4m3(p)
+#define KV_TO_F32(x) e4m3_to_f32(x)
+#define KV_FN(name) name##_e4m3
+#include "decode_attention_kv.h"
+#undef KV_T
+#undef KV_LOAD
+#undef KV_LOAD16
+#undef KV_TO_F32
+#undef KV_FN
+
+#define KV_T uint8_t
+#define KV_LOAD(p) load8_e5m2(p)
+#define KV_LOAD16(p) load16_e5m2(p)
+#define KV_TO_F32(x) e5m2_to_f32(x)
+#define KV_FN(name) name##_e5m2
+#include "decode_attention_kv.h"
+#undef KV_T
+#undef KV_LOAD
+#undef KV_LOAD16
+#undef KV_TO_F32
+#undef KV_FN
+
 /* q [B, H, D] with row stride ldq (floats), out [B, H, D] contiguous; k_buf, v_buf
- * [slots, Hkv, D] of float32 (kv_f16 0) or float16 (kv_f16 1, IEEE binary16); slots
- * [B, ld_slots] (int64, the first seq_lens[b] entries valid); D a multiple of 8. window
- * > 0: request b attends over its last `window` keys only, [max(0, seq_lens[b] - window),
- * seq_lens[b]) (sliding-window attention); 0: over all of them. Returns 0, or -1 when out
- * of memory. */
+ * [slots, Hkv, D] of the element format kv_fmt (fp8.h: float32, IEEE binary16, fp8 e4m3fn
+ * or e5m2); slots [B, ld_slots] (int64, the first seq_lens[b] entries valid); D a multiple
+ * of 8. window > 0: request b attends over its last `window` keys only, [max(0,
+ * seq_lens[b] - window), seq_lens[b]) (sliding-window attention); 0: over all of them.
+ * Returns 0, or -1 when out of memory. */
 int radixlm_decode_attention(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
-                             int kv_f16, const int64_t *slots, int64_t ld_slots,
+                             int kv_fmt, const int64_t *slots, int64_t ld_slots,
                              const int64_t *seq_lens, float *out, int64_t B, int64_t H,
                              int64_t Hkv, int64_t D, float scale, int64_t window,
                              int num_threads) {
-    if (kv_f16)
+    switch (kv_fmt) {
+    case KV_FMT_F16:
         return decode_attention_f16(q, ldq, k_buf, v_buf, slots, ld_slots, seq_lens, out, B, H,
                                     Hkv, D, scale, window, num_threads);
-    return decode_attention_f32(q, ldq, k_buf, v_buf, slots, ld_slots, seq_lens, out, B, H, Hkv,
-                                D, scale, window, num_threads);
+    case KV_FMT_E4M3:
+        return decode_attention_e4m3(q, ldq, k_buf, v_buf, slots, ld_slots, seq_lens, out, B,
+                                     H, Hkv, D, scale, window, num_threads);
+    case KV_FMT_E5M2:
+        return decode_attention_e5m2(q, ldq, k_buf, v_buf, slots, ld_slots, seq_lens, out, B,
+                                     H, Hkv, D, scale, window, num_threads);
+    default:
+        return decode_attention_f32(q, ldq, k_buf, v_buf, slots, ld_slots, seq_lens, out, B, H,
+                                    Hkv, D, scale, window, num_threads);
+    }
 }

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "fp8.h"
 #include "kernels.h"
 #include "simd_math.h"
 
@@ -51,6 +52,22 @@ static inline void prefetch_bytes(const void *row, int64_t bytes) {
 #undef KV_LOAD
 #undef KV_FN
 
+#define KV_T uint8_t
+#define KV_LOAD(p) load8_e4m3(p)
+#define KV_FN(name) name##_e4m3
+#include "decode_attention_mla_kv.h"
+#undef KV_T
+#undef KV_LOAD
+#undef KV_FN
+
+#define KV_T uint8_t
+#define KV_LOAD(p) load8_e5m2(p)
+#define KV_FN(name) name##_e5m2
+#include "decode_attention_mla_kv.h"
+#undef KV_T
+#undef KV_LOAD
+#undef KV_FN
+
 /* Splits of request b's keys: enough tasks (B Hkv splits) for two per thread, each split at
  * least SPLIT_MIN keys. */
 static inline int64_t num_splits(int64_t keys, int64_t B, int64_t Hkv, int num_threads) {
@@ -60,12 +77,12 @@ static inline int64_t num_splits(int64_t keys, int64_t B, int64_t Hkv, int num_t
 }
 
 /* q [B, H, Dk] (row stride ldq floats, heads Dk apart), out [B, H, Dv] contiguous; KV rows
- * as above, float32 (kv_f16 0) or IEEE float16 (kv_f16 1), element strides ldk, ldv per
+ * as above in the element format kv_fmt (fp8.h), element strides ldk, ldv per
  * slot; slots [B, ld_slots] (int64, the first seq_lens[b] valid, each >= 1); Dk, Dv
  * multiples of 8; window > 0: each request sees its last `window` keys, 0: all. Returns 0,
  * or -1 when out of memory. */
 int radixlm_decode_attention_mla(const float *q, int64_t ldq, const void *k_buf, int64_t ldk,
-                                 const void *v_buf, int64_t ldv, int kv_f16,
+                                 const void *v_buf, int64_t ldv, int kv_fmt,
                                  const int64_t *slots, int64_t ld_slots,
                                  const int64_t *seq_lens, float *out, int64_t B, int64_t H,
                                  int64_t Hkv, int64_t Dk, int64_t Dv, float scale,
@@ -100,14 +117,25 @@ int radixlm_decode_attention_mla(const float *q, int64_t ldq, const void *k_buf,
             const int64_t L = seq_lens[b];
             const int64_t lo = window > 0 && L > window ? L - window : 0;
             const int64_t t0 = lo + (L - lo) * split / ns, t1 = lo + (L - lo) * (split + 1) / ns;
-            if (kv_f16)
-                split_part_f16(q + b * ldq + h * G * Dk, (const uint16_t *)k_buf + h * Dk, ldk,
-                               (const uint16_t *)v_buf + h * Dv, ldv, slots + b * ld_slots, t0,
-                               t1, G, Dk, Dv, scale, scores, part + task * part_floats);
+            const float *qh = q + b * ldq + h * G * Dk;
+            const int64_t *sl = slots + b * ld_slots;
+            float *pt = part + task * part_floats;
+            if (kv_fmt == KV_FMT_F16)
+                split_part_f16(qh, (const uint16_t *)k_buf + h * Dk, ldk,
+                               (const uint16_t *)v_buf + h * Dv, ldv, sl, t0, t1, G, Dk, Dv,
+                               scale, scores, pt);
+            else if (kv_fmt == KV_FMT_E4M3)
+                split_part_e4m3(qh, (const uint8_t *)k_buf + h * Dk, ldk,
+                                (const uint8_t *)v_buf + h * Dv, ldv, sl, t0, t1, G, Dk, Dv,
+                                scale, scores, pt);
+            else if (kv_fmt == KV_FMT_E5M2)
+                split_part_e5m2(qh, (const uint8_t *)k_buf + h * Dk, ldk,
+                                (const uint8_t *)v_buf + h * Dv, ldv, sl, t0, t1, G, Dk, Dv,
+                                scale, scores, pt);
             else
-                split_part_f32(q + b * ldq + h * G * Dk, (const float *)k_buf + h * Dk, ldk,
-                               (const float *)v_buf + h * Dv, ldv, slots + b * ld_slots, t0, t1,
-                               G, Dk, Dv, scale, scores, part + task * part_floats);
+                split_part_f32(qh, (const float *)k_buf + h * Dk, ldk,
+                               (const float *)v_buf + h * Dv, ldv, sl, t0, t1, G, Dk, Dv, scale,
+                               scores, pt);
         }
         free(scores);
         /* Merge each (request, KV head)'s splits by their maxima. */

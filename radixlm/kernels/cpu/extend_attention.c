@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fp8.h"
 #include "kernels.h"
 #include "simd_math.h"
 
@@ -37,13 +38,22 @@ typedef struct {
 } task_t;
 
 /* The D elements of a KV buffer from element `at` on, as floats: in place for float32,
- * converted into tmp [D] for float16 (kv_f16). */
-static inline const float *kv_row(const void *buf, int kv_f16, int64_t at, int64_t D,
+ * converted into tmp [D] for the other formats (kv_fmt, fp8.h). */
+static inline const float *kv_row(const void *buf, int kv_fmt, int64_t at, int64_t D,
                                   float *tmp) {
-    if (!kv_f16) return (const float *)buf + at;
-    const uint16_t *src = (const uint16_t *)buf + at;
-    for (int64_t i = 0; i < D; i += 8)
-        _mm256_storeu_ps(tmp + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    if (kv_fmt == KV_FMT_F32) return (const float *)buf + at;
+    if (kv_fmt == KV_FMT_F16) {
+        const uint16_t *src = (const uint16_t *)buf + at;
+        for (int64_t i = 0; i < D; i += 8)
+            _mm256_storeu_ps(tmp + i,
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+        return tmp;
+    }
+    const uint8_t *src = (const uint8_t *)buf + at;
+    if (kv_fmt == KV_FMT_E4M3)
+        for (int64_t i = 0; i < D; i += 8) _mm256_storeu_ps(tmp + i, load8_e4m3(src + i));
+    else
+        for (int64_t i = 0; i < D; i += 8) _mm256_storeu_ps(tmp + i, load8_e5m2(src + i));
     return tmp;
 }
 
@@ -57,7 +67,7 @@ static __attribute__((target("avx512f"))) void zscale(float *o, int64_t D, float
 }
 
 static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *k_buf,
-                     int64_t ldk, const void *v_buf, int64_t ldv, int kv_f16, const int64_t *sl,
+                     int64_t ldk, const void *v_buf, int64_t ldv, int kv_fmt, const int64_t *sl,
                      int64_t p, int64_t q_row0, float *out, int64_t H, int64_t Hkv, int64_t Dk,
                      int64_t Dv, float scale, int64_t window, float *buf) {
     const int64_t G = H / Hkv, h = tk->h, nq = tk->j1 - tk->j0, R = nq * G;
@@ -88,7 +98,7 @@ static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *
                 int64_t t = c * 16 + tt;
                 float *col = kp + c * Dk * 16 + tt;
                 if (t < nk) {
-                    const float *row = kv_row(k_buf, kv_f16, sl[t0 + t] * ldk + h * Dk, Dk, tmp);
+                    const float *row = kv_row(k_buf, kv_fmt, sl[t0 + t] * ldk + h * Dk, Dk, tmp);
                     for (int64_t d = 0; d < Dk; ++d) col[d * 16] = row[d];
                 } else {
                     for (int64_t d = 0; d < Dk; ++d) col[d * 16] = 0.0f;
@@ -96,7 +106,7 @@ static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *
             }
         for (int64_t t = 0; t < npan * 16; ++t) {
             const float *row =
-                t < nk ? kv_row(v_buf, kv_f16, sl[t0 + t] * ldv + h * Dv, Dv, tmp) : 0;
+                t < nk ? kv_row(v_buf, kv_fmt, sl[t0 + t] * ldv + h * Dv, Dv, tmp) : 0;
             for (int64_t dp = 0; dp < Dv / 16; ++dp) {
                 float *dst = vp + (dp * npan * 16 + t) * 16;
                 if (row) {
@@ -160,13 +170,13 @@ static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *
 
 /* q [T, H, Dk] (token row stride ldq), out [T, H, Dv] contiguous, T = sum(ext_lens), the
  * requests' new tokens in order; K row of slot s, KV head h at k_buf + s ldk + h Dk, its V
- * row at v_buf + s ldv + h Dv, float32 (kv_f16 0) or float16 (kv_f16 1); slots [B, ld_slots]
+ * row at v_buf + s ldv + h Dv, in the element format kv_fmt (fp8.h); slots [B, ld_slots]
  * (int64, the first seq_lens[b] valid, the new tokens' K/V already stored);
  * 1 <= ext_lens[b] <= seq_lens[b]. Dk, Dv % 16 == 0, H % Hkv == 0. window > 0: each new
  * token sees its last `window` positions only (sliding-window attention); 0: all of them.
  * Returns 0, or -1 when out of memory. */
 int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, int64_t ldk,
-                             const void *v_buf, int64_t ldv, int kv_f16, const int64_t *slots,
+                             const void *v_buf, int64_t ldv, int kv_fmt, const int64_t *slots,
                              int64_t ld_slots, const int64_t *seq_lens, const int64_t *ext_lens,
                              float *out, int64_t B, int64_t H, int64_t Hkv, int64_t Dk,
                              int64_t Dv, float scale, int64_t window, int num_threads) {
@@ -181,12 +191,12 @@ int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, int
         /* The plain decode kernel where K and V rows are alike and packed, else the one that
          * takes their own widths and strides. */
         const int plain = Dk == Dv && ldk == Hkv * Dk && ldv == Hkv * Dv;
-        int rc = plain ? radixlm_decode_attention(q + rows1 * ldq, ldq, k_buf, v_buf, kv_f16,
+        int rc = plain ? radixlm_decode_attention(q + rows1 * ldq, ldq, k_buf, v_buf, kv_fmt,
                                                   slots + B1 * ld_slots, ld_slots, seq_lens + B1,
                                                   out + rows1 * H * Dv, B - B1, H, Hkv, Dk,
                                                   scale, window, num_threads)
                        : radixlm_decode_attention_mla(
-                             q + rows1 * ldq, ldq, k_buf, ldk, v_buf, ldv, kv_f16,
+                             q + rows1 * ldq, ldq, k_buf, ldk, v_buf, ldv, kv_fmt,
                              slots + B1 * ld_slots, ld_slots, seq_lens + B1, out + rows1 * H * Dv,
                              B - B1, H, Hkv, Dk, Dv, scale, window, num_threads);
         if (rc != 0 || B1 == 0) return rc;
@@ -228,7 +238,7 @@ int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, int
             if (!buf) continue;
             const task_t *tk = tasks + i;
             const int64_t p = seq_lens[tk->b] - ext_lens[tk->b];
-            run_task(tk, q, ldq, k_buf, ldk, v_buf, ldv, kv_f16, slots + tk->b * ld_slots, p,
+            run_task(tk, q, ldq, k_buf, ldk, v_buf, ldv, kv_fmt, slots + tk->b * ld_slots, p,
                      row0[tk->b], out, H, Hkv, Dk, Dv, scale, window, buf);
         }
         free(buf);

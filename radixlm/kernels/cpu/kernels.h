@@ -39,25 +39,26 @@ int radixlm_has_bf16(void);
 int64_t radixlm_screen_select(const float *approx, const float *c1, const float *c2, const float *n1,
                               const float *n2, float pad, int64_t M, int64_t V, int64_t *ids,
                               int num_threads);
-/* KV pool buffers (k_buf, v_buf) hold float32, or IEEE float16 when kv_f16 is 1; window
+/* KV pool buffers (k_buf, v_buf) hold the element format kv_fmt: 0 float32, 1 IEEE
+ * float16, 2 fp8 e4m3fn, 3 fp8 e5m2 (fp8.h; radixlm_store_kv: 0 or 1 only); window
  * > 0 is a sliding window (each query sees its last `window` positions), 0 none. The
  * extend kernel reads K rows of Dk and V rows of Dv elements, ldk / ldv elements apart
  * per slot (V may alias K: multi-head latent attention). */
 int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, int64_t ldk,
-                             const void *v_buf, int64_t ldv, int kv_f16, const int64_t *slots,
+                             const void *v_buf, int64_t ldv, int kv_fmt, const int64_t *slots,
                              int64_t ld_slots, const int64_t *seq_lens, const int64_t *ext_lens,
                              float *out, int64_t B, int64_t H, int64_t Hkv, int64_t Dk,
                              int64_t Dv, float scale, int64_t window, int num_threads);
 /* Decode attention with V rows of Dv (possibly != Dk) at their own stride
  * (decode_attention_mla.c). */
 int radixlm_decode_attention_mla(const float *q, int64_t ldq, const void *k_buf, int64_t ldk,
-                                 const void *v_buf, int64_t ldv, int kv_f16,
+                                 const void *v_buf, int64_t ldv, int kv_fmt,
                                  const int64_t *slots, int64_t ld_slots,
                                  const int64_t *seq_lens, float *out, int64_t B, int64_t H,
                                  int64_t Hkv, int64_t Dk, int64_t Dv, float scale,
                                  int64_t window, int num_threads);
 int radixlm_decode_attention(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
-                             int kv_f16, const int64_t *slots, int64_t ld_slots,
+                             int kv_fmt, const int64_t *slots, int64_t ld_slots,
                              const int64_t *seq_lens, float *out, int64_t B, int64_t H,
                              int64_t Hkv, int64_t D, float scale, int64_t window,
                              int num_threads);

@@ -6,6 +6,7 @@ import torch
 
 from radixlm.kernels.base import AttentionBackend
 from radixlm.kernels.forward_batch import ForwardBatch, ForwardMode
+from radixlm.kernels.fp8 import pool_scales
 from radixlm.kernels.triton.decode_attention import decode_attention, num_kv_splits
 from radixlm.kernels.triton.extend_attention import extend_attention
 from radixlm.kernels.triton.mla_decode import MLA_BLOCK_H, mla_decode_attention
@@ -26,6 +27,10 @@ class TritonBackend(AttentionBackend):
     first Dv elements: multi-head latent attention) the store writes K alone and decode
     runs `mla_decode_attention`, which reads each latent row once per block of query
     heads; extend and verify run the general kernels, V read through the view.
+
+    An fp8 pool (`radixlm.kernels.fp8`) is quantized by the store and read as fp8 by the
+    kernels, computed in fp32, with the layer's K scale folded into the softmax scale and
+    its V scale into the output; the scales are constants, so CUDA graphs capture them.
     """
 
     supports_cuda_graph = True
@@ -46,11 +51,14 @@ class TritonBackend(AttentionBackend):
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         if self.latent_values:
-            store_kv(self.kv_pool.k_buffer[layer_id], None, loc, k, None)
+            k_scale = pool_scales(self.kv_pool, layer_id)[0]
+            store_kv(self.kv_pool.k_buffer[layer_id], None, loc, k, None, k_scale)
             return
-        store_kv(self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id], loc, k, v)
+        k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
+        store_kv(k_buf, v_buf, loc, k, v, *pool_scales(self.kv_pool, layer_id))
 
     def forward_decode(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
+        k_scale, v_scale = pool_scales(self.kv_pool, layer_id)
         if self._mla_decode:
             # Programs per request and split: the head blocks (a function of the batch
             # size and the model, so CUDA graphs replay the captured split count).
@@ -66,6 +74,7 @@ class TritonBackend(AttentionBackend):
                 num_kv_splits(fb.batch_size, blocks, q.device),
                 block_h=MLA_BLOCK_H,
                 window=self.sliding_windows[layer_id] or 0,
+                kv_scale=k_scale,
             )
         return decode_attention(
             q.contiguous(),
@@ -77,6 +86,8 @@ class TritonBackend(AttentionBackend):
             self.scaling,
             self._num_splits,
             window=self.sliding_windows[layer_id] or 0,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
 
     def forward_extend(self, q: torch.Tensor, layer_id: int, fb: ForwardBatch) -> torch.Tensor:
@@ -86,6 +97,7 @@ class TritonBackend(AttentionBackend):
         return self._extend(q, layer_id, fb, fb.custom_mask, fb.mask_indptr)
 
     def _extend(self, q, layer_id, fb, custom_mask, mask_indptr) -> torch.Tensor:
+        k_scale, v_scale = pool_scales(self.kv_pool, layer_id)
         return extend_attention(
             q.contiguous(),
             self.kv_pool.k_buffer[layer_id],
@@ -101,4 +113,6 @@ class TritonBackend(AttentionBackend):
             mask_indptr,
             window=self.sliding_windows[layer_id] or 0,
             positions=fb.positions,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from radixlm.kernels.triton.common import dot_precision, interpreting, next_pow2
+from radixlm.kernels.triton.store_kv import fp8_code, kernel_view
 from radixlm.kernels.triton.tiles import load_kv_tile, online_softmax_step
 
 
@@ -39,7 +40,8 @@ def _decode_split_kernel(
     Seq_lens,  # int64 [B]
     Mid_O,  # fp32 [B, H, S, Dv]
     Mid_Lse,  # fp32 [B, H, S]
-    sm_scale,
+    sm_scale,  # the softmax scale times an fp8 pool's K scale
+    v_scale,  # an fp8 pool's V scale (1.0 otherwise)
     stride_qb,
     stride_qh,
     stride_ks,
@@ -63,6 +65,7 @@ def _decode_split_kernel(
     BLOCK_DV: tl.constexpr,
     PRECISION: tl.constexpr,
     SLIDING: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -98,14 +101,14 @@ def _decode_split_kernel(
         mask_n = offs_n < end
         k, v = load_kv_tile(
             K_Buf, V_Buf, Req_to_token, row, stride_r2t, kvh, stride_ks, stride_kh,
-            stride_vs, stride_vh, offs_n, mask_n, offs_d, mask_d, offs_dv, mask_dv,
+            stride_vs, stride_vh, offs_n, mask_n, offs_d, mask_d, offs_dv, mask_dv, KV_FP8,
         )  # fmt: skip
         qk = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * sm_scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, PRECISION)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
-    out = acc / l_safe[:, None]
+    out = acc / l_safe[:, None] * v_scale
     lse = m_i + tl.log(l_safe)  # -inf for an empty split
     tl.store(
         Mid_O
@@ -184,6 +187,8 @@ def decode_attention(
     num_splits: int,
     block_n: int | None = None,
     window: int = 0,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention of one token per request over its paged K/V.
 
@@ -195,6 +200,8 @@ def decode_attention(
         block_n: keys per tile (default 64 on GPU, 16 under the interpreter).
         window: sliding window (each request sees its last `window` keys); 0 for none
             (a separate compiled variant, as fast as before windows existed).
+        k_scale, v_scale: an fp8 pool's scales of this layer (read value = code * scale;
+            the K scale is folded into the softmax scale, the V scale into the output).
     Returns:
         [B, H, Dv] in q's dtype; fp32 accumulation. Workspace: fp32 [B, H, S, Dv] + [B, H, S].
     Grid: stage 1 (B, Hkv, S), stage 2 (B, H); BLOCK_H = max(16, pow2(H / Hkv)),
@@ -206,9 +213,11 @@ def decode_attention(
     block_n = block_n or (16 if interpreting() else 64)
     block_d = next_pow2(dim)
     mid_o, mid_lse, out = split_workspace(q, num_splits, dim_v)
+    code = fp8_code(k_buf.dtype)
+    k_buf, v_buf = kernel_view(k_buf), kernel_view(v_buf)
     _decode_split_kernel[(bsz, kv_heads, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse,
-        scaling,
+        scaling * k_scale, v_scale,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1),
         v_buf.stride(0), v_buf.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
@@ -216,7 +225,7 @@ def decode_attention(
         GROUP=group, HEAD_DIM=dim, HEAD_DIM_V=dim_v, NUM_SPLITS=num_splits,
         BLOCK_H=max(16, next_pow2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_DV=next_pow2(dim_v), PRECISION=dot_precision(q.dtype), SLIDING=window > 0,
-        num_warps=4, num_stages=2,
+        KV_FP8=code, num_warps=4, num_stages=2,
     )  # fmt: skip
     merge_splits(mid_o, mid_lse, out)
     return out

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from radixlm.kernels.triton.common import dot_precision, interpreting, next_pow2
+from radixlm.kernels.triton.store_kv import fp8_code, kernel_view
 from radixlm.kernels.triton.tiles import load_kv_tile, online_softmax_step
 
 
@@ -44,7 +45,8 @@ def _extend_kernel(
     Custom_mask,  # uint8 [sum n_b * s_b] (unused unless USE_CUSTOM_MASK)
     Mask_indptr,  # int64 [B + 1]
     Positions,  # int64 [T] (read only when SLIDING and USE_CUSTOM_MASK)
-    sm_scale,
+    sm_scale,  # the softmax scale times an fp8 pool's K scale
+    v_scale,  # an fp8 pool's V scale (1.0 otherwise)
     window,  # sliding window (read only when SLIDING)
     stride_qt,
     stride_qh,
@@ -65,6 +67,7 @@ def _extend_kernel(
     USE_CUSTOM_MASK: tl.constexpr,
     PRECISION: tl.constexpr,
     SLIDING: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -111,7 +114,7 @@ def _extend_kernel(
         mask_n = offs_n < kv_end
         k, v = load_kv_tile(
             K_Buf, V_Buf, Req_to_token, row, stride_r2t, kvh, stride_ks, stride_kh,
-            stride_vs, stride_vh, offs_n, mask_n, offs_d, mask_d, offs_dv, mask_dv,
+            stride_vs, stride_vh, offs_n, mask_n, offs_d, mask_d, offs_dv, mask_dv, KV_FP8,
         )  # fmt: skip
         qk = tl.dot(q, k.to(q.dtype), input_precision=PRECISION) * sm_scale
         if USE_CUSTOM_MASK:
@@ -130,7 +133,7 @@ def _extend_kernel(
         qk = tl.where(visible, qk, float("-inf"))
         m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, PRECISION)
 
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None] * v_scale
     tl.store(
         Out + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_dv[None, :],
         out.to(Out.dtype.element_ty),
@@ -155,6 +158,8 @@ def extend_attention(
     block_n: int | None = None,
     window: int = 0,
     positions: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Extend (or tree-verify) attention of T new tokens over their requests' paged K/V.
 
@@ -171,6 +176,7 @@ def extend_attention(
         window: sliding window (the token at position i sees keys k with i - k < window);
             0 for none. positions: int64 [T], each token's position, needed with a window
             and a custom mask (key index k counts as position k); else unused.
+        k_scale, v_scale: an fp8 pool's scales of this layer (`decode_attention`).
     Returns:
         [T, H, Dv] in q's dtype; fp32 accumulation.
     Grid: (B, H, cdiv(max_extend_len, BLOCK_M)); BLOCK_D = pow2(Dk), BLOCK_DV = pow2(Dv).
@@ -193,15 +199,18 @@ def extend_attention(
     dim_v = v_buf.shape[2]
     out = q.new_empty(q.shape[0], heads, dim_v)
     grid = (bsz, heads, triton.cdiv(max(max_extend_len, 1), block_m))
+    code = fp8_code(k_buf.dtype)
+    kv_heads = k_buf.shape[1]
+    k_buf, v_buf = kernel_view(k_buf), kernel_view(v_buf)
     _extend_kernel[grid](
         q, out, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, prefix_lens, qo_indptr,
-        custom_mask, mask_indptr, positions, scaling, window,
+        custom_mask, mask_indptr, positions, scaling * k_scale, v_scale, window,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0),
-        GROUP=heads // k_buf.shape[1], HEAD_DIM=dim, HEAD_DIM_V=dim_v, BLOCK_M=block_m,
+        GROUP=heads // kv_heads, HEAD_DIM=dim, HEAD_DIM_V=dim_v, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_D=next_pow2(dim), BLOCK_DV=next_pow2(dim_v),
         USE_CUSTOM_MASK=use_mask, PRECISION=dot_precision(q.dtype),
-        SLIDING=sliding, num_warps=4, num_stages=2,
+        SLIDING=sliding, KV_FP8=code, num_warps=4, num_stages=2,
     )  # fmt: skip
     return out

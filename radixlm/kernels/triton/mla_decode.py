@@ -28,7 +28,8 @@ import triton.language as tl
 
 from radixlm.kernels.triton.common import dot_precision, interpreting, next_pow2
 from radixlm.kernels.triton.decode_attention import merge_splits, split_workspace
-from radixlm.kernels.triton.tiles import online_softmax_step
+from radixlm.kernels.triton.store_kv import fp8_code, kernel_view
+from radixlm.kernels.triton.tiles import fp8_to_f32, online_softmax_step
 
 #: Query heads per stage-1 program (`tl.dot`'s smallest M).
 MLA_BLOCK_H = 16
@@ -43,7 +44,8 @@ def _mla_decode_split_kernel(
     Seq_lens,  # int64 [B]
     Mid_O,  # fp32 [B, H, S, R]
     Mid_Lse,  # fp32 [B, H, S]
-    sm_scale,
+    sm_scale,  # the softmax scale times an fp8 pool's scale
+    v_scale,  # an fp8 pool's scale (1.0 otherwise)
     stride_qb,
     stride_qh,
     stride_ks,
@@ -64,6 +66,7 @@ def _mla_decode_split_kernel(
     BLOCK_PE: tl.constexpr,
     PRECISION: tl.constexpr,
     SLIDING: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     b = tl.program_id(0)
     hblk = tl.program_id(1)
@@ -100,12 +103,17 @@ def _mla_decode_split_kernel(
             K_Buf + slots[:, None] * stride_ks + offs_r[None, :],
             mask=mask_n[:, None] & mask_r[None, :],
             other=0.0,
-        ).to(q_lat.dtype)  # [BLOCK_N, BLOCK_R]: the keys' latent part and the values
+        )  # [BLOCK_N, BLOCK_R]: the keys' latent part and the values
         pe = tl.load(
             K_Buf + slots[None, :] * stride_ks + offs_p[:, None],
             mask=mask_n[None, :] & mask_p[:, None],
             other=0.0,
-        ).to(q_pe.dtype)  # [BLOCK_PE, BLOCK_N]
+        )  # [BLOCK_PE, BLOCK_N]
+        if KV_FP8 > 0:
+            lat = fp8_to_f32(lat, KV_FP8)
+            pe = fp8_to_f32(pe, KV_FP8)
+        lat = lat.to(q_lat.dtype)
+        pe = pe.to(q_pe.dtype)
         qk = tl.dot(q_lat, tl.trans(lat), input_precision=PRECISION)
         qk = tl.dot(q_pe, pe, acc=qk, input_precision=PRECISION) * sm_scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
@@ -119,7 +127,7 @@ def _mla_decode_split_kernel(
         + offs_h[:, None] * stride_moh
         + split * stride_mos
         + offs_r[None, :],
-        acc / l_safe[:, None],
+        acc / l_safe[:, None] * v_scale,
         mask=mask_h[:, None] & mask_r[None, :],
     )
     tl.store(Mid_Lse + b * stride_mlb + offs_h * stride_mlh + split, lse, mask=mask_h)
@@ -137,6 +145,7 @@ def mla_decode_attention(
     block_n: int | None = None,
     block_h: int = MLA_BLOCK_H,
     window: int = 0,
+    kv_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention of one token per request over a latent KV pool.
 
@@ -151,6 +160,8 @@ def mla_decode_attention(
         block_n: keys per tile (default 32 on GPU, 16 under the interpreter). block_h: query
             heads per program (>= 16: `tl.dot`'s smallest M).
         window: sliding window (each request sees its last `window` keys); 0 for none.
+        kv_scale: an fp8 pool's scale of this layer (keys and values alike: read value =
+            code * scale, folded into the softmax scale and the output).
     Returns:
         [B, H, R] in q's dtype; fp32 accumulation. Workspace: fp32 [B, H, S, R] + [B, H, S].
     Grid: stage 1 (B, cdiv(H, block_h), S), stage 2 (B, H); BLOCK_R = max(16, pow2(R)),
@@ -166,14 +177,18 @@ def mla_decode_attention(
     block_n = block_n or (16 if interpreting() else 32)
     mid_o, mid_lse, out = split_workspace(q, num_splits, rank)
     grid = (bsz, triton.cdiv(heads, block_h), num_splits)
+    code = fp8_code(k_buf.dtype)
+    k_buf = kernel_view(k_buf)
     _mla_decode_split_kernel[grid](
-        q, k_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, scaling,
+        q, k_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse,
+        scaling * kv_scale, kv_scale,
         q.stride(0), q.stride(1), k_buf.stride(0), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         window,
         HEADS=heads, RANK=rank, ROPE=rope, NUM_SPLITS=num_splits, BLOCK_H=block_h,
         BLOCK_N=block_n, BLOCK_R=max(16, next_pow2(rank)), BLOCK_PE=max(16, next_pow2(rope)),
-        PRECISION=dot_precision(q.dtype), SLIDING=window > 0, num_warps=4, num_stages=2,
+        PRECISION=dot_precision(q.dtype), SLIDING=window > 0, KV_FP8=code,
+        num_warps=4, num_stages=2,
     )  # fmt: skip
     merge_splits(mid_o, mid_lse, out)
     return out

@@ -13,6 +13,7 @@ import torch
 
 from radixlm.config import ServerArgs
 from radixlm.runtime.disagg.transport import KVLayout
+from radixlm.runtime.executor.memory import copy_rows
 
 
 def _buffers(pool) -> list[torch.Tensor]:
@@ -47,4 +48,4 @@ def gather(pool, slots: torch.Tensor) -> torch.Tensor:
 def scatter(pool, slots: torch.Tensor, kv: torch.Tensor) -> None:
     """Write `kv` ([2 * num_layers, n, heads, head_dim]) to `slots` (int64 [n])."""
     for buf, part in zip(_buffers(pool), kv, strict=True):
-        buf.index_copy_(0, slots.to(buf.device), part.to(device=buf.device, dtype=buf.dtype))
+        copy_rows(buf, slots.to(buf.device), part.to(device=buf.device, dtype=buf.dtype))

@@ -20,6 +20,7 @@ import torch
 
 from radixlm.errors import RequestTooLargeError
 from radixlm.kernels.cpu.weights import empty_in_huge_pages
+from radixlm.kernels.fp8 import KVScales, is_fp8, quantize
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,11 @@ class KVPool:
     Args:
         num_slots: slots per buffer including the reserved padding page.
         num_layers, num_kv_heads, head_dim: model attention layout.
-        dtype: storage dtype of K and V.
+        dtype: storage dtype of K and V (float32, bfloat16, float16, or an fp8 dtype).
         padding_slots: leading slots zeroed for padding reads (the reserved page).
+
+    An fp8 pool's per-layer scales (`kv_scales`) are 1.0 until `use_scales` sets them
+    (the checkpoint's, before the first write); other pools have none.
 
     Bytes per token = num_layers * num_kv_heads * head_dim * 2 (K and V) * dtype size.
     On the CPU every buffer lies in one mapping advised for transparent huge pages
@@ -105,18 +109,30 @@ class KVPool:
         for buf in self.k_buffer + self.v_buffer:
             (buf if cpu else buf[:padding_slots]).zero_()
         self.dtype = dtype
+        #: Per-layer dequantization scales of an fp8 pool; None for other dtypes.
+        self.kv_scales = KVScales.ones(num_layers) if is_fp8(dtype) else None
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
 
+    def use_scales(self, scales: KVScales) -> None:
+        """Quantize with `scales` from now on (`_checked_scales`)."""
+        self.kv_scales = _checked_scales(self, scales)
+
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write K, V [T, num_kv_heads, head_dim] of T new tokens into slots `loc` (int64 [T])."""
-        self.k_buffer[layer_id].index_copy_(0, loc, k.to(self.dtype))
-        self.v_buffer[layer_id].index_copy_(0, loc, v.to(self.dtype))
+        """Write K, V [T, num_kv_heads, head_dim] of T new tokens into slots `loc` (int64
+        [T]); an fp8 pool quantizes them with the layer's scales (`kernels.fp8.quantize`)."""
+        if self.kv_scales is None:
+            self.k_buffer[layer_id].index_copy_(0, loc, k.to(self.dtype))
+            self.v_buffer[layer_id].index_copy_(0, loc, v.to(self.dtype))
+            return
+        ks, vs = self.kv_scales.k[layer_id], self.kv_scales.v[layer_id]
+        copy_rows(self.k_buffer[layer_id], loc, quantize(k, ks, self.dtype))
+        copy_rows(self.v_buffer[layer_id], loc, quantize(v, vs, self.dtype))
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy every layer's K and V rows of slots `src` into slots `dst` (int64 [n], on
         the pool's device; the two may overlap: each buffer's rows are read before written)."""
         for buf in self.k_buffer + self.v_buffer:
-            buf.index_copy_(0, dst, buf.index_select(0, src))
+            copy_rows(buf, dst, buf.index_select(0, src))
 
 
 class LatentKVPool:
@@ -135,6 +151,9 @@ class LatentKVPool:
         num_slots: slots per buffer including the reserved padding page.
         num_layers: decoder layers. kv_lora_rank, rope_dim: the latent and RoPE key widths.
         dtype: storage dtype. padding_slots: leading slots zeroed (the reserved page).
+
+    An fp8 pool's scales are `KVPool`'s (`use_scales`); the value is part of the key
+    row, so each layer's K and V scales must be equal.
 
     Bytes per token = num_layers * (kv_lora_rank + rope_dim) * dtype size
     (`latent_kv_bytes_per_token`). On the CPU the buffers lie in one huge-page mapping and
@@ -164,19 +183,50 @@ class LatentKVPool:
         self.v_buffer = [buf[:, :, :kv_lora_rank] for buf in bufs]
         self.kv_lora_rank = kv_lora_rank
         self.dtype = dtype
+        self.kv_scales = KVScales.ones(num_layers) if is_fp8(dtype) else None
         self.bytes_per_token = latent_kv_bytes_per_token(num_layers, kv_lora_rank, rope_dim, dtype)
+
+    def use_scales(self, scales: KVScales) -> None:
+        """Quantize with `scales` from now on (`_checked_scales`; ValueError also when a
+        layer's K and V scales differ)."""
+        if scales.k != scales.v:
+            raise ValueError("a latent KV pool's value is part of its key: K and V scales differ")
+        self.kv_scales = _checked_scales(self, scales)
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write the rows k [T, 1, kv_lora_rank + rope_dim] of T new tokens into slots `loc`
-        (int64 [T]); v (their latents, k's leading part) is not written twice."""
-        self.k_buffer[layer_id].index_copy_(0, loc, k.to(self.dtype))
+        (int64 [T]); v (their latents, k's leading part) is not written twice. An fp8 pool
+        quantizes them with the layer's scale."""
+        if self.kv_scales is None:
+            self.k_buffer[layer_id].index_copy_(0, loc, k.to(self.dtype))
+            return
+        scale = self.kv_scales.k[layer_id]
+        copy_rows(self.k_buffer[layer_id], loc, quantize(k, scale, self.dtype))
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy every layer's rows of slots `src` into slots `dst` (int64 [n], on the pool's
         device; they may overlap). Only `k_buffer`: copying the aliasing `v_buffer` again
         would read rows the first copy already overwrote."""
         for buf in self.k_buffer:
-            buf.index_copy_(0, dst, buf.index_select(0, src))
+            copy_rows(buf, dst, buf.index_select(0, src))
+
+
+def _checked_scales(pool, scales: KVScales) -> KVScales:
+    """`scales` for `pool`. Raises ValueError unless the pool is fp8 and `scales` has one
+    entry per layer."""
+    if not is_fp8(pool.dtype):
+        raise ValueError(f"KV scales apply to fp8 pools, not {pool.dtype}")
+    if len(scales.k) != len(pool.k_buffer):
+        raise ValueError(f"{len(scales.k)} KV scales for {len(pool.k_buffer)} layers")
+    return scales
+
+
+def copy_rows(buf: torch.Tensor, loc: torch.Tensor, rows: torch.Tensor) -> None:
+    """buf[loc] = rows (index_copy_); fp8 buffers through their bytes, which torch's CPU
+    index_copy_ does not take as fp8."""
+    if is_fp8(buf.dtype):
+        buf, rows = buf.view(torch.uint8), rows.view(torch.uint8)
+    buf.index_copy_(0, loc, rows)
 
 
 def kv_bytes_per_token(

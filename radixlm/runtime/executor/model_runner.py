@@ -19,6 +19,11 @@ from radixlm.kernels import (
 )
 from radixlm.kernels.cpu import CpuKernels
 from radixlm.runtime.executor.expert_stats import ExpertStats
+from radixlm.runtime.executor.kv_cache_dtype import (
+    check_kv_cache_dtype,
+    kv_cache_dtype,
+    read_kv_scales,
+)
 from radixlm.runtime.executor.layers import CudaLayers, LayerFactory, cpu_layers
 from radixlm.runtime.executor.layers.cpu_linear import FloatPanels, GgufPanels
 from radixlm.runtime.executor.layers.tensor_parallel import TensorParallelLayers
@@ -67,7 +72,12 @@ class ModelRunner:
         if self.tp is not None:
             self.device = rank_device(self.device, self.tp.rank)
         self.dtype = _DTYPES[args.dtype]
-        kv_dtype = self.dtype if args.kv_cache_dtype == "auto" else _DTYPES[args.kv_cache_dtype]
+        check_kv_cache_dtype(args)
+        kv_dtype = kv_cache_dtype(args.kv_cache_dtype, self.dtype)
+        #: The attention backend's registered name (checked before the model loads).
+        self.attention_backend = resolve_attention_backend(
+            args.attention_backend, self.device, args.dtype, kv_dtype
+        )
         #: What the model is built of (`executor/layers/`), chosen before it is built.
         self.layers = self._layer_factory(hf_dir)
         self.model = load_weights(
@@ -122,6 +132,10 @@ class ModelRunner:
             self.max_total_tokens + args.page_size, kv_dtype, self.device, args.page_size
         )
         kv_seconds = time.perf_counter() - kv_start
+        if self.kv_pool.kv_scales is not None:
+            scales = read_kv_scales(hf_dir, len(self.kv_pool.k_buffer))
+            if scales is not None:
+                self.kv_pool.use_scales(scales)
         self.allocator = PagedAllocator(self.max_total_tokens, args.page_size)
         # The scheduler reads and writes the table on the host; on CUDA each step copies its
         # requests' rows into a device mirror that the kernels (and CUDA graphs) read.
@@ -129,9 +143,6 @@ class ModelRunner:
         host_table = self.req_to_token_pool.req_to_token
         self.device_req_to_token = (
             host_table if self.device == "cpu" else torch.zeros_like(host_table, device=self.device)
-        )
-        self.attention_backend = resolve_attention_backend(
-            args.attention_backend, self.device, args.dtype
         )
         self.backend = create_attention_backend(
             self.attention_backend,

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from radixlm.errors import ModelNotFoundError, WeightsMismatchError
+from radixlm.runtime.executor.kv_cache_dtype import is_kv_scale_name
 from radixlm.runtime.executor.layers import LayerFactory, TorchLayers
 from radixlm.runtime.executor.models import get_model_class
 from radixlm.runtime.executor.parallel.shards import shard_state
@@ -52,6 +53,8 @@ def load_weights(model: nn.Module, hf_dir: Path, config, dtype: torch.dtype, dev
             state.update(load_file(f, device="cpu"))
         except SafetensorError as exc:
             raise WeightsMismatchError(f"{f} is not a readable safetensors file: {exc}") from None
+    # KV-cache scales belong to the pool (`kv_cache_dtype.read_kv_scales`), not the model.
+    state = {k: v for k, v in state.items() if not is_kv_scale_name(k)}
     family = type(model)
     adapted = family.adapt_checkpoint(state, config)
     _check_no_shadowing(state, adapted, family.checkpoint_name)

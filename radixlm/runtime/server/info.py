@@ -29,8 +29,11 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
     and any fallback, e.g. `cpu` -> TorchNativeBackend where the C kernels cannot run)
     and the CPU weight layout (`packed`, `input-major`, or None on CUDA), its weight format
     (`gguf` or `fp32` for packed panels, else None) and how many projections it keeps as
-    quantized GGUF panels (`quantized_weights`). `moe` (None for a dense model) gives the
-    distinct experts per MoE layer per decode step by batch size (`ExpertStats`).
+    quantized GGUF panels (`quantized_weights`), the KV pool's storage dtype
+    (`kv_cache_dtype`, e.g. "float8_e4m3fn") and an fp8 pool's per-layer scales
+    (`kv_scales`: {"k": [...], "v": [...]}, None for other pools). `moe` (None for a
+    dense model) gives the distinct experts per MoE layer per decode step by batch size
+    (`ExpertStats`).
     `sessions`: open sessions, pins (sessions and stored responses), pinned tokens, the
     pin budget and the pins released over it (`SessionManager.info`). `hicache` (None
     without ``--hicache-tier``): the second KV tier's capacity, usage and traffic
@@ -49,6 +52,8 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
             "cpu_layout": runner.cpu_layout,
             "weight_format": runner.weight_format,
             "quantized_weights": runner.quantized_weights,
+            "kv_cache_dtype": str(runner.kv_pool.dtype).removeprefix("torch."),
+            "kv_scales": _kv_scales(runner),
             "omp_wait_policy": omp_policy.describe(),
         },
         "tp_size": tp_size,
@@ -68,6 +73,12 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
         "hicache": scheduler.tree.tier_stats() or None,
         "slo": slo_info(scheduler),
     }
+
+
+def _kv_scales(runner: ModelRunner) -> dict[str, list[float]] | None:
+    """An fp8 pool's per-layer K and V scales (None for other pools)."""
+    scales = runner.kv_pool.kv_scales
+    return None if scales is None else {"k": list(scales.k), "v": list(scales.v)}
 
 
 def slo_info(scheduler: Scheduler) -> dict[str, Any] | None:

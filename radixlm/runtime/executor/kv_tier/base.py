@@ -26,7 +26,7 @@ import time
 import torch
 
 from radixlm.config import parse_size
-from radixlm.runtime.executor.memory import LatentKVPool
+from radixlm.runtime.executor.memory import LatentKVPool, copy_rows
 
 
 def parse_tier_size(text: str, bytes_per_token: int) -> int:
@@ -174,7 +174,7 @@ class KVTier(abc.ABC):
         page, off = self._index(tier_slots)
         dst = pool_slots.to(self.device)
         for b, buf in enumerate(self.buffers):
-            buf.index_copy_(0, dst, self._decode(self.data[page, b, off].to(self.device)))
+            copy_rows(buf, dst, self._decode(self.data[page, b, off].to(self.device)))
 
     def _seal(self, pages: torch.Tensor) -> None:  # noqa: B027 - optional hook
         """Record what `pages` (int64) now hold, for `_verify` (default: nothing)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from radixlm.runtime.executor.kv_tier.base import KVTier
+from radixlm.runtime.executor.memory import copy_rows
 
 
 class HostTier(KVTier):
@@ -56,7 +57,7 @@ class HostTier(KVTier):
                 host = self.data[page, b, off].pin_memory()
                 self._staged.append(host)
                 rows = host.to(self.device, non_blocking=True)
-                buf.index_copy_(0, dst, self._decode(rows))
+                copy_rows(buf, dst, self._decode(rows))
             self._done = torch.cuda.Event()
             self._done.record(self._stream)
         compute.wait_stream(self._stream)
