@@ -96,3 +96,91 @@ def test_quantized_checkpoint_loads_and_matches_the_dequantized_reference(case, 
     if CpuKernels.load() is not None:  # fused qkv, o, gate_up, down kept quantized per layer
         assert info["quantized_weights"] == 4 * config.num_hidden_layers
         assert info["weight_format"] == next(iter(quantized.values())).scheme
+
+
+def _edit_config(path, **changes):
+    cfg = json.loads((path / "config.json").read_text())
+    qcfg = cfg["quantization_config"]
+    for key, value in changes.items():
+        if key == "weights":
+            qcfg["config_groups"]["group_0"]["weights"].update(value)
+        elif key == "group":
+            qcfg["config_groups"]["group_0"].update(value)
+        else:
+            qcfg[key] = value
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+BAD = {
+    "unknown method": (lambda s, d: write_gptq(s, d), {"quant_method": "hqq"}, "'hqq'"),
+    "gptq 8-bit": (lambda s, d: write_gptq(s, d), {"bits": 8}, "8-bit"),
+    "gptq desc_act": (lambda s, d: write_gptq(s, d, desc_act=True), {}, "desc_act"),
+    "group size 16": (lambda s, d: write_gptq(s, d, 32), {"group_size": 16}, "group size 16"),
+    "awq gemv": (lambda s, d: write_awq(s, d), {"version": "gemv"}, "'gemv'"),
+    "ct format": (
+        lambda s, d: write_compressed_tensors(s, d, "w4a16"),
+        {"group": {"format": "marlin-24"}},
+        "marlin-24",
+    ),
+    "ct actorder": (
+        lambda s, d: write_compressed_tensors(s, d, "w4a16"),
+        {"weights": {"actorder": "group"}},
+        "activation ordering",
+    ),
+    "ct int8 weight-only": (
+        lambda s, d: write_compressed_tensors(s, d, "w8a8_int8"),
+        {"weights": {"strategy": "group", "group_size": 32}},
+        "strategy group",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_unsupported_quantization_fails_at_load_naming_it(case, tiny, tmp_path):
+    write, changes, named = BAD[case]
+    write(tiny[0], tmp_path)
+    _edit_config(tmp_path, **changes)
+    with pytest.raises(UnsupportedQuantizationError, match=named):
+        load_quantized(tmp_path, read_hf_config(tmp_path))
+    with pytest.raises(UnsupportedQuantizationError, match=named):
+        Engine(str(tmp_path), max_total_tokens=256, page_size=4, cpu_gemm="torch")
+
+
+def test_ignored_modules_load_in_float(tiny, tmp_path):
+    """Layer 0's MLP left out through an `ignore` regex: its float weights load as they are
+    and stay fp32 panels; the other projections stay quantized."""
+    src, model = tiny
+    want = write_compressed_tensors(src, tmp_path, "w4a16", 32)
+    state = load_file(tmp_path / "model.safetensors")
+    fp32 = load_file(next(src.glob("*.safetensors")))
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        name = f"model.layers.0.mlp.{proj}"
+        for suffix in ("weight_packed", "weight_scale", "weight_shape"):
+            state.pop(f"{name}.{suffix}")
+        state[f"{name}.weight"] = fp32[f"{name}.weight"]
+        want[name] = fp32[f"{name}.weight"]
+    from safetensors.torch import save_file
+
+    save_file(state, tmp_path / "model.safetensors")
+    _edit_config(tmp_path, ignore=["lm_head", "re:model\\.layers\\.0\\.mlp\\..*"])
+    assert len(load_quantized(tmp_path, read_hf_config(tmp_path))) == len(want) - 3
+    refs = hf_greedy(_reference(model, want, {}, False), PROMPTS, NEW, eos_token_id=None)
+    params = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
+    with Engine(str(tmp_path), max_total_tokens=1024, page_size=4) as engine:
+        outs = engine.generate(input_ids=PROMPTS, sampling_params=params)
+        info = engine.get_server_info()["resolved"]
+    assert [o["output_ids"] for o in outs] == refs
+    if CpuKernels.load() is not None:
+        assert info["quantized_weights"] == 4 * 2 - 2  # layer 0's gate_up and down are fp32
+
+
+@pytest.mark.parametrize("case", ["ct-w4a16-g32", "gptq-g32"])
+def test_torch_cpu_path_runs_the_dequantized_weights(case, tiny, tmp_path):
+    src, model = tiny
+    want = CASES[case](src, tmp_path)
+    refs = hf_greedy(_reference(model, want, {}, False), PROMPTS, NEW, eos_token_id=None)
+    params = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
+    kw = {"cpu_gemm": "torch", "attention_backend": "torch_native"}
+    with Engine(str(tmp_path), max_total_tokens=1024, page_size=4, **kw) as engine:
+        outs = engine.generate(input_ids=PROMPTS, sampling_params=params)
+    assert [o["output_ids"] for o in outs] == refs

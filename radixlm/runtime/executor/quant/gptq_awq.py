@@ -55,6 +55,7 @@ class _Int4Quant(CheckpointQuant):
             k, n = q.shape
             group = k if self.group_size == -1 else self.group_size
             check_w4(module, n, k, group, self.method)
+            self._check_groups(module, t, k, group)
             if tuple(scales.shape) != (k // group, n):
                 raise UnsupportedQuantizationError(
                     f"{self.method}: {module}: scales {tuple(scales.shape)} for group size {group}"
@@ -73,7 +74,12 @@ class _Int4Quant(CheckpointQuant):
     tensors: tuple[str, ...] = ()
 
     def _unpack(self, module: str, t: dict) -> tuple[torch.Tensor, ...]:
+        """(q uint8 [K, N], zeros uint8 [K / G, >= N], scales [K / G, N]) of module's
+        tensors `t`."""
         raise NotImplementedError
+
+    def _check_groups(self, module: str, t: dict, k: int, group: int) -> None:
+        """Raise UnsupportedQuantizationError unless input row k is in group k // G."""
 
 
 class GptqQuant(_Int4Quant):
@@ -92,17 +98,16 @@ class GptqQuant(_Int4Quant):
 
     def _unpack(self, module, t):
         q = unpack_rows(t["qweight"].t()).t()  # [N, K] slot order along K -> [K, N]
-        k = q.shape[0]
-        group = k if self.group_size == -1 else self.group_size
-        g_idx = t.get("g_idx")
-        if g_idx is not None and k % group == 0:
-            if not torch.equal(g_idx.long(), torch.arange(k) // group):
-                raise UnsupportedQuantizationError(
-                    f"gptq: {module} has desc_act (activation-order) groups, a g_idx other "
-                    "than k // group_size; radixlm takes contiguous groups only"
-                )
         zeros = (unpack_rows(t["qzeros"]) + self.zero_offset) & 15
         return q, zeros, t["scales"]
+
+    def _check_groups(self, module, t, k, group):
+        g_idx = t.get("g_idx")
+        if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(k) // group):
+            raise UnsupportedQuantizationError(
+                f"gptq: {module} has desc_act (activation-order) groups, a g_idx other "
+                "than k // group_size; radixlm takes contiguous groups only"
+            )
 
 
 class AwqQuant(_Int4Quant):
