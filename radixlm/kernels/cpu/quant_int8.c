@@ -9,8 +9,9 @@
  * [-127, 127], every step the same IEEE fp32 operation, so xq and the int32 sums equal
  * quant_ref's and y = ((float)acc * x_scale) * w_scale is bit for bit `w8a8_int8_ref`.
  *
- * Dot products: AVX2 has no signed x signed byte product, so |x| (unsigned, <= 127) meets
- * sign(w, x) in vpmaddubsw (pair sums <= 2 * 127 * 127 < 2^15, never saturating) and
+ * Dot products: AVX2 has no signed x signed byte product, so |w| (unsigned, <= 128: a
+ * checkpoint's weights may hold -128) meets sign(x, w) (x is in [-127, 127], so negating it
+ * never overflows) in vpmaddubsw (pair sums <= 2 * 128 * 127 < 2^15, never saturating) and
  * vpmaddwd with ones widens to int32 (the llama.cpp trick); where the CPU has AVX-512 VNNI
  * (with VL) and the AVX-512 path is on (radixlm_gemm_isa), vpdpbusd does both steps on
  * 256-bit vectors. Threads split the output columns.
@@ -62,14 +63,15 @@ static inline int32_t hsum(__m256i v) {
             for (int j = 0; j < 4; ++j)                                                         \
                 acc[i][j] = _mm256_setzero_si256();                                             \
         for (int64_t k = 0; k < K; k += 32) {                                                   \
-            __m256i w[4];                                                                       \
-            for (int j = 0; j < 4; ++j)                                                         \
+            __m256i w[4], u[4];                                                                 \
+            for (int j = 0; j < 4; ++j) {                                                       \
                 w[j] = _mm256_loadu_si256((const __m256i *)(q + j * K + k));                    \
+                u[j] = _mm256_abs_epi8(w[j]);                                                   \
+            }                                                                                   \
             for (int i = 0; i < mr; ++i) {                                                      \
                 __m256i a = _mm256_loadu_si256((const __m256i *)(xq + i * K + k));              \
-                __m256i u = _mm256_abs_epi8(a);                                                 \
                 for (int j = 0; j < 4; ++j)                                                     \
-                    acc[i][j] = DOT(acc[i][j], u, _mm256_sign_epi8(w[j], a));                   \
+                    acc[i][j] = DOT(acc[i][j], u[j], _mm256_sign_epi8(a, w[j]));                \
             }                                                                                   \
         }                                                                                       \
         for (int i = 0; i < mr; ++i)                                                            \
