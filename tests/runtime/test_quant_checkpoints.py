@@ -6,6 +6,7 @@ linear replaced by `quant_ref.w8a8_int8_ref`) token for token; bad schemes fail 
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -184,3 +185,24 @@ def test_torch_cpu_path_runs_the_dequantized_weights(case, tiny, tmp_path):
     with Engine(str(tmp_path), max_total_tokens=1024, page_size=4, **kw) as engine:
         outs = engine.generate(input_ids=PROMPTS, sampling_params=params)
     assert [o["output_ids"] for o in outs] == refs
+
+
+@pytest.mark.parametrize(
+    "case,dtype",
+    [
+        ("ct-w4a16-g32", "int4"),
+        ("ct-w8a8-int8", "int8"),
+        ("ct-w8a8-fp8", "fp8"),
+        ("gptq-g32", "int4"),
+        ("awq-g32", "int4"),
+    ],  # fmt: skip
+)
+def test_plan_reads_the_checkpoints_weight_format(case, dtype, tiny, tmp_path):
+    from radixlm.plan.commands_memory import weight_dtype_of
+    from radixlm.plan.models import load_model
+
+    CASES[case](tiny[0], tmp_path)
+    assert load_model(str(tmp_path)).checkpoint_dtype == dtype
+    args = argparse.Namespace(model=str(tmp_path), dtype=None, gpu="H100-SXM")
+    assert weight_dtype_of(args) == dtype
+    assert load_model(str(tiny[0])).checkpoint_dtype is None
