@@ -206,3 +206,39 @@ def test_plan_reads_the_checkpoints_weight_format(case, dtype, tiny, tmp_path):
     args = argparse.Namespace(model=str(tmp_path), dtype=None, gpu="H100-SXM")
     assert weight_dtype_of(args) == dtype
     assert load_model(str(tiny[0])).checkpoint_dtype is None
+
+
+@pytest.mark.parametrize("case", ["ct-w4a16-g32", "ct-w8a8-int8-static", "ct-w8a8-fp8"])
+def test_cuda_layers_swap_in_quantized_linears(case, tiny, tmp_path, monkeypatch):
+    """The CUDA path's `QuantizedLinear` hands the canonical tensors to the Triton kernels'
+    entry points (stood in for here by quant_ref, the functions they must match)."""
+    import sys
+    import types
+
+    from radixlm.runtime.executor.layers import CudaLayers
+    from radixlm.runtime.executor.layers.quant_linear import QuantizedLinear
+    from radixlm.runtime.executor.weights import load_model
+
+    fake = types.ModuleType("radixlm.kernels.triton.quant_gemm")
+    fake.w4a16_gemm = quant_ref.w4a16_ref
+    fake.w8a8_int8_gemm = quant_ref.w8a8_int8_ref
+    fake.w8a8_fp8_gemm = quant_ref.w8a8_fp8_ref
+    monkeypatch.setitem(sys.modules, "radixlm.kernels.triton.quant_gemm", fake)
+    CASES[case](tiny[0], tmp_path)
+    config = read_hf_config(tmp_path)
+    quantized = load_quantized(tmp_path, config)
+    model = load_model(tmp_path, config, torch.float32, "cpu", CudaLayers(quantized))
+    name = "model.layers.1.mlp.down_proj"
+    module = model.get_submodule(name)
+    assert isinstance(module, QuantizedLinear)
+    assert sum(isinstance(m, QuantizedLinear) for m in model.modules()) == len(quantized)
+    x = torch.randn(2, 3, module.in_features)
+    qw = quantized[name]
+    flat = x.reshape(6, -1)
+    if qw.scheme == "w4a16":
+        ref = quant_ref.w4a16_ref(flat, qw.q, qw.scales, qw.zeros, 32)
+    elif qw.scheme == "w8a8_int8":
+        ref = quant_ref.w8a8_int8_ref(flat, qw.q, qw.scales, qw.act_scale)
+    else:
+        ref = quant_ref.w8a8_fp8_ref(flat, qw.q, qw.scales, qw.act_scale)
+    assert torch.equal(module(x), ref.reshape(2, 3, -1))

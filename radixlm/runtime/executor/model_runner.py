@@ -176,7 +176,9 @@ class ModelRunner:
         if self.device != "cpu":
             if self.args.weight_format == "gguf":
                 raise ValueError("--weight-format gguf runs on CPU only (radixlm's CPU kernels)")
-            return CudaLayers()
+            from radixlm.runtime.executor.quant import load_quantized
+
+            return CudaLayers(load_quantized(hf_dir, self.config))
         gemm = CpuKernels.load() if self.args.cpu_gemm == "auto" else None
         source = self._panel_source(gemm, hf_dir)
         return cpu_layers(
