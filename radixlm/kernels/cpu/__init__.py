@@ -3,8 +3,11 @@ may be float32 or float16, `KV_DTYPES`):
 
 * `packed_gemm.c`: the GEMM over packed weight panels (`CpuKernels.mm`), AVX-512 where
   the CPU has it, else AVX2 (`CpuKernels.gemm_isa`);
-* `quant_gemm.c`: the same GEMM over GGUF Q4_1 / Q8_0 blocks kept packed (`CpuKernels.qmm`,
-  layouts in `quant.py`), dequantized slice by slice into L1 for the same register tiles;
+* `quant_gemm.c`: the same GEMM over GGUF Q4_1 / Q8_0 blocks and checkpoint int4-group /
+  fp8 panels kept packed (`CpuKernels.qmm`, layouts in `quant.py`), dequantized slice by
+  slice into L1 for the same register tiles;
+* `quant_int8.c`: the W8A8 int8 GEMM (`CpuKernels.qmm` with `quant.I8`): per-token int8
+  activations, int8 dot products (AVX2 maddubs / AVX-512 VNNI), int32 accumulation;
 * `half_gemm.c`: the LM head's greedy screen: the GEMM of a few rows over IEEE fp16 panels
   (`CpuKernels.hmm`) or, with AVX-512 BF16, over bfloat16 pair panels (`CpuKernels.bmm`),
   and the candidate selection (`CpuKernels.screen_select`);
