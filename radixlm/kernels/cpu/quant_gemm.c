@@ -12,7 +12,12 @@
  *                     Q4_1's; W = s (q - z), the canonical W4A16 layout's value
  *                     (kernels/quant_ref.py: an exact small integer times s, one rounding).
  *   F8   (576 bytes): s[16] fp32, then 32 k rows of 16 float8_e4m3fn bytes; W = s f8(q),
- *                     f8 decoded exactly through a 256-entry table, one rounding.
+ *                     one rounding. An e4m3 byte's 7 magnitude bits placed at fp32 bits
+ *                     20..26 (exponent field low bits + 3 mantissa bits) read as the fp32
+ *                     f8 * 2^-120, subnormal bytes as fp32 subnormals, so one exact
+ *                     multiplication by 2^120 decodes every finite byte (the kernels run
+ *                     without flush-to-zero / denormals-are-zero); the NaN bytes 0x7f /
+ *                     0xff, which no checkpoint holds, decode as +-480.
  *
  * These are llama.cpp's block formats (ggml-quants: one d (and m) per 32 weights of a row)
  * regrouped 16 output columns wide, so the values are the GGUF file's bit for bit: d q is
@@ -24,9 +29,7 @@
  * streams 0.625 (Q4_1) or 1.0625 (Q8_0) bytes per weight from memory instead of 4.
  */
 #include <immintrin.h>
-#include <math.h>
 #include <omp.h>
-#include <pthread.h>
 #include <stdint.h>
 
 #include "kernels.h"
@@ -37,26 +40,12 @@
 
 static const int64_t GROUP_BYTES[5] = {0, 320, 544, 336, 576};
 
-/* float8_e4m3fn byte -> its fp32 value (1 sign, 4 exponent bits of bias 7, 3 mantissa
- * bits; exponent 0 subnormal; 0x7f / 0xff NaN, no infinities). */
-static float F8_TABLE[256];
-
-static void f8_table_init(void) {
-    for (int b = 0; b < 256; ++b) {
-        int e = (b >> 3) & 15, m = b & 7;
-        float v = e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10);
-        if ((b & 127) == 127)
-            v = NAN;
-        F8_TABLE[b] = b & 128 ? -v : v;
-    }
-}
-
 /* AVX2: groups of the checkpoint formats (W4G, F8) into buf[ng * 32][16]; both ISAs'
  * GEMMs read the same buffer, so one dequantization serves both. */
 static void dequant_ckpt(int fmt, const uint8_t *g, int64_t ng, float *restrict buf) {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, f8_table_init);
-    const __m256i low = _mm256_set1_epi32(15);
+    const __m256i low = _mm256_set1_epi32(15), mag = _mm256_set1_epi32(0x7f);
+    const __m256i sign = _mm256_set1_epi32(0x80);
+    const __m256 two120 = _mm256_set1_ps(0x1p120f);
     for (int64_t i = 0; i < ng; ++i, g += GROUP_BYTES[fmt], buf += 32 * 16) {
         for (int h = 0; h < 2; ++h) { /* columns 8h..8h+7 */
             __m256 s = _mm256_loadu_ps((const float *)g + 8 * h);
@@ -74,7 +63,9 @@ static void dequant_ckpt(int fmt, const uint8_t *g, int64_t ng, float *restrict 
                 for (int k = 0; k < 32; ++k) {
                     __m256i v = _mm256_cvtepu8_epi32(
                         _mm_loadl_epi64((const __m128i *)(g + 64 + 16 * k + 8 * h)));
-                    __m256 f = _mm256_i32gather_ps(F8_TABLE, v, 4);
+                    __m256i bits = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(v, mag), 20),
+                                                   _mm256_slli_epi32(_mm256_and_si256(v, sign), 24));
+                    __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(bits), two120);
                     _mm256_storeu_ps(buf + k * 16 + 8 * h, _mm256_mul_ps(s, f));
                 }
             }
