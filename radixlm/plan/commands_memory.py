@@ -36,7 +36,11 @@ def _default_dtype(args: argparse.Namespace) -> str:
 
 
 def weight_dtype_of(args: argparse.Namespace) -> str:
-    return normalize(args.dtype or _default_dtype(args))
+    """--dtype, else a quantized checkpoint's own format (config.json), else the default."""
+    quantized = None
+    if args.dtype is None and getattr(args, "model", None):
+        quantized = load_model(args.model).checkpoint_dtype
+    return normalize(args.dtype or quantized or _default_dtype(args))
 
 
 def kv_dtype_of(args: argparse.Namespace) -> str:

@@ -142,6 +142,8 @@ class ModelSpec:
     # Norms: per-layer RMSNorms over hidden (Gemma 3 has four), per-head q/k norms.
     norms_per_layer: int = 2
     qk_norm: bool = False
+    #: The weight format of a quantized checkpoint (`checkpoint_dtype`), else None.
+    checkpoint_dtype: str | None = None
 
     @property
     def attention(self) -> str:
@@ -296,6 +298,22 @@ def _text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
         return text
 
 
+def checkpoint_dtype(cfg: Mapping[str, Any]) -> str | None:
+    """The planner's weight format of a quantized checkpoint, read from config.json's
+    `quantization_config` (what radixlm loads: compressed-tensors int4 / int8 / fp8
+    weights, GPTQ and AWQ int4), or None for an unquantized or unrecognised one."""
+    q = cfg.get("quantization_config") or {}
+    method = q.get("quant_method")
+    if method in ("gptq", "awq"):
+        return "int4" if q.get("bits", q.get("w_bit")) == 4 else None
+    if method == "compressed-tensors":
+        groups = list((q.get("config_groups") or {}).values())
+        w = (groups[0].get("weights") or {}) if groups else {}
+        kind = {(4, "int"): "int4", (8, "int"): "int8", (8, "float"): "fp8"}
+        return kind.get((w.get("num_bits"), w.get("type", "int")))
+    return None
+
+
 def spec_from_config(cfg: Mapping[str, Any], name: str = "model") -> ModelSpec:
     """Build a `ModelSpec` from a Hugging Face config dictionary.
 
@@ -345,6 +363,7 @@ def spec_from_config(cfg: Mapping[str, Any], name: str = "model") -> ModelSpec:
         shared_expert_gate=model_type == "qwen2_moe" and shared > 0,
         norms_per_layer=4 if model_type.startswith("gemma3") else 2,
         qk_norm=model_type in _QK_NORM_TYPES,
+        checkpoint_dtype=checkpoint_dtype(cfg),
     )
 
 

@@ -3,8 +3,11 @@ may be float32 or float16, and fp8 for the attention kernels alone, `KV_DTYPES`)
 
 * `packed_gemm.c`: the GEMM over packed weight panels (`CpuKernels.mm`), AVX-512 where
   the CPU has it, else AVX2 (`CpuKernels.gemm_isa`);
-* `quant_gemm.c`: the same GEMM over GGUF Q4_1 / Q8_0 blocks kept packed (`CpuKernels.qmm`,
-  layouts in `quant.py`), dequantized slice by slice into L1 for the same register tiles;
+* `quant_gemm.c`: the same GEMM over GGUF Q4_1 / Q8_0 blocks and checkpoint int4-group /
+  fp8 panels kept packed (`CpuKernels.qmm`, layouts in `quant.py`), dequantized slice by
+  slice into L1 for the same register tiles;
+* `quant_int8.c`: the W8A8 int8 GEMM (`CpuKernels.qmm` with `quant.I8`): per-token int8
+  activations, int8 dot products (AVX2 maddubs / AVX-512 VNNI), int32 accumulation;
 * `half_gemm.c`: the LM head's greedy screen: the GEMM of a few rows over IEEE fp16 panels
   (`CpuKernels.hmm`) or, with AVX-512 BF16, over bfloat16 pair panels (`CpuKernels.bmm`),
   and the candidate selection (`CpuKernels.screen_select`);
@@ -99,6 +102,7 @@ class CpuKernels(ScreenKernels, AttentionKernels):
         self._gemm_isa = _bind(lib.radixlm_gemm_isa, [i32], ctypes.c_int)
         self._qgemm = _bind(lib.radixlm_quant_gemm, [p, i64, p, i32, p, i64, i64, i64, i32])
         self._dequant = _bind(lib.radixlm_quant_dequant, [i32, p, i64, p])
+        self._i8gemm = _bind(lib.radixlm_int8_gemm, [p, i64, p, p, i64, i64, i64, i32])
         self._bind_screen(lib)
         self._bind_attention(lib)
         self._norm = _bind(lib.radixlm_rms_norm, [p, i64, p, p, i64, i64, f32, i32])
@@ -146,12 +150,16 @@ class CpuKernels(ScreenKernels, AttentionKernels):
 
     def qmm(self, x: torch.Tensor, panels: torch.Tensor, fmt: int, n: int) -> torch.Tensor:
         """x [M, K] float32 (rows may be strided) times W [n, K] held as quantized panels
-        uint8 [n / 16, K / 32, group bytes] of format `fmt` (`quant.Q4_1` or `quant.Q8_0`):
-        returns [M, n] float32, equal bit for bit to `mm` over fp32 panels of the
-        dequantized W. Raises ValueError on a dtype, format or shape mismatch."""
+        uint8 [n / 16, K / 32, group bytes] of format `fmt` (`quant.Q4_1`, `Q8_0`, `W4G`,
+        `F8`): returns [M, n] float32, equal bit for bit to `mm` over fp32 panels of the
+        dequantized W; or, for `quant.I8`, the W8A8 int8 product of x and the flat buffer
+        `panels` (`quant.pack_int8`), bit for bit `quant_ref.w8a8_int8_ref`. Raises
+        ValueError on a dtype, format or shape mismatch."""
         if x.dtype != torch.float32 or panels.dtype != torch.uint8 or x.dim() != 2:
             raise ValueError(f"qmm takes float32 x [M, K] and uint8 panels, got {x.dtype}")
         m, k = x.shape
+        if fmt == quant.I8:
+            return self._int8_mm(x, panels, n)
         group = quant.GROUP_BYTES.get(fmt)
         if group is None or tuple(panels.shape) != (n // 16, k // 32, group) or n % 16 or k % 32:
             raise ValueError(f"panels {tuple(panels.shape)} of format {fmt} do not hold {n} x {k}")
@@ -163,6 +171,20 @@ class CpuKernels(ScreenKernels, AttentionKernels):
         y = torch.empty(m, n, dtype=torch.float32)
         self._qgemm(
             x.data_ptr(), x.stride(0), panels.data_ptr(), fmt, y.data_ptr(), m, k, n,
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return y
+
+    def _int8_mm(self, x: torch.Tensor, buf: torch.Tensor, n: int) -> torch.Tensor:
+        m, k = x.shape
+        if buf.dim() != 1 or buf.numel() != quant.I8_HEADER + n * (4 + k) or n % 16 or k % 32:
+            raise ValueError(f"int8 buffer of {buf.numel()} bytes does not hold {n} x {k}")
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        buf = buf.contiguous()
+        y = torch.empty(m, n, dtype=torch.float32)
+        self._i8gemm(
+            x.data_ptr(), x.stride(0), buf.data_ptr(), y.data_ptr(), m, k, n,
             torch.get_num_threads(),
         )  # fmt: skip
         return y

@@ -25,6 +25,7 @@ SOURCES = [
     for n in (
         "packed_gemm.c",
         "quant_gemm.c",
+        "quant_int8.c",
         "half_gemm.c",
         "decode_attention.c",
         "decode_attention_mla.c",

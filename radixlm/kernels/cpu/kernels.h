@@ -15,7 +15,7 @@ int radixlm_gemm_isa(int request);
 void radixlm_gemm_panels(int64_t M, int acc, const float *x, int64_t ldx, const float *w,
                          int64_t npan, int64_t wstride, int64_t kn, float *y, int64_t ldy);
 /* Where the blocked GEMM reads its weight panels: fp32 panels [N / 16][K][16] (fmt 0), or
- * quantized panels (fmt 1 Q4_1, 2 Q8_0; quant_gemm.c) of panel_bytes each, in groups of
+ * quantized panels (fmt 1 Q4_1, 2 Q8_0, 3 W4G, 4 F8; quant_gemm.c) of panel_bytes each, in groups of
  * group_bytes per 32 k rows. */
 typedef struct {
     const void *w;
@@ -26,6 +26,10 @@ typedef struct {
  * packed into L2-sized blocks: the prefill-sized path of radixlm_packed_gemm. */
 void radixlm_gemm_blocked(const float *x, const radixlm_wsrc *src, float *y, int64_t M,
                           int64_t K, int64_t N, int64_t b0, int64_t b1);
+/* y[M, N] = W8A8 int8 product of x[M, K] (row stride ldx) and the int8 weight buffer w
+ * (quant_int8.c); needs N % 16 == 0 and K % 32 == 0. */
+void radixlm_int8_gemm(const float *x, int64_t ldx, const uint8_t *w, float *y, int64_t M,
+                       int64_t K, int64_t N, int num_threads);
 /* ng groups of one quantized panel (format fmt) into buf[ng * 32][16] fp32. */
 void radixlm_quant_dequant(int fmt, const uint8_t *groups, int64_t ng, float *buf);
 /* y[M, N] = x[M, K] @ W^T over IEEE fp16 panels [ceil(N / 16)][K][16] (half_gemm.c). */

@@ -1,4 +1,5 @@
-/* GEMM over GGUF block-quantized weights kept packed (Q4_1, Q8_0), computing in fp32.
+/* GEMM over quantized weights kept packed (GGUF Q4_1 / Q8_0 blocks, checkpoint int4 groups,
+ * fp8 e4m3 channels), computing in fp32; int8 x int8 products for W8A8 in quant_int8.c.
  *
  * y[M, N] = x[M, K] @ W^T where W [N, K] is stored as quantized panels: panel b holds
  * columns 16b..16b+15 of W^T as K / 32 groups of 32 k, each group of GROUP_BYTES[fmt]:
@@ -7,6 +8,16 @@
  *                     bytes each, byte j = q[2p][j] | q[2p + 1][j] << 4 (q in 0..15);
  *                     W = d q + m.
  *   Q8_0 (544 bytes): d[16] IEEE fp16, then 32 k rows of 16 int8; W = d q.
+ *   W4G  (336 bytes): s[16] fp32, z[16] uint8 (0..15), then 16 pairs of k rows packed as
+ *                     Q4_1's; W = s (q - z), the canonical W4A16 layout's value
+ *                     (kernels/quant_ref.py: an exact small integer times s, one rounding).
+ *   F8   (576 bytes): s[16] fp32, then 32 k rows of 16 float8_e4m3fn bytes; W = s f8(q),
+ *                     one rounding. An e4m3 byte's 7 magnitude bits placed at fp32 bits
+ *                     20..26 (exponent field low bits + 3 mantissa bits) read as the fp32
+ *                     f8 * 2^-120, subnormal bytes as fp32 subnormals, so one exact
+ *                     multiplication by 2^120 decodes every finite byte (the kernels run
+ *                     without flush-to-zero / denormals-are-zero); the NaN bytes 0x7f /
+ *                     0xff, which no checkpoint holds, decode as +-480.
  *
  * These are llama.cpp's block formats (ggml-quants: one d (and m) per 32 weights of a row)
  * regrouped 16 output columns wide, so the values are the GGUF file's bit for bit: d q is
@@ -27,7 +38,40 @@
  * stay in L1 while the row tiles read them. */
 #define QKB 256
 
-static const int64_t GROUP_BYTES[3] = {0, 320, 544};
+static const int64_t GROUP_BYTES[5] = {0, 320, 544, 336, 576};
+
+/* AVX2: groups of the checkpoint formats (W4G, F8) into buf[ng * 32][16]; both ISAs'
+ * GEMMs read the same buffer, so one dequantization serves both. */
+static void dequant_ckpt(int fmt, const uint8_t *g, int64_t ng, float *restrict buf) {
+    const __m256i low = _mm256_set1_epi32(15), mag = _mm256_set1_epi32(0x7f);
+    const __m256i sign = _mm256_set1_epi32(0x80);
+    const __m256 two120 = _mm256_set1_ps(0x1p120f);
+    for (int64_t i = 0; i < ng; ++i, g += GROUP_BYTES[fmt], buf += 32 * 16) {
+        for (int h = 0; h < 2; ++h) { /* columns 8h..8h+7 */
+            __m256 s = _mm256_loadu_ps((const float *)g + 8 * h);
+            if (fmt == 3) {
+                __m256i z = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(g + 64 + 8 * h)));
+                for (int p = 0; p < 16; ++p) {
+                    __m256i v = _mm256_cvtepu8_epi32(
+                        _mm_loadl_epi64((const __m128i *)(g + 80 + 16 * p + 8 * h)));
+                    __m256 lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(v, low), z));
+                    __m256 hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(v, 4), z));
+                    _mm256_storeu_ps(buf + 2 * p * 16 + 8 * h, _mm256_mul_ps(s, lo));
+                    _mm256_storeu_ps(buf + (2 * p + 1) * 16 + 8 * h, _mm256_mul_ps(s, hi));
+                }
+            } else {
+                for (int k = 0; k < 32; ++k) {
+                    __m256i v = _mm256_cvtepu8_epi32(
+                        _mm_loadl_epi64((const __m128i *)(g + 64 + 16 * k + 8 * h)));
+                    __m256i bits = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(v, mag), 20),
+                                                   _mm256_slli_epi32(_mm256_and_si256(v, sign), 24));
+                    __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(bits), two120);
+                    _mm256_storeu_ps(buf + k * 16 + 8 * h, _mm256_mul_ps(s, f));
+                }
+            }
+        }
+    }
+}
 
 /* AVX2 + F16C: groups [g0, g0 + ng) of one panel into buf[ng * 32][16]. */
 static void dequant_avx2(int fmt, const uint8_t *g, int64_t ng, float *restrict buf) {
@@ -84,7 +128,9 @@ static AVX512 void dequant_avx512(int fmt, const uint8_t *g, int64_t ng, float *
 /* groups (ng consecutive groups of one panel) into buf[ng * 32][16] fp32, in the ISA the
  * GEMM uses (the blocked path reads slices through it). */
 void radixlm_quant_dequant(int fmt, const uint8_t *groups, int64_t ng, float *buf) {
-    if (radixlm_gemm_isa(-1))
+    if (fmt >= 3)
+        dequant_ckpt(fmt, groups, ng, buf);
+    else if (radixlm_gemm_isa(-1))
         dequant_avx512(fmt, groups, ng, buf);
     else
         dequant_avx2(fmt, groups, ng, buf);
@@ -114,7 +160,7 @@ static void quant_slices(const float *x, int64_t ldx, const uint8_t *w, int fmt,
 }
 
 /* y [M, N] row-major; x [M, K] (row stride ldx; contiguous from QBLOCKED_ROWS rows); w
- * [N / 16][K / 32][group] in format fmt (1 Q4_1, 2 Q8_0); needs N % 16 == 0 and
+ * [N / 16][K / 32][group] in format fmt (1 Q4_1, 2 Q8_0, 3 W4G, 4 F8); needs N % 16 == 0 and
  * K % 32 == 0 (the caller checks). The threads split the panels. */
 void radixlm_quant_gemm(const float *x, int64_t ldx, const uint8_t *w, int fmt, float *y,
                         int64_t M, int64_t K, int64_t N, int num_threads) {
@@ -133,11 +179,13 @@ void radixlm_quant_gemm(const float *x, int64_t ldx, const uint8_t *w, int fmt, 
 }
 
 /* y = x W^T for a weight in format fmt: 0 fp32 panels (radixlm_packed_gemm, x contiguous),
- * 1 / 2 quantized panels (radixlm_quant_gemm). */
+ * 1 to 4 quantized panels (radixlm_quant_gemm), 5 W8A8 int8 (radixlm_int8_gemm). */
 void radixlm_weight_gemm(int fmt, const float *x, const void *w, float *y, int64_t M,
                          int64_t K, int64_t N, int num_threads) {
     if (fmt == 0)
         radixlm_packed_gemm(x, (const float *)w, y, M, K, N, num_threads);
+    else if (fmt == 5)
+        radixlm_int8_gemm(x, K, (const uint8_t *)w, y, M, K, N, num_threads);
     else
         radixlm_quant_gemm(x, K, (const uint8_t *)w, fmt, y, M, K, N, num_threads);
 }

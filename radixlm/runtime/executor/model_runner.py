@@ -25,7 +25,7 @@ from radixlm.runtime.executor.kv_cache_dtype import (
     read_kv_scales,
 )
 from radixlm.runtime.executor.layers import CudaLayers, LayerFactory, cpu_layers
-from radixlm.runtime.executor.layers.cpu_linear import FloatPanels, GgufPanels
+from radixlm.runtime.executor.layers.cpu_linear import CheckpointPanels, FloatPanels, GgufPanels
 from radixlm.runtime.executor.layers.tensor_parallel import TensorParallelLayers
 from radixlm.runtime.executor.memory import (
     PagedAllocator,
@@ -187,7 +187,9 @@ class ModelRunner:
         if self.device != "cpu":
             if self.args.weight_format == "gguf":
                 raise ValueError("--weight-format gguf runs on CPU only (radixlm's CPU kernels)")
-            return CudaLayers()
+            from radixlm.runtime.executor.quant import load_quantized
+
+            return CudaLayers(load_quantized(hf_dir, self.config))
         gemm = CpuKernels.load() if self.args.cpu_gemm == "auto" else None
         source = self._panel_source(gemm, hf_dir)
         return cpu_layers(
@@ -196,11 +198,17 @@ class ModelRunner:
 
     def _panel_source(self, kernels: CpuKernels | None, hf_dir) -> FloatPanels:
         """How the packed layout stores projections (`--weight-format`): `GgufPanels` over
-        the model file's blocks, or fp32 panels. Raises ValueError for 'gguf' where it
-        cannot apply (no C kernels, not a .gguf model, not fp32)."""
+        the model file's blocks, `CheckpointPanels` over a quantized checkpoint's weights
+        ('auto' with the C kernels and fp32), or fp32 panels. Raises ValueError for 'gguf'
+        where it cannot apply (no C kernels, not a .gguf model, not fp32)."""
         fmt = self.args.weight_format
         if fmt == "fp32":
             return FloatPanels()
+        quantized = getattr(self.config, "quantization_config", None) is not None
+        if quantized and fmt == "auto" and kernels is not None and self.dtype == torch.float32:
+            from radixlm.runtime.executor.quant import load_quantized
+
+            return CheckpointPanels(load_quantized(hf_dir, self.config))
         path = resolve_model_path(self.args.model)
         reason = None
         if kernels is None:

@@ -21,6 +21,7 @@ from radixlm.runtime.executor.kv_cache_dtype import is_kv_scale_name
 from radixlm.runtime.executor.layers import LayerFactory, TorchLayers
 from radixlm.runtime.executor.models import get_model_class
 from radixlm.runtime.executor.parallel.shards import shard_state
+from radixlm.runtime.executor.quant import quant_format
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,11 @@ def load_weights(model: nn.Module, hf_dir: Path, config, dtype: torch.dtype, dev
     """Load every *.safetensors in `hf_dir` into `model` (from `build_model`), cast to
     `dtype`, and move it to `device`; returns it in eval mode, before any post-load step.
 
-    The checkpoint's names pass through the family's `adapt_checkpoint` (split fused
+    A quantized checkpoint (config.json's `quantization_config`) first has its quantized
+    modules replaced by their dequantized float32 weights (`executor.quant`; raises
+    UnsupportedQuantizationError naming an unsupported scheme); the packed CPU layout keeps
+    them quantized (`CheckpointPanels`). The checkpoint's names pass through the family's
+    `adapt_checkpoint` (split fused
     tensors, renamed experts); tensors named with a suffix in the family's `fp32_tensors`
     stay float32 (DeepSeek-V3's router). Modules holding a tensor-parallel shard take
     their slice of each tensor (`tp_shards`, `parallel/shards.py`). A tied lm_head (absent
@@ -55,6 +60,9 @@ def load_weights(model: nn.Module, hf_dir: Path, config, dtype: torch.dtype, dev
             raise WeightsMismatchError(f"{f} is not a readable safetensors file: {exc}") from None
     # KV-cache scales belong to the pool (`kv_cache_dtype.read_kv_scales`), not the model.
     state = {k: v for k, v in state.items() if not is_kv_scale_name(k)}
+    reader = quant_format(config)
+    if reader is not None:
+        state = reader.convert(state)[0]
     family = type(model)
     adapted = family.adapt_checkpoint(state, config)
     _check_no_shadowing(state, adapted, family.checkpoint_name)

@@ -151,7 +151,23 @@ class TorchLayers(LayerFactory):
 
 class CudaLayers(TorchLayers):
     """The CUDA path: plain torch modules, with mixture-of-experts blocks run by the Triton
-    fused-MoE kernel (`TritonExperts`)."""
+    fused-MoE kernel (`TritonExperts`) and, for a quantized checkpoint (`quantized`: its
+    `executor.quant.load_quantized` weights by module name), its linears swapped after
+    loading for `QuantizedLinear` (Triton W4A16 / W8A8 kernels)."""
+
+    def __init__(self, quantized: dict | None = None):
+        self.quantized = quantized or {}
+
+    @property
+    def quantized_weights(self) -> int:
+        return len(self.quantized)
+
+    def process_weights_after_loading(self, model: nn.Module) -> None:
+        super().process_weights_after_loading(model)
+        if self.quantized:
+            from radixlm.runtime.executor.layers.quant_linear import swap_quantized
+
+            swap_quantized(model, self.quantized)
 
     def experts(self) -> ExpertsImpl:
         return TritonExperts()

@@ -2,7 +2,9 @@
 panel sources that choose their storage: `FloatPanels` packs fp32 panels, `GgufPanels`
 keeps a GGUF file's Q4_1 / Q8_0 blocks as quantized panels (`kernels.cpu.quant`) wherever
 they hold exactly the loaded fp32 weight, so products are bit for bit the fp32 panels'
-while a decode step streams fewer bytes per weight. A new weight format is a new source.
+while a decode step streams fewer bytes per weight; `CheckpointPanels` keeps a quantized
+checkpoint's int4 / int8 / fp8 weights (`executor.quant`). A new weight format is a new
+source.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch import nn
 from radixlm.kernels.cpu import CpuKernels, pack_panels, quant
 from radixlm.runtime.executor.gguf_blocks import RawBlocks
 from radixlm.runtime.executor.layers.head_screen import ArgmaxScreen
+from radixlm.runtime.executor.quant import W4A16, W8A8_FP8, W8A8_INT8, QuantizedWeight
 
 logger = logging.getLogger(__name__)
 
@@ -50,19 +53,26 @@ class PackedLinear(nn.Module):
 
 
 class QuantLinear(nn.Module):
-    """A linear layer holding quantized `panels` uint8 [out / 16, in / 32, group bytes] of
-    GGUF blocks (`kernels.cpu.quant`, format `fmt`) and `bias` [out] fp32 or None.
+    """A linear layer holding quantized `panels` of format `fmt` (`kernels.cpu.quant`):
+    uint8 [out / 16, in / 32, group bytes] (Q4_1, Q8_0, W4G, F8) or the flat I8 buffer,
+    and `bias` [out] fp32 or None.
 
     forward(x [rows, in] fp32) -> [rows, out] fp32 through the quantized GEMM kernel.
     """
 
     extra_bytes = 0
 
-    def __init__(self, blocks: RawBlocks, bias: nn.Parameter | None, gemm: CpuKernels):
+    def __init__(
+        self,
+        fmt: int,
+        panels: torch.Tensor,
+        shape: tuple[int, int],
+        bias: nn.Parameter | None,
+        gemm: CpuKernels,
+    ):
         super().__init__()
-        self.fmt, self.in_features = blocks.fmt, blocks.k
-        self.out_features = blocks.data.shape[0]
-        panels = quant.pack_blocks(blocks.data, blocks.fmt, blocks.k)
+        self.fmt = fmt
+        self.out_features, self.in_features = shape
         self.panels = nn.Parameter(panels, requires_grad=False)
         self.bias = bias
         self._gemm = gemm
@@ -78,21 +88,38 @@ class QuantLinear(nn.Module):
 
 
 class FloatPanels:
-    """Packs every projection as fp32 panels (`PackedLinear`, `PackedHead`)."""
+    """Packs every projection as fp32 panels (`PackedLinear`, `PackedHead`). Subclasses
+    keep some projections quantized by overriding `panels`."""
 
     #: server_info's `weight_format` for this source.
     format = "fp32"
-    #: Projections kept as quantized panels (none here).
-    quantized = 0
+
+    def __init__(self):
+        #: Projections kept as quantized panels.
+        self.quantized = 0
+
+    def panels(self, names: list[str], linears: list[nn.Linear]) -> tuple[int, torch.Tensor] | None:
+        """(format, quantized panels) computing the loaded `linears` (named `names`) side
+        by side, or None for fp32 panels."""
+        return None
 
     def linear(self, names: list[str], linears: list[nn.Linear], kernels: CpuKernels):
         """The packed module computing the loaded `linears` (named `names`) side by side."""
-        return PackedLinear(_fuse(linears) if len(linears) > 1 else linears[0], kernels)
+        fused = _fuse(linears) if len(linears) > 1 else linears[0]
+        packed = self.panels(names, linears)
+        if packed is None:
+            return PackedLinear(fused, kernels)
+        self.quantized += 1
+        shape = (fused.out_features, fused.in_features)
+        return QuantLinear(packed[0], packed[1], shape, fused.bias, kernels)
 
-    def head_blocks(self, head: nn.Module) -> RawBlocks | None:
-        """Quantized blocks for the loaded lm_head `head` (`weight`, `in_features`), or
-        None for fp32 panels."""
-        return None
+    def head_panels(self, head: nn.Module) -> tuple[int, torch.Tensor] | None:
+        """(format, quantized panels) for the loaded lm_head `head` (`weight`,
+        `in_features`), or None for fp32 panels."""
+        packed = self.panels(["lm_head"], [head])
+        if packed is not None:
+            self.quantized += 1
+        return packed
 
 
 class GgufPanels(FloatPanels):
@@ -104,10 +131,10 @@ class GgufPanels(FloatPanels):
     format = "gguf"
 
     def __init__(self, blocks: dict[str, RawBlocks]):
+        super().__init__()
         self.blocks = blocks
-        self.quantized = 0
 
-    def _blocks(self, names: list[str], linears: list[nn.Linear]) -> RawBlocks | None:
+    def panels(self, names, linears):
         parts = [self.blocks.get(name) for name in names]
         if any(p is None for p in parts) or len({(p.fmt, p.k) for p in parts}) != 1:
             return None
@@ -121,21 +148,54 @@ class GgufPanels(FloatPanels):
         if not torch.equal(quant.dequantize_blocks(data, fmt, k), weight):
             logger.warning("%s: GGUF blocks differ from the loaded weights; kept fp32", names)
             return None
-        return RawBlocks(fmt, data, k)
+        return fmt, quant.pack_blocks(data, fmt, k)
 
-    def linear(self, names, linears, kernels):
-        blocks = self._blocks(names, linears)
-        if blocks is None:
-            return super().linear(names, linears, kernels)
-        self.quantized += 1
-        bias = _fuse(linears).bias if len(linears) > 1 else linears[0].bias
-        return QuantLinear(blocks, bias, kernels)
 
-    def head_blocks(self, head):
-        blocks = self._blocks(["lm_head"], [head])
-        if blocks is not None:
-            self.quantized += 1
-        return blocks
+class CheckpointPanels(FloatPanels):
+    """Keeps a quantized checkpoint's weights (`executor.quant.load_quantized`, keyed by
+    module name) as quantized panels: W4A16 int4 groups as W4G panels (fp32 activations,
+    products bit for bit the fp32 panels' of the dequantized weight), W8A8 int8 as the I8
+    buffer (int8 activations quantized per token or statically, int32 dot products, bit for
+    bit `quant_ref.w8a8_int8_ref`), W8A8 fp8 as F8 panels computed weight-only (fp32
+    activations: CPUs have no fp8 arithmetic, and the weight holds the checkpoint's exact
+    values). Parts of a fused projection must share a scheme (and group size, static
+    activation scale); any other projection, or one whose dequantized values differ from
+    the loaded weight, gets fp32 panels with a warning."""
+
+    FORMATS = {W4A16: quant.W4G, W8A8_INT8: quant.I8, W8A8_FP8: quant.F8}
+
+    def __init__(self, weights: dict[str, QuantizedWeight]):
+        super().__init__()
+        self.weights = weights
+        self.format = "+".join(sorted({w.scheme for w in weights.values()})) or "fp32"
+
+    def panels(self, names, linears):
+        parts = [self.weights.get(name) for name in names]
+        if all(p is None for p in parts):
+            return None
+        keys = {(p.scheme, p.group_size, _scalar(p.act_scale)) for p in parts if p is not None}
+        weight = torch.cat([lin.weight.detach() for lin in linears])
+        n, k = weight.shape
+        if None in parts or len(keys) != 1 or n % 16 or k % 32:
+            logger.warning("%s: quantized parts cannot share one kernel; kept fp32", names)
+            return None
+        deq = torch.cat([p.dequantize() for p in parts])
+        if weight.dtype != torch.float32 or not torch.equal(deq, weight):
+            logger.warning("%s: quantized weights differ from the loaded ones; kept fp32", names)
+            return None
+        first = parts[0]
+        q = torch.cat([p.q for p in parts])
+        scales = torch.cat([p.scales for p in parts])
+        if first.scheme == W4A16:
+            zeros = torch.cat([p.zeros for p in parts])
+            return quant.W4G, quant.pack_w4(q, scales, zeros, first.group_size)
+        if first.scheme == W8A8_INT8:
+            return quant.I8, quant.pack_int8(q, scales, first.act_scale)
+        return quant.F8, quant.pack_fp8(q, scales)
+
+
+def _scalar(t: torch.Tensor | None) -> float | None:
+    return None if t is None else float(t)
 
 
 def _fuse(linears: list[nn.Linear]) -> nn.Linear:
@@ -152,8 +212,8 @@ def _fuse(linears: list[nn.Linear]) -> nn.Linear:
 
 class PackedHead(nn.Module):
     """lm_head holding `weight` [vocab, hidden] fp32 (possibly tied to the embedding) and,
-    once loaded, `panels` of it (a buffer, never saved): fp32 panels, or quantized ones of
-    the source's GGUF blocks of the same values (format `fmt`); packed GEMM for at most
+    once loaded, `panels` of it (a buffer, never saved): fp32 panels, or the source's
+    quantized ones (format `fmt`); packed GEMM for at most
     `PACKED_HEAD_ROWS` rows, `F.linear` above. forward(x [rows, hidden] fp32) -> logits
     [rows, vocab] fp32, after `process_weights_after_loading`.
 
@@ -191,12 +251,11 @@ class PackedHead(nn.Module):
     def process_weights_after_loading(self) -> None:
         """Pack the loaded weight (quantized where the source has its blocks) and attach
         the greedy screen when asked."""
-        blocks = self._source.head_blocks(self)
-        if blocks is None:
+        packed = self._source.head_panels(self)
+        if packed is None:
             self.fmt, self.panels = quant.FP32, pack_panels(self.weight.detach())
         else:
-            self.fmt = blocks.fmt
-            self.panels = quant.pack_blocks(blocks.data, blocks.fmt, blocks.k)
+            self.fmt, self.panels = packed
         if self._attach:
             self.attach_screen()
 
