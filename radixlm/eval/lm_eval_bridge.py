@@ -182,9 +182,10 @@ def run_one(lm: LmEvalPlan, url: str, folder: Path, names: list[str], tokenizer:
     if not tok_dir.exists():
         load_local_tokenizer(tokenizer).save_pretrained(tok_dir)
     out = folder / "out"
+    served_name = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
     model_args = ",".join(
         [
-            "model=radixlm",
+            f"model={served_name}",
             f"base_url={url}/v1/completions",
             f"tokenizer={tok_dir}",
             "tokenizer_backend=huggingface",
@@ -230,7 +231,7 @@ def run_all(
             try:
                 with served(config) as url:
                     per_config[config.name] = run_one(lm, url, folder, names, tokenizer)
-            except (RuntimeError, OSError, ValueError) as e:
+            except (RuntimeError, OSError, ValueError, httpx.HTTPError, KeyError) as e:
                 per_config[config.name] = {"error": str(e)}
     return {"ran": True, "python": lm.python, "configs": per_config}
 
