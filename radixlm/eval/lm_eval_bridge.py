@@ -43,8 +43,10 @@ class LmEvalPlan:
 
 
 def _imports_lm_eval(python: str) -> bool:
-    cmd = [python, "-c", "import lm_eval"]
-    return subprocess.run(cmd, capture_output=True).returncode == 0
+    try:
+        return subprocess.run([python, "-c", "import lm_eval"], capture_output=True).returncode == 0
+    except OSError:  # no such interpreter
+        return False
 
 
 def plan(mode: str, python: str | None) -> LmEvalPlan | str:
@@ -107,7 +109,6 @@ def write_tasks(tasks: list[Task], folder: Path, max_gen_toks: int) -> list[str]
                 "  - metric: exact_match",
                 "    aggregation: mean",
                 "    higher_is_better: true",
-                "    ignore_whitespace: true",
             ]
         else:
             body = [

@@ -92,3 +92,24 @@ def test_configs_parse_like_serve_flags():
         parse_config("--kv-cache-dtype fp9", "x")
     with pytest.raises(ValueError, match="page_size"):
         parse_config("--page-size 3", "x")
+
+
+def test_lm_eval_task_files(tmp_path):
+    import yaml
+
+    from radixlm.eval.lm_eval_bridge import plan, write_tasks
+
+    tasks = generate_tasks(["arith", "teacher", "json"], TaskSpec(n=2), len)
+    names = write_tasks(tasks, tmp_path, max_gen_toks=8)
+    assert names == ["radixlm_arith", "radixlm_teacher"]  # json has no lm-eval form here
+    arith = yaml.safe_load((tmp_path / "radixlm_arith.yaml").read_text())
+    assert arith["output_type"] == "generate_until"
+    assert arith["generation_kwargs"]["until"] == ["\n"]
+    assert arith["filter_list"][0]["filter"][0]["regex_pattern"] == r"(-?\d+)"
+    rows = (tmp_path / "radixlm_arith.jsonl").read_text().splitlines()
+    assert [json.loads(r)["answer"] for r in rows] == [it.answer for it in tasks[0].items]
+    teacher = yaml.safe_load((tmp_path / "radixlm_teacher.yaml").read_text())
+    assert teacher["output_type"] == "loglikelihood_rolling"
+    with pytest.raises(ValueError, match="--lm-eval on: lm_eval is not importable"):
+        plan("on", str(tmp_path / "no-python"))
+    assert plan("off", None) == "off (--lm-eval off)"
