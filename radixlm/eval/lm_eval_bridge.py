@@ -163,13 +163,14 @@ def served(config: EvalConfig) -> Iterator[str]:
 
 
 def _metrics(results: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """lm-eval's per-task metrics, without the stderr entries and the alias."""
+    """lm-eval's numeric per-task metrics without their stderr, keyed ``metric`` or
+    ``metric/filter`` (lm-eval's ``metric,filter`` keys; the filter ``none`` dropped)."""
     out = {}
     for task, values in results.get("results", {}).items():
         out[task.removeprefix("radixlm_")] = {
-            k.split(",")[0] + ("" if k.endswith(",none") else "/" + k.split(",")[1]): v
+            k.removesuffix(",none").replace(",", "/"): v
             for k, v in values.items()
-            if "_stderr" not in k and k != "alias" and isinstance(v, int | float)
+            if "_stderr" not in k and isinstance(v, int | float) and not isinstance(v, bool)
         }
     return out
 
