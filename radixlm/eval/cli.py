@@ -24,7 +24,6 @@ from radixlm.eval.report import config_entry, format_table
 from radixlm.eval.runner import RunOptions, compare, run_config, score
 from radixlm.eval.tasks import TASKS, Task, TaskSpec, generate_tasks, read_task_file
 
-logger = logging.getLogger(__name__)
 DEFAULT_TASKS = ",".join(TASKS)
 
 
@@ -163,7 +162,8 @@ def main(args: argparse.Namespace) -> int:
         json_max_tokens=args.json_max_tokens,
     )
     entries = evaluate(configs, tasks, tokenizer.encode, opts)
-    lm_result = lm_eval_bridge.run_all(lm, configs, tasks, args.tokenizer or configs[0].model)
+    tokenizer_name = args.tokenizer or configs[0].model
+    lm_result = lm_eval_bridge.run_all(lm, configs, tasks, tokenizer_name, args.exact_max_tokens)
     print(format_table(entries))
     print(lm_eval_bridge.describe(lm_result))
     if args.out:
