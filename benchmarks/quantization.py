@@ -159,6 +159,7 @@ def main() -> int:
         if run.error:
             entries.append({"name": method.name, "unsupported": run.error})
             continue
+        print(f"{method.name}: ran in {run.seconds:.0f} s", file=sys.stderr)
         base = runs[0] if runs else None
         vs = compare(base, run, tasks) if base else None
         runs.append(run)
