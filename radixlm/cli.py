@@ -1,5 +1,6 @@
 """The `radixlm` command: `serve` (OpenAI-compatible HTTP server), `generate` (one completion
-in-process), `bench` (serving benchmark client), `train-eagle` (train an EAGLE
+in-process), `bench` (serving benchmark client), `eval` (compare
+configurations, e.g. quantized, with a baseline), `train-eagle` (train an EAGLE
 speculative-decoding head) and `plan` (serving planner)."""
 
 from __future__ import annotations
@@ -137,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     from radixlm.bench.cli import register as register_bench
 
     register_bench(sub)
+    from radixlm.eval.cli import register as register_eval
+
+    register_eval(sub)
     train = sub.add_parser(
         "train-eagle",
         help="train an EAGLE speculative-decoding head for a model (self-distillation)",
