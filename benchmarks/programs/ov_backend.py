@@ -1,12 +1,14 @@
 """A radixlm.lang backend over OpenVINO GenAI's `ContinuousBatchingPipeline`, in-process.
 
 Runs under the OpenVINO venv's interpreter (harness.py puts the repository on sys.path).
-It expresses free-text gens only: `select` and constrained gens (json_schema, regex,
-ebnf, dtype) raise `UnsupportedByBackendError`, so run.py gives it the text-only
-workloads. Prompts are the program text tokenized by the model's Hugging Face tokenizer
-(no special tokens added, as radixlm's engine does for text), passed as int64 [1, L]
-token-id tensors, so the pipeline sees the same ids as radixlm; outputs are decoded by
-the same tokenizer with special tokens skipped.
+Free-text gens, json_schema and regex gens (the pipeline's `StructuredOutputConfig`),
+and `select` as greedy decoding constrained to the regex alternation of the choices
+(like the OpenAI backend's dialects: not radixlm's logprob scoring, so it may pick
+another choice); ebnf and dtype raise `UnsupportedByBackendError`. Prompts are the
+program text tokenized by the model's Hugging Face tokenizer (no special tokens added,
+as radixlm's engine does for text), passed as int64 [1, L] token-id tensors, so the
+pipeline sees the same ids as radixlm; outputs are decoded by the same tokenizer with
+special tokens skipped.
 
 Program threads queue requests; one driver thread owns the pipeline: it adds the queued
 requests between steps, calls `step()` while any request is live (continuous batching
@@ -16,12 +18,21 @@ The KV pool holds `kv_tokens` tokens (blocks of OV_CPU_BLOCK tokens); compute is
 
 from __future__ import annotations
 
+import re
 import threading
 from concurrent.futures import Future
 from typing import Any
 
-from radixlm.lang.backend.base import Backend, OnDelta, Prompt, UnsupportedByBackendError
+from radixlm.errors import ServerError
+from radixlm.lang.backend.base import (
+    Backend,
+    OnDelta,
+    Prompt,
+    UnsupportedByBackendError,
+    check_choices,
+)
 from radixlm.lang.chat_template import ChatTemplate
+from radixlm.lang.choices import ChoicesDecision
 from radixlm.lang.ir import SamplingOptions
 
 OV_CPU_BLOCK = 32  # KV block of the CPU plugin (engine_harness.py's OpenVINOAdapter)
@@ -59,36 +70,63 @@ class OpenVINOBackend(Backend):
     def _load_chat_template(self) -> ChatTemplate:
         return self._chat_template
 
-    def _config(self, options: SamplingOptions):
-        for name in ("regex", "json_schema", "ebnf", "dtype"):
-            if getattr(options, name) is not None:
-                raise UnsupportedByBackendError(f"the OpenVINO adapter has no {name} constraint")
+    def _config(
+        self, max_new_tokens: int, ignore_eos: bool, json_schema: str | None, regex: str | None
+    ):
         cfg = self.ov_genai.GenerationConfig()
-        cfg.max_new_tokens = options.max_new_tokens
-        if options.ignore_eos:
-            cfg.min_new_tokens, cfg.ignore_eos = options.max_new_tokens, True
+        cfg.max_new_tokens = max_new_tokens
+        if ignore_eos:
+            cfg.min_new_tokens, cfg.ignore_eos = max_new_tokens, True
         cfg.do_sample, cfg.apply_chat_template = False, False
-        if options.temperature not in (None, 0, 0.0):
-            raise UnsupportedByBackendError("the OpenVINO adapter runs greedy gens only")
+        if json_schema is not None or regex is not None:
+            so = self.ov_genai.StructuredOutputConfig()
+            if json_schema is not None:
+                so.json_schema = json_schema
+            else:
+                so.regex = regex
+            cfg.structured_output_config = so
         return cfg
 
     def generate(
         self, prompt: Prompt, options: SamplingOptions, on_delta: OnDelta | None = None
     ) -> tuple[str, dict[str, Any]]:
-        ids = self.tok.encode(prompt.text, add_special_tokens=False)
-        future: Future = Future()
-        with self._lock:
-            self._queued.append((ids, self._config(options), future))
-            if not self._running:
-                self._running = True
-                threading.Thread(target=self._drive, daemon=True).start()
-        out_ids = future.result()
+        for name in ("ebnf", "dtype"):
+            if getattr(options, name) is not None:
+                raise UnsupportedByBackendError(f"the OpenVINO adapter has no {name} constraint")
+        if options.temperature not in (None, 0, 0.0):
+            raise UnsupportedByBackendError("the OpenVINO adapter runs greedy gens only")
+        cfg = self._config(options.max_new_tokens, bool(options.ignore_eos),
+                           options.json_schema, options.regex)  # fmt: skip
+        ids, out_ids = self._run(prompt.text, cfg)
         text = self.tok.decode(out_ids, skip_special_tokens=True)
         if on_delta is not None and text:
             on_delta(text)
         meta = {"id": None, "finish_reason": {"type": "length"}, "prompt_tokens": len(ids),
                 "completion_tokens": len(out_ids), "cached_tokens": None}  # fmt: skip
         return text, meta
+
+    def select(self, prompt, choices, temperature, method, rng=None) -> ChoicesDecision:
+        """Greedy decoding constrained to `choices` (`temperature`, `method` unused).
+        Raises ServerError when the decoded text is not one of them."""
+        choices = check_choices(choices)
+        regex = "(" + "|".join(re.escape(c) for c in choices) + ")"
+        cfg = self._config(max(map(len, choices)) + 4, False, None, regex)
+        _, out_ids = self._run(prompt, cfg)
+        text = self.tok.decode(out_ids, skip_special_tokens=True)
+        if text not in choices:
+            raise ServerError(f"constrained select answered {text!r}, not one of {choices}")
+        return ChoicesDecision(text, {"method": "constrained decoding"})
+
+    def _run(self, text: str, cfg) -> tuple[list[int], list[int]]:
+        """(prompt ids, output ids) of one request, run by the driver thread."""
+        ids = self.tok.encode(text, add_special_tokens=False)
+        future: Future = Future()
+        with self._lock:
+            self._queued.append((ids, cfg, future))
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._drive, daemon=True).start()
+        return ids, future.result()
 
     def _drive(self) -> None:
         running = self.ov_genai.GenerationStatus.RUNNING

@@ -13,7 +13,7 @@ Method
   of the win prefix reuse gives), vLLM CPU and llama-server through `radixlm.lang.OpenAI`
   in completion mode (the same prompt strings; select and JSON through each server's
   constrained decoding, `structured_outputs` dialect "vllm" / "llama.cpp"), OpenVINO
-  GenAI in-process (ov_backend.py; free-text workloads only, the others are skipped).
+  GenAI in-process (ov_backend.py; select and JSON through its StructuredOutputConfig).
   Peers come from $RADIXLM_PEERS_DIR (peer_servers.py); a missing one shows as not
   installed.
 * Protocol: each repetition runs every engine in turn, the order reversed on every other
@@ -68,7 +68,7 @@ from peer_servers import (  # noqa: E402
 )
 from report import save_report  # noqa: E402
 from summary import markdown_table, paired_ratio, run_figures, summarize  # noqa: E402
-from workloads import TEXT_ONLY, WORKLOADS  # noqa: E402
+from workloads import WORKLOADS  # noqa: E402
 
 DEFAULT_OUTPUT = HERE.parent / "results" / "programs.json"
 QUICK_OUTPUT = HERE.parent / "results" / "programs_quick.json"
@@ -94,8 +94,7 @@ class ProgramEngine:
     """One engine row. backend: harness.py's --backend; launch: the server (HTTP
     engines); python / model_dir: the harness interpreter and model (default: this one,
     the fp32 directory); dialect: the OpenAI backend's structured_outputs; reference: the
-    radixlm row its ratio divides; workloads: those it can express (None: all); needs:
-    files that must exist."""
+    radixlm row its ratio divides; needs: files that must exist."""
 
     key: str
     backend: str
@@ -104,7 +103,6 @@ class ProgramEngine:
     model_dir: Path | None = None
     dialect: str | None = None
     reference: str | None = None
-    workloads: tuple[str, ...] | None = None
     needs: tuple[Path, ...] = ()
 
     def availability(self) -> str | None:
@@ -122,7 +120,7 @@ ENGINES: list[ProgramEngine] = [
                   reference=SERVE, needs=(PEERS / "llama.cpp/build/bin/llama-server",
                                           PEERS / "smollm2-135m-f32.gguf")),
     ProgramEngine("openvino", "openvino", python=str(OV_PY), model_dir=OV_DIR,
-                  reference=INPROC, workloads=TEXT_ONLY,
+                  reference=INPROC,
                   needs=(OV_PY, OV_DIR / "openvino_model.xml")),
 ]  # fmt: skip
 PEER_KEYS = ("vllm", "llama-server", "openvino")
@@ -218,8 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.reps):
         texts: dict[tuple[str, str], list] = {}
         for e in engines if rep % 2 == 0 else engines[::-1]:
-            mine = [w for w in names if e.workloads is None or w in e.workloads]
-            if status[e.key] is not None or not mine:
+            if status[e.key] is not None:
                 continue
             waited, busy = wait_for_quiet(QUIET_BUSY, args.quiet_wait)
             load = os.getloadavg()
@@ -227,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"load {load[0]:.2f})", file=sys.stderr, flush=True)  # fmt: skip
             t0 = time.perf_counter()
             try:
-                report = run_engine(e, model_dir, mine, args)
+                report = run_engine(e, model_dir, names, args)
             except Exception as exc:  # noqa: BLE001 - record and go on with the others
                 status[e.key] = f"failed: {str(exc).strip().splitlines()[-1][:160]}"
                 print(f"  {status[e.key]}", file=sys.stderr, flush=True)
@@ -259,9 +256,6 @@ def main(argv: list[str] | None = None) -> int:
         for e in engines:
             if status[e.key] is not None and not per_rep[w][e.key]:
                 table[w][e.key] = {"status": status[e.key]}
-                continue
-            if e.workloads is not None and w not in e.workloads:
-                table[w][e.key] = {"status": "skipped (needs select or JSON constraints)"}
                 continue
             table[w][e.key] = summarize(per_rep[w][e.key])
 

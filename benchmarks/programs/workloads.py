@@ -213,5 +213,3 @@ WORKLOADS: dict[str, Workload] = {
     "json": Workload(json_decode, data.json_records, 8, 4, _check_json),
     "multi-turn": Workload(multi_turn, data.multi_turn, 4, 2, _check_multi_turn),
 }
-#: Workloads whose programs use only free-text gens (no select, no JSON schema).
-TEXT_ONLY = ("few-shot", "skeleton-of-thought", "multi-turn")
