@@ -18,11 +18,13 @@ from radixlm.kernels import ForwardBatch, ForwardMode
 from radixlm.runtime.executor.batch import extend_batch
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.sampling.grammar import GrammarBackend
+from radixlm.runtime.sampling.jump_forward import JumpForward
 from radixlm.runtime.sampling.logprobs import LogitsSelection, next_position_only, output_logprobs
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sched.admission import Plan
 from radixlm.runtime.sched.decode import DecodeResult
 from radixlm.runtime.sched.finish import FinishReason
+from radixlm.runtime.sched.jump import can_jump, jump_after_sample, split_pending
 from radixlm.runtime.sched.kv_ledger import KVLedger
 from radixlm.runtime.sched.request import Req
 from radixlm.runtime.sched.stop import StopChecker
@@ -36,6 +38,8 @@ class ForwardStep:
         sampler, grammars, stop: how tokens are drawn, masked and checked.
         after_forward: called as after_forward(fb, batch, {req: sampled token}) after
             every forward (the scheduler passes it on to its decode strategy).
+        jump: appends the text a grammar forces after each sampled token (`jump.py`);
+            None: jump-forward decoding is off.
     """
 
     def __init__(
@@ -46,6 +50,7 @@ class ForwardStep:
         grammars: GrammarBackend,
         stop: StopChecker,
         after_forward: Callable[[ForwardBatch, list[Req], dict[Req, int]], None],
+        jump: JumpForward | None = None,
     ):
         self.runner = runner
         self.kv = kv
@@ -53,13 +58,17 @@ class ForwardStep:
         self.grammars = grammars
         self.stop = stop
         self.after_forward = after_forward
+        self.jump = jump
 
     def run(self, plan: Plan, decodes: list[Req]) -> DecodeResult:
         """One forward: the planned prefill chunks (EXTEND; decodes ride along in mixed
         steps) or, with an empty plan, one token for each of `decodes` (DECODE); samples
         and appends the next token of every request whose prompt is complete. Changes only
         the batch's requests and their KV slots; the caller commits the result (or fails
-        the batch when this raises)."""
+        the batch when this raises). Decoding requests holding jumped tokens extend them
+        all (`jump.split_pending`)."""
+        if self.jump is not None:
+            plan, decodes = split_pending(plan, decodes)
         mode = ForwardMode.EXTEND if plan else ForwardMode.DECODE
         batch = [r for r, _ in plan] + decodes
         ids, positions, locs, ext_lens, pre_lens = [], [], [], [], []
@@ -130,7 +139,10 @@ class ForwardStep:
             reason = self.stop.check(req, tok)
             if grammar_done:
                 reason = FinishReason.STOP
-            result.new_ids.append([tok])
+            new = [tok]
+            if reason is None and self.jump is not None and can_jump(req):
+                new, reason = jump_after_sample(req, self.jump, self.stop)
+            result.new_ids.append(new)
             result.reasons.append(reason)
             result.logprobs.append(lp)
         return result

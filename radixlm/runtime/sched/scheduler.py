@@ -42,6 +42,7 @@ from radixlm.radix.policy import make_policy, match_len
 from radixlm.runtime.executor.kv_tier import make_kv_tier
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.sampling.grammar import GrammarBackend, GrammarCompiler
+from radixlm.runtime.sampling.jump_forward import JumpForward
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sched.admission import Added, Plan, PrefillAdder, start_request
 from radixlm.runtime.sched.decode import (
@@ -127,8 +128,18 @@ class Scheduler:
         self.grammars = GrammarBackend(GrammarCompiler(tokenizer, vocab, eos_token_ids))
         self.decoder: DecodeStrategy = decoder if decoder is not None else NormalDecode()
         self._decode_ctx = DecodeContext(self.kv, self.stop, self._plain_decode)
+        # Jump-forward runs in the plain forward path only: a speculative step would
+        # draft over a request whose appended tokens are not in the KV yet.
+        jump = args.enable_jump_forward and isinstance(self.decoder, NormalDecode)
+        jump = jump and tokenizer is not None
         self.forward_step = ForwardStep(
-            runner, self.kv, self.sampler, self.grammars, self.stop, self._after_forward
+            runner,
+            self.kv,
+            self.sampler,
+            self.grammars,
+            self.stop,
+            self._after_forward,
+            JumpForward(tokenizer) if jump else None,
         )
         self.waiting: list[Req] = []
         #: Requests whose grammar compiles on a worker thread, with its future; they join

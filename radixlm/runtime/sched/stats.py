@@ -72,6 +72,15 @@ def scheduler_stats(sched: Scheduler) -> dict[str, int | float | str]:
         **sched.counters.as_dict(),
         **sched.tree.tier_stats(),
         **sched.decoder.stats(),
+        **_jump_stats(sched),
         **(sched.slo.stats() if sched.slo is not None else {}),
         **mem,
     }
+
+
+def _jump_stats(sched: Scheduler) -> dict[str, int]:
+    """Jump-forward counters (`runtime/sched/jump.py`), when it is on."""
+    jump = sched.forward_step.jump
+    if jump is None:
+        return {}
+    return {"jump_forward_total": jump.jumps, "jump_forward_tokens_total": jump.tokens}
