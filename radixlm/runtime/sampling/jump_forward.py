@@ -108,15 +108,16 @@ class JumpForward:
         return False, ids if tok.decode(ids) == forced else []
 
     def _trim(self, ids: list[int]) -> list[int]:
-        """`ids` without a last token that is a strict prefix of a longer token."""
-        if ids and self.tokenizer.decode(ids[-1:]) in self._strict_prefixes():
+        """`ids` without a last token that is a strict prefix of a longer token. Compared
+        on the vocabulary's own token strings (byte-level or sentencepiece symbols), where
+        prefixes are prefixes of the tokens' bytes."""
+        if ids and self.tokenizer.convert_ids_to_tokens(ids[-1]) in self._strict_prefixes():
             return ids[:-1]
         return ids
 
     def _strict_prefixes(self) -> frozenset[str]:
-        """Every strict prefix of every vocabulary token's text."""
+        """Every strict prefix of every vocabulary token string (built on first use)."""
         if self._prefixes is None:
-            tok = self.tokenizer
-            texts = tok.batch_decode([[i] for i in range(len(tok))])
-            self._prefixes = frozenset(t[:k] for t in texts for k in range(1, len(t)))
+            vocab = self.tokenizer.get_vocab()
+            self._prefixes = frozenset(t[:k] for t in vocab for k in range(1, len(t)))
         return self._prefixes
