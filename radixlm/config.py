@@ -219,13 +219,11 @@ class ServerArgs:
     enable_mixed_chunk: bool = _opt(
         False, "run a prefill chunk and the running decodes in the same forward"
     )
-    enable_jump_forward: bool = _opt(
+    disable_jump_forward: bool = _opt(
         False,
-        "jump-forward decoding for grammar-constrained requests: text the grammar forces "
-        "is appended as the tokenizer's tokens and computed in one extend step instead of "
-        "a decode step per token; valid output, but the tokens (and the free text after "
-        "them) may differ from token-by-token constrained decoding (docs/serving.md); "
-        "off with speculative decoding and for requests with logprobs",
+        "turn off jump-forward decoding of grammar-constrained requests (on: text the "
+        "grammar forces is drafted as tokens and verified in one forward, giving exactly "
+        "the tokens of token-by-token decoding in fewer forwards; docs/serving.md)",
     )
     max_queued_requests: int = _opt(
         4096,

@@ -1,27 +1,28 @@
-"""Jump-forward decoding: append the text a grammar forces without a decode step per token.
+"""Jump-forward decoding: draft the text a grammar forces and verify it in one forward.
 
 When a constrained request's grammar allows exactly one continuation string (xgrammar's
 ``GrammarMatcher.find_jump_forward_string``: a fixed JSON key, the rest of an enum
-value once it is unambiguous, a regex literal), that string is appended at once as
-tokens and the model computes their KV in one extend step (the compressed finite-state
-machine of Zheng et al. 2024, "SGLang: Efficient Execution of Structured Language Model
-Programs", section 4).
+value once it is unambiguous, a regex literal), that string need not be decoded one
+forward per token (the compressed finite-state machine of Zheng et al. 2024, "SGLang:
+Efficient Execution of Structured Language Model Programs", section 4).
 
-Tokens. The string is tokenized together with the text of the token sampled just before
-it, because a BPE tokenizer may merge across that boundary (``{`` + ``"name": "``
-encodes as ``{"``, ``name``, ...); when the merge changes the sampled token, that token
-(not yet streamed nor in the KV) is replaced. The last token of the encoding is left to
-the model when it is a strict prefix of a longer vocabulary token, so a token that the
-model would extend into the free text after the string is not forced (xgrammar's rule in
-``find_jump_forward_tokens``). Every token is accepted by the matcher; if one is
-rejected the jump is undone and the request decodes normally.
+Tokens. SGLang appends the tokenizer's encoding of the string. But a model decoding
+under the grammar mask often spells the same text with other tokens (SmolLM2-135M writes
+``{`` ``"`` ``f`` ``ul`` ``l`` where its tokenizer writes ``{"`` ``full``), and the free
+text it writes afterwards is conditioned on the spelling, so appended tokens change the
+output. Here the encoding is a *draft*: the request computes it in one extend row, and
+each position's token is chosen exactly as decoding would choose it (grammar mask, then
+the request's own sampler and draw); drafted tokens are kept while they agree, and the
+first chosen token that differs ends the step (`runtime/sched/jump.py`). The output is
+therefore the output of ordinary constrained decoding, in fewer forwards wherever the
+model spells the forced text as the tokenizer does.
 
-Exactness. The appended tokens are the tokenizer's own encoding of the forced text; a
-model decoding token by token under the grammar mask may spell the same text with other
-tokens (``{`` then ``"`` instead of ``{"``). The text is always valid for the grammar,
-but the tokens, and the free text the model writes after them, can differ from ordinary
-constrained decoding: jump-forward is therefore opt-in (``--enable-jump-forward``,
-docs/serving.md).
+Boundary. The string is encoded together with the text of the token sampled just before
+it, since a BPE tokenizer may merge across that boundary; the draft is the part after
+that token when the merge keeps it, else the string encoded alone. The last token of the
+encoding is dropped when it is a strict prefix of a longer vocabulary token (it may be
+extended by the free text after the string; xgrammar's rule in
+``find_jump_forward_tokens``).
 """
 
 from __future__ import annotations
@@ -30,82 +31,63 @@ from typing import Any
 
 
 class JumpForward:
-    """Finds and accepts the tokens of a grammar's forced continuation.
+    """Drafts a grammar's forced continuation as tokens.
 
     Args:
         tokenizer: the model's Hugging Face tokenizer (encodes the forced text; its
             vocabulary gives the strict-prefix set, built on first use).
 
     Attributes:
-        jumps: jumps made so far. tokens: tokens they appended (replacements included).
+        drafted / accepted: draft tokens proposed and kept so far (`runtime/sched/jump.py`
+            counts the kept ones).
     """
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self._prefixes: frozenset[str] | None = None
-        self.jumps = 0
-        self.tokens = 0
+        self.drafted = 0
+        self.accepted = 0
 
-    def continuation(
-        self, matcher: Any, last_token: int | None, room: int
-    ) -> tuple[bool, list[int]]:
-        """Advance `matcher` over the forced continuation after its accepted tokens.
+    def draft(self, matcher: Any, last_token: int, room: int) -> list[int]:
+        """Tokens spelling the continuation forced after `matcher`'s accepted tokens.
 
         Args:
-            matcher: the request's `xgrammar.GrammarMatcher`, which has accepted
-                `last_token` last (when it is not None).
-            last_token: the token sampled this step, not yet streamed nor in the KV; None
-                when there is none to merge with.
-            room: tokens the request may still append after `last_token` (its
-                max_new_tokens and context limits); the jump is cut to fit.
+            matcher: the request's `xgrammar.GrammarMatcher`; it has accepted
+                `last_token` last. Left unchanged.
+            last_token: the request's newest token.
+            room: the most tokens to draft.
 
-        Returns ``(replace_last, ids)``: the tokens to append (the matcher has accepted
-        them), after removing `last_token` from the output when `replace_last` (the
-        matcher no longer holds it either). ``(False, [])`` when nothing is forced, the
-        forced text cannot be tokenized so that the matcher accepts it, or it would not
-        add text.
+        Returns the draft, each token accepted by the grammar in turn; [] when nothing is
+        forced or the forced text does not tokenize into tokens the grammar accepts.
         """
         forced = matcher.find_jump_forward_string() if room > 0 else ""
         if not forced:
-            return False, []
-        replace, ids = self._encode(forced, last_token)
-        ids = self._trim(ids)[: room + int(replace)]
-        if replace and len(self.tokenizer.decode(ids)) <= len(self.tokenizer.decode([last_token])):
-            return False, []  # the re-spelled token alone: nothing forced is appended
-        if not ids:
-            return False, []
-        if replace:
-            matcher.rollback(1)
+            return []
+        ids = self._trim(self._encode(forced, last_token))[:room]
         accepted = 0
         for tok in ids:
             if not matcher.accept_token(tok):
                 break
             accepted += 1
-        if accepted < len(ids):  # undo: the request decodes this stretch normally
-            if accepted:
-                matcher.rollback(accepted)
-            if replace:
-                matcher.accept_token(last_token)
-            return False, []
-        self.jumps += 1
-        self.tokens += len(ids)
-        return replace, ids
+        if accepted:
+            matcher.rollback(accepted)
+        if accepted < len(ids):
+            return []
+        self.drafted += len(ids)
+        return ids
 
-    def _encode(self, forced: str, last_token: int | None) -> tuple[bool, list[int]]:
-        """Token ids of `forced`, merged with `last_token`'s text where the tokenizer
-        merges them: ``(True, ids)`` when `ids` re-spell that token too."""
+    def _encode(self, forced: str, last_token: int) -> list[int]:
+        """Token ids of `forced` after `last_token`: the tail of their joint encoding when
+        it keeps `last_token`, else `forced` encoded alone ([] if that is not exact)."""
         tok = self.tokenizer
-        if last_token is not None:
-            head = tok.decode([last_token])
-            if head and "\ufffd" not in head:  # a whole character: safe to re-encode
-                text = head + forced
-                ids = tok.encode(text, add_special_tokens=False)
-                if ids and tok.decode(ids) == text:
-                    if ids[0] == last_token:
-                        return False, ids[1:]
-                    return True, ids
+        head = tok.decode([last_token])
+        if head and "\ufffd" not in head:  # a whole character: safe to re-encode
+            text = head + forced
+            ids = tok.encode(text, add_special_tokens=False)
+            if ids and ids[0] == last_token and tok.decode(ids) == text:
+                return ids[1:]
         ids = tok.encode(forced, add_special_tokens=False)
-        return False, ids if tok.decode(ids) == forced else []
+        return ids if tok.decode(ids) == forced else []
 
     def _trim(self, ids: list[int]) -> list[int]:
         """`ids` without a last token that is a strict prefix of a longer token. Compared

@@ -1,64 +1,117 @@
 """The scheduler side of jump-forward decoding (`runtime/sampling/jump_forward.py`).
 
-After a constrained request samples a token that does not end it, `jump_after_sample`
-appends the grammar's forced continuation to its output (the sampled token may be
-re-spelled by the boundary re-tokenization), cut by max_new_tokens and the context and
-checked for stop tokens and strings token by token, as decoding would check them. The
-appended tokens are not in the KV yet: the request then holds
-``seq_len - kv_len > 1`` uncomputed tokens, and `split_pending` turns it from a decode
-row into an extend row of the next forward, which computes them all and samples the
-token after them. Its matcher has accepted exactly its ``output_ids`` throughout.
+After a constrained request's token is chosen (and did not end it), `Drafts.propose`
+drafts the text its grammar forces next. In the request's next forward, `Drafts.take`
+turns it from a decode row (its newest token) into an extend row [newest token, *draft],
+with logits at every position; `verify` then chooses the token at each position
+exactly as a decode step would (grammar mask, the request's sampler and its draw for that
+output position, stop checks) and keeps drafted tokens while the chosen ones agree. The
+first chosen token that differs from the draft (or the one after a fully kept draft) is
+emitted too, and the KV of the dropped draft positions is freed. Between steps the usual
+invariant holds: kv_len == len(all_ids) - 1, and the matcher has accepted output_ids.
 """
 
 from __future__ import annotations
 
+import torch
+
+from radixlm.runtime.sampling.grammar import GrammarBackend
 from radixlm.runtime.sampling.jump_forward import JumpForward
+from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sched.finish import FinishReason
+from radixlm.runtime.sched.kv_ledger import KVLedger
 from radixlm.runtime.sched.request import Req
 from radixlm.runtime.sched.stop import StopChecker
 
 
-def can_jump(req: Req) -> bool:
-    """Whether `req` may jump: it has a grammar and asks for no logprobs (appended
-    tokens have none)."""
-    return req.grammar is not None and not req.return_logprob
+class Drafts:
+    """Pending jump-forward drafts of decoding requests.
 
-
-def jump_after_sample(
-    req: Req, jumper: JumpForward, stop: StopChecker
-) -> tuple[list[int], FinishReason | None]:
-    """Append the forced continuation after `req`'s newest token (sampled this step,
-    accepted by its matcher, not finishing it).
-
-    Returns this step's new tokens (the sampled one, or its re-spelling, followed by the
-    appended ones) and the finish reason they reached (None while it runs on).
+    Args:
+        jumper: drafts a grammar's forced continuation.
+        context_len: tokens per request at most (drafts stay inside it).
     """
-    tok = req.output_ids[-1]
-    room = min(req.remaining_new_tokens(), stop.context_len - req.seq_len)
-    replace, ids = jumper.continuation(req.grammar, tok, room)
-    if not ids:
-        return [tok], None
-    if replace:
-        req.output_ids.pop()
-    new = [] if replace else [tok]
-    for i, t in enumerate(ids):
-        req.output_ids.append(t)
-        new.append(t)
-        reason = stop.check(req, t)
-        if reason is None and req.seq_len >= stop.context_len:
-            reason = FinishReason.LENGTH  # decoding's context check, on the full sequence
-        if reason is not None:
-            if i + 1 < len(ids):
-                req.grammar.rollback(len(ids) - i - 1)
-            return new, reason
-    return new, None
+
+    def __init__(self, jumper: JumpForward, context_len: int):
+        self.jumper = jumper
+        self.context_len = context_len
+        # req -> (len(output_ids) when drafted, draft); a draft whose request has emitted
+        # since is stale, and one of a request no longer decoding is dropped by `take`.
+        self._drafts: dict[Req, tuple[int, list[int]]] = {}
+
+    def propose(self, req: Req) -> None:
+        """Draft the forced continuation after `req`'s newest token, if it has a grammar
+        and asks for no logprobs (a drafted row has none)."""
+        if req.grammar is None or req.return_logprob:
+            return
+        room = min(req.remaining_new_tokens() - 1, self.context_len - req.seq_len - 1)
+        draft = self.jumper.draft(req.grammar, req.output_ids[-1], room)
+        if draft:
+            self._drafts[req] = (len(req.output_ids), draft)
+
+    def take(
+        self, plan: list[tuple[Req, int]], decodes: list[Req], kv: KVLedger
+    ) -> tuple[list[tuple[Req, int]], list[Req], dict[Req, list[int]]]:
+        """Move the decoding requests with a current draft into the extend plan (their
+        newest token + draft); returns ``(plan, decodes, {req: draft})``. Every pending
+        draft is consumed; none is used when the KV pool cannot hold the step."""
+        if not self._drafts:
+            return plan, decodes, {}
+        pending, self._drafts = self._drafts, {}
+        drafted: dict[Req, list[int]] = {}
+        rest: list[Req] = []
+        for r in decodes:
+            entry = pending.get(r)
+            if entry is not None and entry[0] == len(r.output_ids):
+                drafted[r] = entry[1]
+            else:
+                rest.append(r)
+        if not drafted:
+            return plan, decodes, {}
+        extends = plan + [(r, 1 + len(d)) for r, d in drafted.items()]
+        pages = sum(kv.pages(r.kv_len, n) for r, n in extends)
+        if pages * kv.page_size + kv.decode_tokens(rest) > kv.room():
+            return plan, decodes, {}
+        return extends, rest, drafted
 
 
-def split_pending(plan: list[tuple[Req, int]], decodes: list[Req]):
-    """Move the decoding requests holding jumped tokens (``seq_len - kv_len > 1``) into
-    the extend plan, with all their uncomputed tokens; returns ``(plan, decodes)``."""
-    pending = [r for r in decodes if r.seq_len - r.kv_len > 1]
-    if not pending:
-        return plan, decodes
-    rest = [r for r in decodes if r.seq_len - r.kv_len <= 1]
-    return plan + [(r, r.seq_len - r.kv_len) for r in pending], rest
+def verify(
+    req: Req,
+    rows: torch.Tensor,
+    draft: list[int],
+    grammars: GrammarBackend,
+    sampler: Sampler,
+    stop: StopChecker,
+    kv: KVLedger,
+) -> tuple[list[int], FinishReason | None, int]:
+    """Choose `req`'s tokens from the logits of its extend row [newest token, *draft].
+
+    Args:
+        rows: float [len(draft) + 1, vocab]; row j predicts the token after draft[:j].
+            Masked in place.
+        draft: the drafted tokens; req.kv_len already counts them (the forward ran).
+
+    Returns the emitted tokens (appended to output_ids), the finish reason they reached
+    and how many drafted tokens were kept. Sets kv_len to the positions kept and frees
+    the pages past them.
+    """
+    start = req.seq_len - 1  # the newest token's position
+    new: list[int] = []
+    reason = None
+    kept = 0
+    for j in range(len(draft) + 1):
+        row = rows[j : j + 1]
+        grammars.apply(row, [req])
+        tok = int(sampler.sample(row, [req])[0])
+        req.output_ids.append(tok)
+        new.append(tok)
+        req.kv_len = start + 1 + j  # as after a decode step that chose `tok`
+        done = grammars.accept(req, tok)
+        reason = stop.check(req, tok)
+        if done:
+            reason = FinishReason.STOP
+        if reason is not None or j == len(draft) or tok != draft[j]:
+            break
+        kept += 1
+    kv.truncate(req, start + 1 + len(draft))
+    return new, reason, kept

@@ -83,9 +83,8 @@ class KVLedger:
         return pages * self.page_size
 
     def decode_tokens(self, reqs: Sequence[Req]) -> int:
-        """Slots (whole pages) the next forward of each of `reqs` takes: one token, or all
-        its uncomputed tokens after a jump-forward (`jump.py`)."""
-        return sum(self.pages(r.kv_len, r.seq_len - r.kv_len) for r in reqs) * self.page_size
+        """Slots (whole pages) one more token for each of `reqs` takes."""
+        return sum(self.pages(r.kv_len, 1) for r in reqs) * self.page_size
 
     # ---- a request's row and slots ------------------------------------------------------
 

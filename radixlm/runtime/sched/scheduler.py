@@ -54,6 +54,7 @@ from radixlm.runtime.sched.decode import (
 from radixlm.runtime.sched.finish import FinishReason
 from radixlm.runtime.sched.forward_step import ForwardStep
 from radixlm.runtime.sched.intake import Intake
+from radixlm.runtime.sched.jump import Drafts
 from radixlm.runtime.sched.kv_ledger import KVLedger
 from radixlm.runtime.sched.pins import PinTable
 from radixlm.runtime.sched.priority import by_priority
@@ -128,10 +129,10 @@ class Scheduler:
         self.grammars = GrammarBackend(GrammarCompiler(tokenizer, vocab, eos_token_ids))
         self.decoder: DecodeStrategy = decoder if decoder is not None else NormalDecode()
         self._decode_ctx = DecodeContext(self.kv, self.stop, self._plain_decode)
-        # Jump-forward runs in the plain forward path only: a speculative step would
-        # draft over a request whose appended tokens are not in the KV yet.
-        jump = args.enable_jump_forward and isinstance(self.decoder, NormalDecode)
+        # Jump-forward drafts are verified in the plain forward path only.
+        jump = not args.disable_jump_forward and isinstance(self.decoder, NormalDecode)
         jump = jump and tokenizer is not None
+        drafts = Drafts(JumpForward(tokenizer), runner.context_len) if jump else None
         self.forward_step = ForwardStep(
             runner,
             self.kv,
@@ -139,7 +140,7 @@ class Scheduler:
             self.grammars,
             self.stop,
             self._after_forward,
-            JumpForward(tokenizer) if jump else None,
+            drafts,
         )
         self.waiting: list[Req] = []
         #: Requests whose grammar compiles on a worker thread, with its future; they join

@@ -79,8 +79,13 @@ def scheduler_stats(sched: Scheduler) -> dict[str, int | float | str]:
 
 
 def _jump_stats(sched: Scheduler) -> dict[str, int]:
-    """Jump-forward counters (`runtime/sched/jump.py`), when it is on."""
-    jump = sched.forward_step.jump
-    if jump is None:
+    """Jump-forward counters (`runtime/sched/jump.py`), when it is on: draft tokens
+    proposed and kept."""
+    drafts = sched.forward_step.drafts
+    if drafts is None:
         return {}
-    return {"jump_forward_total": jump.jumps, "jump_forward_tokens_total": jump.tokens}
+    jumper = drafts.jumper
+    return {
+        "jump_forward_draft_tokens_total": jumper.drafted,
+        "jump_forward_accepted_tokens_total": jumper.accepted,
+    }

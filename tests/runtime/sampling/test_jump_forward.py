@@ -1,12 +1,10 @@
-"""Jump-forward decoding (`--enable-jump-forward`) on the bundled SmolLM2-135M: the
-boundary re-tokenization, and greedy constrained outputs with and without it.
+"""Jump-forward decoding (on by default; `--disable-jump-forward`) on the bundled
+SmolLM2-135M: drafting at the token boundary, and constrained outputs with and without it.
 
-Exactness: the jumped tokens are the tokenizer's encoding of the forced text, while the
-model under the grammar mask often spells the same text with other tokens (``{`` ``"``
-``f`` ``ul`` ``l`` for ``{"full``); the tokens then differ, and so can the free text the
-model writes after them. The equal-text cases below are the grammars and prompts where
-the free text does not change (checked against ordinary decoding in the same test);
-every case must stay valid, finish the same way and take fewer forward steps.
+The model under the grammar mask often spells forced text with other tokens than its
+tokenizer (``{`` ``"`` ``f`` ``ul`` ``l`` for ``{"full``), so the drafts are verified:
+the outputs must be exactly those of ordinary constrained decoding (token ids), in fewer
+forwards.
 """
 
 from __future__ import annotations
@@ -80,7 +78,6 @@ CASES = [
     (FORMAT, "regex", DATE),
     (RECORD, "regex", PHONE),
 ]
-SAME_TEXT = {1, 3}  # indices into CASES whose text jump-forward leaves unchanged
 
 
 def _params(kind, spec, max_new=96, **extra) -> dict:
@@ -101,8 +98,8 @@ def _run(engine, prompt, params) -> tuple[dict, int]:
 
 @pytest.fixture(scope="module")
 def engines():
-    with Engine(MODEL, max_total_tokens=4096) as plain:
-        with Engine(MODEL, max_total_tokens=4096, enable_jump_forward=True) as jump:
+    with Engine(MODEL, max_total_tokens=4096, disable_jump_forward=True) as plain:
+        with Engine(MODEL, max_total_tokens=4096) as jump:
             yield plain, jump
 
 
@@ -111,41 +108,36 @@ def tokenizer_and_compiler(tokenizer):
     return tokenizer, GrammarCompiler(tokenizer, 49152, [tokenizer.eos_token_id])
 
 
-def test_boundary_retokenization_respells_the_sampled_token(tokenizer_and_compiler):
+def test_draft_at_the_token_boundary(tokenizer_and_compiler):
     import xgrammar as xgr
 
     tok, compiler = tokenizer_and_compiler
     grammar = compiler.compile("regex", r'\{"name": "[a-z]{1,5}"\}')
+    jumper = JumpForward(tok)
+    pair, brace = tok.encode('{"', add_special_tokens=False), tok.encode("{")
+    # After '{"' (one token) the forced text is 'name": "': drafted as 'name', '":'; the
+    # last token ' "' is a strict prefix of longer tokens (' "a', ...) and is left out.
     matcher = xgr.GrammarMatcher(grammar)
-    brace = tok.encode("{", add_special_tokens=False)
+    assert len(pair) == 1 and matcher.accept_token(pair[0])
+    draft = jumper.draft(matcher, pair[0], room=100)
+    assert draft == tok.encode('name":', add_special_tokens=False)
+    assert matcher.find_jump_forward_string() == 'name": "'  # the matcher is unchanged
+    assert jumper.draft(matcher, pair[0], room=1) == draft[:1]
+    assert jumper.draft(matcher, pair[0], room=0) == []
+    # After '{' the joint encoding '{"', 'name', ... re-spells '{': the forced text is
+    # encoded alone instead.
+    matcher = xgr.GrammarMatcher(grammar)
     assert len(brace) == 1 and matcher.accept_token(brace[0])
-    jumper = JumpForward(tok)
-    replace, ids = jumper.continuation(matcher, brace[0], room=100)
-    # '{' + '"name": "' encodes as '{"', 'name', '":', ' "'; the last is a strict prefix
-    # of longer tokens (' "a', ...), so the model writes it.
-    assert replace
-    assert ids == tok.encode('{"name":', add_special_tokens=False)
-    assert matcher.find_jump_forward_string() == ' "'
-    fresh = xgr.GrammarMatcher(grammar)  # the matcher holds exactly the new spelling
-    assert all(fresh.accept_token(t) for t in ids)
-    assert (jumper.jumps, jumper.tokens) == (1, len(ids))
-
-
-def test_room_limits_and_nothing_forced(tokenizer_and_compiler):
-    import xgrammar as xgr
-
-    tok, compiler = tokenizer_and_compiler
-    grammar = compiler.compile("regex", r'\{"name": "[a-z]{1,5}"\}')
-    jumper = JumpForward(tok)
-    matcher = xgr.GrammarMatcher(grammar)
-    assert jumper.continuation(matcher, None, room=2) == (False, tok.encode('{"name'))
-    assert jumper.continuation(matcher, None, room=0) == (False, [])
+    assert jumper.draft(matcher, brace[0], room=100) == tok.encode(
+        '"name":', add_special_tokens=False
+    )
+    assert jumper.drafted == len(draft) + 1 + len(tok.encode('"name":', add_special_tokens=False))
     free = xgr.GrammarMatcher(compiler.compile("regex", r"[a-z]+"))
-    assert jumper.continuation(free, None, room=10) == (False, [])
+    assert jumper.draft(free, brace[0], room=10) == []
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_jump_forward_valid_and_fewer_steps(engines, case):
+def test_jump_forward_exact_and_fewer_forwards(engines, case):
     plain, jump = engines
     prompt, kind, spec = CASES[case]
     ref, ref_steps = _run(plain, prompt, _params(kind, spec))
@@ -155,21 +147,21 @@ def test_jump_forward_valid_and_fewer_steps(engines, case):
         jsonschema.validate(json.loads(out["text"]), spec)
     else:
         assert re.fullmatch(spec, out["text"])
+    assert out["output_ids"] == ref["output_ids"]
+    assert out["text"] == ref["text"]
     assert steps < ref_steps
-    if case in SAME_TEXT:
-        assert out["text"] == ref["text"]
     check_pool(jump.scheduler, idle=True)
 
 
 def test_jump_forward_counts_tokens_and_streams(engines):
     _, jump = engines
-    before = jump.scheduler.stats()["jump_forward_tokens_total"]
+    before = jump.scheduler.stats()["jump_forward_accepted_tokens_total"]
     params = _params("json_schema", NESTED)
     whole = jump.generate(RECORD, params)
     chunks = list(jump.generate(RECORD, params, stream=True))
     assert "".join(c["text"] for c in chunks) == whole["text"]
     assert sum((c["output_ids"] for c in chunks), []) == whole["output_ids"]
-    jumped = jump.scheduler.stats()["jump_forward_tokens_total"] - before
+    jumped = jump.scheduler.stats()["jump_forward_accepted_tokens_total"] - before
     assert jumped > 0
     assert whole["usage"]["completion_tokens"] == len(whole["output_ids"])
     check_pool(jump.scheduler, idle=True)
@@ -177,9 +169,11 @@ def test_jump_forward_counts_tokens_and_streams(engines):
 
 def test_jump_forward_respects_max_new_tokens_and_stop(engines):
     plain, jump = engines
-    out = jump.generate(RECORD, _params("json_schema", PERSON, max_new=5))
-    assert out["finish_reason"] == "length"
-    assert len(out["output_ids"]) == 5
+    for n in (5, 9):
+        params = _params("json_schema", PERSON, max_new=n)
+        ref, out = plain.generate(RECORD, params), jump.generate(RECORD, params)
+        assert out["finish_reason"] == ref["finish_reason"] == "length"
+        assert out["output_ids"] == ref["output_ids"] and len(out["output_ids"]) == n
     # "ate" lies inside the forced "Date: ": both runs stop there and cut it off.
     params = _params("regex", DATE, stop=["ate"])
     ref, out = plain.generate(FORMAT, params), jump.generate(FORMAT, params)
