@@ -13,6 +13,8 @@ invariant holds: kv_len == len(all_ids) - 1, and the matcher has accepted output
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from radixlm.runtime.sampling.grammar import GrammarBackend
@@ -35,9 +37,13 @@ class Drafts:
     def __init__(self, jumper: JumpForward, context_len: int):
         self.jumper = jumper
         self.context_len = context_len
-        # req -> (len(output_ids) when drafted, draft); a draft whose request has emitted
-        # since is stale, and one of a request no longer decoding is dropped by `take`.
-        self._drafts: dict[Req, tuple[int, list[int]]] = {}
+        # req -> (len(output_ids) when drafted, draft). A draft waits while its request
+        # is not decoding (an extend step without decodes, a retraction: its output and
+        # matcher are unchanged); one whose request has emitted since is stale. Weak keys:
+        # a finished request's draft goes with it.
+        self._drafts: weakref.WeakKeyDictionary[Req, tuple[int, list[int]]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def propose(self, req: Req) -> None:
         """Draft the forced continuation after `req`'s newest token, if it has a grammar
@@ -53,15 +59,14 @@ class Drafts:
         self, plan: list[tuple[Req, int]], decodes: list[Req], kv: KVLedger
     ) -> tuple[list[tuple[Req, int]], list[Req], dict[Req, list[int]]]:
         """Move the decoding requests with a current draft into the extend plan (their
-        newest token + draft); returns ``(plan, decodes, {req: draft})``. Every pending
-        draft is consumed; none is used when the KV pool cannot hold the step."""
-        if not self._drafts:
+        newest token + draft); returns ``(plan, decodes, {req: draft})``. Their drafts
+        are consumed; none is used when the KV pool cannot hold the step."""
+        if not self._drafts or not decodes:
             return plan, decodes, {}
-        pending, self._drafts = self._drafts, {}
         drafted: dict[Req, list[int]] = {}
         rest: list[Req] = []
         for r in decodes:
-            entry = pending.get(r)
+            entry = self._drafts.pop(r, None)
             if entry is not None and entry[0] == len(r.output_ids):
                 drafted[r] = entry[1]
             else:

@@ -181,3 +181,18 @@ def test_jump_forward_respects_max_new_tokens_and_stop(engines):
     assert out["matched_stop"] == ref["matched_stop"] == "ate"
     assert out["text"] == ref["text"] == "D"
     check_pool(jump.scheduler, idle=True)
+
+
+def test_batched_and_sampled_outputs_are_exact(engines):
+    plain, jump = engines
+    prompts = [p for p, _, _ in CASES] + [RECORD]
+    params = [_params(kind, spec) for _, kind, spec in CASES]
+    params += [{"temperature": 0, "max_new_tokens": 24}]  # an unconstrained row alongside
+    sampled = [{**_params(kind, spec), "temperature": 0.8, "seed": 7} for _, kind, spec in CASES]
+    for batch in (params, sampled + params[-1:]):
+        before = _forwards(plain), _forwards(jump)
+        refs = plain.generate(prompts, batch)
+        outs = jump.generate(prompts, batch)
+        assert [o["output_ids"] for o in outs] == [r["output_ids"] for r in refs]
+        assert _forwards(jump) - before[1] < _forwards(plain) - before[0]
+    check_pool(jump.scheduler, idle=True)
