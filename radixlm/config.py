@@ -221,6 +221,12 @@ class ServerArgs:
     enable_mixed_chunk: bool = _opt(
         False, "run a prefill chunk and the running decodes in the same forward"
     )
+    disable_jump_forward: bool = _opt(
+        False,
+        "turn off jump-forward decoding of grammar-constrained requests (on: text the "
+        "grammar forces is drafted as tokens and verified in one forward, giving exactly "
+        "the tokens of token-by-token decoding in fewer forwards; docs/serving.md)",
+    )
     max_queued_requests: int = _opt(
         4096,
         "requests allowed to wait beyond the free running rows; more are refused (HTTP 503)",

@@ -212,6 +212,7 @@ class StreamExecutor:
             child.fork_start_text_pos = len(self.text_)
             forks.append(child)
         self.children.extend(forks)
+        self.backend.expect_requests(size)  # the branches' first requests: batch them
         return forks
 
     # ---- node execution (worker thread) -----------------------------------------------

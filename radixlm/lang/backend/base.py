@@ -89,6 +89,11 @@ class Backend(ABC):
         when the backend has no cache to fill)."""
         return None
 
+    def expect_requests(self, n: int) -> None:  # noqa: B027 - optional hook
+        """`n` requests are about to come from sibling states (the branches of a fork,
+        whose shared prefix is already cached): a backend that batches may hold its next
+        step briefly so they share one extend step."""
+
     def flush_cache(self) -> bool:
         """Drop the server's prefix cache; False when refused."""
         raise UnsupportedByBackendError(f"{type(self).__name__} cannot flush a cache")

@@ -8,7 +8,10 @@ prefix commits; each with its own sampling and logprob settings) into one stream
 together, then advances all open streams: one scheduler step serves all of them
 (continuous batching), and a request queued mid-step joins the next round. A job
 finishes as soon as its own prompts do. Other calls (server info, flush) run between
-rounds.
+rounds. After a fork (`expect_requests`) the driver holds its next round until the
+branches' first requests have all arrived (at most `FORK_GATHER_S`): their threads start
+one after another, and without the hold the first branches would be prefilled in one
+step and the rest in the next.
 
 The driver thread exists only while jobs are pending. While programs run, call the
 engine only through the program API (`engine_call`, `flush_cache`, `get_server_info`).
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -27,6 +31,9 @@ from radixlm.lang import chat_template as templates
 from radixlm.lang.backend.base import NativeBackend, OnDelta
 
 logger = logging.getLogger(__name__)
+
+#: Seconds the driver waits at most for the branches of a fork to send their requests.
+FORK_GATHER_S = 0.05
 
 _LOGPROB_LISTS = (
     "input_token_logprobs",
@@ -160,11 +167,21 @@ def _start(engine, jobs: list[_Job]) -> Iterator[dict[str, Any]]:
 class _Driver:
     """Runs every call of one Engine on a single thread (started on demand)."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, gather_s: float = FORK_GATHER_S):
         self.engine = engine
+        self.gather_s = gather_s
         self._queue: deque[_Job | Callable[[], None]] = deque()
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._running = False
+        self._expected = 0  # requests announced by `expect` and not yet queued
+        self._deadline = 0.0  # time.monotonic() until which they are waited for
+
+    def expect(self, n: int) -> None:
+        """`n` requests are about to be queued: the next round waits for them (at most
+        `gather_s` seconds from now)."""
+        with self._lock:
+            self._expected += n
+            self._deadline = time.monotonic() + self.gather_s
 
     def call(self, fn: Callable[[Any], Any]) -> Any:
         """Run `fn(engine)` on the driver thread; returns its result or raises its error."""
@@ -187,6 +204,9 @@ class _Driver:
     def _put(self, item) -> None:
         with self._lock:
             self._queue.append(item)
+            if isinstance(item, _Job) and self._expected:
+                self._expected -= 1
+                self._lock.notify_all()
             if not self._running:
                 self._running = True
                 threading.Thread(
@@ -197,6 +217,7 @@ class _Driver:
         active: list[_Merged] = []
         while True:
             with self._lock:
+                self._gather()
                 items = list(self._queue)
                 self._queue.clear()
                 if not items and not active:
@@ -211,6 +232,16 @@ class _Driver:
                 if group:
                     active.extend(self._open(group))
             active = [m for m in active if m.advance()]
+
+    def _gather(self) -> None:
+        """Wait (the lock held) until the expected requests are queued or the deadline
+        passes; then expect none."""
+        while self._expected > 0:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                self._expected = 0
+                return
+            self._lock.wait(left)
 
     def _open(self, jobs: list[_Job]) -> list[_Merged]:
         """Start `jobs` as one merged stream; if the engine refuses it (one bad prompt
@@ -264,6 +295,9 @@ class EngineBackend(NativeBackend):
         """Run `fn(engine)` on the thread that owns the engine (safe while programs run);
         returns its result or raises its exception."""
         return self._driver.call(fn)
+
+    def expect_requests(self, n: int) -> None:
+        self._driver.expect(n)
 
     def flush_cache(self) -> bool:
         return self._driver.call(lambda engine: engine.flush_cache())

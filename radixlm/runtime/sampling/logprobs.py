@@ -16,7 +16,7 @@ ask pay nothing: the step then returns one logits row per request, as before.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import msgspec
@@ -124,17 +124,21 @@ class LogitsSelection:
     Built before the step from its (request, new tokens) list, where each request's new
     tokens start at its current ``kv_len``. Requests with pending prompt logprobs get a
     row per new position from ``logprob_start_len - 1`` on (up to the last prompt token);
-    every request gets its last new token's row, which the sampler reads.
+    every request gets its last new token's row, which the sampler reads. Requests in
+    `every_row` (jump-forward drafts being verified, `runtime/sched/jump.py`) get a row
+    per new token.
 
     Attributes:
         indices: int64 [R] indices into the step's new tokens, or None when every request
             needs only its last token (the model's default).
         last_rows: row of each request's last token in the returned logits [R, vocab].
+        first_rows: {request in `every_row`: the row of its first new token}.
     """
 
-    def __init__(self, items: Sequence[tuple[Any, int]]):
+    def __init__(self, items: Sequence[tuple[Any, int]], every_row: Collection[Any] = ()):
         self.spans: list[_Span] = []
         self.last_rows: list[int] = []
+        self.first_rows: dict[Any, int] = {}
         indices: list[int] = []
         offset = 0
         for req, n in items:
@@ -145,12 +149,16 @@ class LogitsSelection:
                 if hi > lo:
                     self.spans.append(_Span(req, len(indices), lo, hi - lo))
                     indices.extend(range(offset + lo - start, offset + hi - start))
-            if not indices or indices[-1] != offset + n - 1:
+            if every_row and req in every_row:
+                self.first_rows[req] = len(indices)
+                indices.extend(range(offset, offset + n))
+            elif not indices or indices[-1] != offset + n - 1:
                 indices.append(offset + n - 1)
             self.last_rows.append(len(indices) - 1)
             offset += n
-        self.indices = torch.tensor(indices, dtype=torch.int64) if self.spans else None
-        if not self.spans:
+        chosen = self.spans or self.first_rows
+        self.indices = torch.tensor(indices, dtype=torch.int64) if chosen else None
+        if not chosen:
             self.last_rows = list(range(len(items)))
 
     def collect_prompt_logprobs(self, logits: torch.Tensor) -> None:

@@ -23,6 +23,7 @@ from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sched.admission import Plan
 from radixlm.runtime.sched.decode import DecodeResult
 from radixlm.runtime.sched.finish import FinishReason
+from radixlm.runtime.sched.jump import Drafts, verify
 from radixlm.runtime.sched.kv_ledger import KVLedger
 from radixlm.runtime.sched.request import Req
 from radixlm.runtime.sched.stop import StopChecker
@@ -36,6 +37,7 @@ class ForwardStep:
         sampler, grammars, stop: how tokens are drawn, masked and checked.
         after_forward: called as after_forward(fb, batch, {req: sampled token}) after
             every forward (the scheduler passes it on to its decode strategy).
+        drafts: jump-forward drafts of constrained requests (`jump.py`); None: off.
     """
 
     def __init__(
@@ -46,6 +48,7 @@ class ForwardStep:
         grammars: GrammarBackend,
         stop: StopChecker,
         after_forward: Callable[[ForwardBatch, list[Req], dict[Req, int]], None],
+        drafts: Drafts | None = None,
     ):
         self.runner = runner
         self.kv = kv
@@ -53,21 +56,29 @@ class ForwardStep:
         self.grammars = grammars
         self.stop = stop
         self.after_forward = after_forward
+        self.drafts = drafts
 
     def run(self, plan: Plan, decodes: list[Req]) -> DecodeResult:
         """One forward: the planned prefill chunks (EXTEND; decodes ride along in mixed
         steps) or, with an empty plan, one token for each of `decodes` (DECODE); samples
         and appends the next token of every request whose prompt is complete. Changes only
         the batch's requests and their KV slots; the caller commits the result (or fails
-        the batch when this raises)."""
+        the batch when this raises). A decoding request with a jump-forward draft runs as
+        an extend row [newest token, *draft] and is verified (`jump.py`)."""
+        drafted: dict[Req, list[int]] = {}
+        if self.drafts is not None:
+            plan, decodes, drafted = self.drafts.take(plan, decodes, self.kv)
         mode = ForwardMode.EXTEND if plan else ForwardMode.DECODE
         batch = [r for r, _ in plan] + decodes
         ids, positions, locs, ext_lens, pre_lens = [], [], [], [], []
-        select = LogitsSelection(plan + [(r, 1) for r in decodes])
+        select = LogitsSelection(plan + [(r, 1) for r in decodes], drafted)
         for req, n in plan:
             start = req.kv_len
             locs.append(self.kv.alloc(req, start, n))
-            ids.extend(req.all_ids[start : start + n])
+            if drafted and req in drafted:
+                ids.extend([req.output_ids[-1], *drafted[req]])
+            else:
+                ids.extend(req.all_ids[start : start + n])
             positions.extend(range(start, start + n))
             ext_lens.append(n)
             pre_lens.append(start)
@@ -82,7 +93,8 @@ class ForwardStep:
         fb.argmax_only = all(r.argmax_only for r in batch)
         out = self.runner.forward(fb)
         select.collect_prompt_logprobs(out)
-        # Rows whose prompt is complete sample a token; a partial chunk samples nothing.
+        # Rows whose prompt is complete sample a token; a partial chunk samples nothing (nor
+        # does a drafted row here: its kv_len runs past seq_len until `_verify`).
         done = [i for i, r in enumerate(batch) if r.kv_len == r.seq_len]
         rows = [select.last_rows[i] for i in done]
         # A decode step samples every row in order: use the logits without a copy.
@@ -90,7 +102,27 @@ class ForwardStep:
         sampled = [batch[i] for i in done]
         next_ids, logprobs = self._sample(logits, sampled)
         self.after_forward(fb, batch, dict(zip(sampled, next_ids)))
-        return self._emit(sampled, next_ids, logprobs, decode_tokens=len(decodes))
+        result = self._emit(sampled, next_ids, logprobs, decode_tokens=len(decodes))
+        if drafted:
+            self._verify(out, select.first_rows, drafted, result)
+        return result
+
+    def _verify(self, out: torch.Tensor, first_rows: dict, drafted: dict, result) -> None:
+        """Choose the tokens of each drafted row (`jump.verify`) and add them to `result`."""
+        for req, draft in drafted.items():
+            row = first_rows[req]
+            rows = out[row : row + len(draft) + 1]
+            new, reason, kept = verify(
+                req, rows, draft, self.grammars, self.sampler, self.stop, self.kv
+            )
+            self.drafts.jumper.accepted += kept
+            if reason is None:
+                self.drafts.propose(req)
+            result.reqs.append(req)
+            result.new_ids.append(new)
+            result.reasons.append(reason)
+            result.logprobs.append(None)
+            result.decode_tokens += len(new)
 
     def _sample(self, logits: torch.Tensor, reqs: list[Req]) -> tuple[list[int], list]:
         """Next token of each request, and its logprobs (None unless return_logprob) from
@@ -130,6 +162,8 @@ class ForwardStep:
             reason = self.stop.check(req, tok)
             if grammar_done:
                 reason = FinishReason.STOP
+            if reason is None and self.drafts is not None and req.grammar is not None:
+                self.drafts.propose(req)
             result.new_ids.append([tok])
             result.reasons.append(reason)
             result.logprobs.append(lp)

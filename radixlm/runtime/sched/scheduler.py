@@ -42,6 +42,7 @@ from radixlm.radix.policy import make_policy, match_len
 from radixlm.runtime.executor.kv_tier import make_kv_tier
 from radixlm.runtime.executor.model_runner import ModelRunner
 from radixlm.runtime.sampling.grammar import GrammarBackend, GrammarCompiler
+from radixlm.runtime.sampling.jump_forward import JumpForward
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sched.admission import Added, Plan, PrefillAdder, start_request
 from radixlm.runtime.sched.decode import (
@@ -53,6 +54,7 @@ from radixlm.runtime.sched.decode import (
 from radixlm.runtime.sched.finish import FinishReason
 from radixlm.runtime.sched.forward_step import ForwardStep
 from radixlm.runtime.sched.intake import Intake
+from radixlm.runtime.sched.jump import Drafts
 from radixlm.runtime.sched.kv_ledger import KVLedger
 from radixlm.runtime.sched.pins import PinTable
 from radixlm.runtime.sched.priority import by_priority
@@ -127,8 +129,18 @@ class Scheduler:
         self.grammars = GrammarBackend(GrammarCompiler(tokenizer, vocab, eos_token_ids))
         self.decoder: DecodeStrategy = decoder if decoder is not None else NormalDecode()
         self._decode_ctx = DecodeContext(self.kv, self.stop, self._plain_decode)
+        # Jump-forward drafts are verified in the plain forward path only.
+        jump = not args.disable_jump_forward and isinstance(self.decoder, NormalDecode)
+        jump = jump and tokenizer is not None
+        drafts = Drafts(JumpForward(tokenizer), runner.context_len) if jump else None
         self.forward_step = ForwardStep(
-            runner, self.kv, self.sampler, self.grammars, self.stop, self._after_forward
+            runner,
+            self.kv,
+            self.sampler,
+            self.grammars,
+            self.stop,
+            self._after_forward,
+            drafts,
         )
         self.waiting: list[Req] = []
         #: Requests whose grammar compiles on a worker thread, with its future; they join

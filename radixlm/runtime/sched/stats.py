@@ -72,6 +72,20 @@ def scheduler_stats(sched: Scheduler) -> dict[str, int | float | str]:
         **sched.counters.as_dict(),
         **sched.tree.tier_stats(),
         **sched.decoder.stats(),
+        **_jump_stats(sched),
         **(sched.slo.stats() if sched.slo is not None else {}),
         **mem,
+    }
+
+
+def _jump_stats(sched: Scheduler) -> dict[str, int]:
+    """Jump-forward counters (`runtime/sched/jump.py`), when it is on: draft tokens
+    proposed and kept."""
+    drafts = sched.forward_step.drafts
+    if drafts is None:
+        return {}
+    jumper = drafts.jumper
+    return {
+        "jump_forward_draft_tokens_total": jumper.drafted,
+        "jump_forward_accepted_tokens_total": jumper.accepted,
     }

@@ -1,0 +1,122 @@
+"""The scheduler side of jump-forward decoding (`runtime/sampling/jump_forward.py`).
+
+After a constrained request's token is chosen (and did not end it), `Drafts.propose`
+drafts the text its grammar forces next. In the request's next forward, `Drafts.take`
+turns it from a decode row (its newest token) into an extend row [newest token, *draft],
+with logits at every position; `verify` then chooses the token at each position
+exactly as a decode step would (grammar mask, the request's sampler and its draw for that
+output position, stop checks) and keeps drafted tokens while the chosen ones agree. The
+first chosen token that differs from the draft (or the one after a fully kept draft) is
+emitted too, and the KV of the dropped draft positions is freed. Between steps the usual
+invariant holds: kv_len == len(all_ids) - 1, and the matcher has accepted output_ids.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from radixlm.runtime.sampling.grammar import GrammarBackend
+from radixlm.runtime.sampling.jump_forward import JumpForward
+from radixlm.runtime.sampling.sampler import Sampler
+from radixlm.runtime.sched.finish import FinishReason
+from radixlm.runtime.sched.kv_ledger import KVLedger
+from radixlm.runtime.sched.request import Req
+from radixlm.runtime.sched.stop import StopChecker
+
+
+class Drafts:
+    """Pending jump-forward drafts of decoding requests.
+
+    Args:
+        jumper: drafts a grammar's forced continuation.
+        context_len: tokens per request at most (drafts stay inside it).
+    """
+
+    def __init__(self, jumper: JumpForward, context_len: int):
+        self.jumper = jumper
+        self.context_len = context_len
+        # req -> (len(output_ids) when drafted, draft). A draft waits while its request
+        # is not decoding (an extend step without decodes, a retraction: its output and
+        # matcher are unchanged); one whose request has emitted since is stale. Weak keys:
+        # a finished request's draft goes with it.
+        self._drafts: weakref.WeakKeyDictionary[Req, tuple[int, list[int]]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def propose(self, req: Req) -> None:
+        """Draft the forced continuation after `req`'s newest token, if it has a grammar
+        and asks for no logprobs (a drafted row has none)."""
+        if req.grammar is None or req.return_logprob:
+            return
+        room = min(req.remaining_new_tokens() - 1, self.context_len - req.seq_len - 1)
+        draft = self.jumper.draft(req.grammar, req.output_ids[-1], room)
+        if draft:
+            self._drafts[req] = (len(req.output_ids), draft)
+
+    def take(
+        self, plan: list[tuple[Req, int]], decodes: list[Req], kv: KVLedger
+    ) -> tuple[list[tuple[Req, int]], list[Req], dict[Req, list[int]]]:
+        """Move the decoding requests with a current draft into the extend plan (their
+        newest token + draft); returns ``(plan, decodes, {req: draft})``. Their drafts
+        are consumed; none is used when the KV pool cannot hold the step."""
+        if not self._drafts or not decodes:
+            return plan, decodes, {}
+        drafted: dict[Req, list[int]] = {}
+        rest: list[Req] = []
+        for r in decodes:
+            entry = self._drafts.pop(r, None)
+            if entry is not None and entry[0] == len(r.output_ids):
+                drafted[r] = entry[1]
+            else:
+                rest.append(r)
+        if not drafted:
+            return plan, decodes, {}
+        extends = plan + [(r, 1 + len(d)) for r, d in drafted.items()]
+        pages = sum(kv.pages(r.kv_len, n) for r, n in extends)
+        if pages * kv.page_size + kv.decode_tokens(rest) > kv.room():
+            return plan, decodes, {}
+        return extends, rest, drafted
+
+
+def verify(
+    req: Req,
+    rows: torch.Tensor,
+    draft: list[int],
+    grammars: GrammarBackend,
+    sampler: Sampler,
+    stop: StopChecker,
+    kv: KVLedger,
+) -> tuple[list[int], FinishReason | None, int]:
+    """Choose `req`'s tokens from the logits of its extend row [newest token, *draft].
+
+    Args:
+        rows: float [len(draft) + 1, vocab]; row j predicts the token after draft[:j].
+            Masked in place.
+        draft: the drafted tokens; req.kv_len already counts them (the forward ran).
+
+    Returns the emitted tokens (appended to output_ids), the finish reason they reached
+    and how many drafted tokens were kept. Sets kv_len to the positions kept and frees
+    the pages past them.
+    """
+    start = req.seq_len - 1  # the newest token's position
+    new: list[int] = []
+    reason = None
+    kept = 0
+    for j in range(len(draft) + 1):
+        row = rows[j : j + 1]
+        grammars.apply(row, [req])
+        tok = int(sampler.sample(row, [req])[0])
+        req.output_ids.append(tok)
+        new.append(tok)
+        req.kv_len = start + 1 + j  # as after a decode step that chose `tok`
+        done = grammars.accept(req, tok)
+        reason = stop.check(req, tok)
+        if done:
+            reason = FinishReason.STOP
+        if reason is not None or j == len(draft) or tok != draft[j]:
+            break
+        kept += 1
+    kv.truncate(req, start + 1 + len(draft))
+    return new, reason, kept

@@ -1,0 +1,198 @@
+"""Jump-forward decoding (on by default; `--disable-jump-forward`) on the bundled
+SmolLM2-135M: drafting at the token boundary, and constrained outputs with and without it.
+
+The model under the grammar mask often spells forced text with other tokens than its
+tokenizer (``{`` ``"`` ``f`` ``ul`` ``l`` for ``{"full``), so the drafts are verified:
+the outputs must be exactly those of ordinary constrained decoding (token ids), in fewer
+forwards.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from radixlm import Engine
+from radixlm.runtime.sampling.grammar import GrammarCompiler
+from radixlm.runtime.sampling.jump_forward import JumpForward
+from tests.runtime.conftest import MODEL
+from tests.runtime.sched_helpers import check_pool
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "full_name_of_the_person": {"type": "string", "maxLength": 20},
+        "age_in_years": {"type": "integer"},
+        "is_employed_currently": {"type": "boolean"},
+    },
+    "required": ["full_name_of_the_person", "age_in_years", "is_employed_currently"],
+    "additionalProperties": False,
+}
+ENUMS = {
+    "type": "object",
+    "properties": {
+        "color": {"enum": ["crimson red", "forest green", "navy blue"]},
+        "size": {"type": "string", "enum": ["small", "medium", "large"]},
+    },
+    "required": ["color", "size"],
+    "additionalProperties": False,
+}
+NESTED = {
+    "type": "object",
+    "properties": {
+        "user": {
+            "type": "object",
+            "properties": {
+                "first_name": {"type": "string", "maxLength": 12},
+                "address": {
+                    "type": "object",
+                    "properties": {
+                        "city": {"type": "string", "maxLength": 12},
+                        "zip_code": {"type": "integer"},
+                    },
+                    "required": ["city", "zip_code"],
+                    "additionalProperties": False,
+                },
+            },
+            "required": ["first_name", "address"],
+            "additionalProperties": False,
+        }
+    },
+    "required": ["user"],
+    "additionalProperties": False,
+}
+DATE = r"Date: [0-9]{4}-[0-9]{2}-[0-9]{2}, Temperature: -?[0-9]{1,2} degrees Celsius"
+PHONE = r"\(555\) [0-9]{3}-[0-9]{4} extension [0-9]{2}"
+RECORD = "Give me a JSON record of a fictional person.\n"
+FORMAT = "Answer in the requested format.\n"
+
+# (prompt, grammar kind, spec, schema or regex to validate with)
+CASES = [
+    (RECORD, "json_schema", PERSON),
+    (FORMAT, "json_schema", PERSON),
+    (RECORD, "json_schema", ENUMS),
+    (RECORD, "json_schema", NESTED),
+    (FORMAT, "regex", DATE),
+    (RECORD, "regex", PHONE),
+]
+
+
+def _params(kind, spec, max_new=96, **extra) -> dict:
+    value = json.dumps(spec) if kind == "json_schema" else spec
+    return {"temperature": 0, "max_new_tokens": max_new, kind: value, **extra}
+
+
+def _forwards(engine) -> int:
+    c = engine.scheduler.counters
+    return c.extend_steps + c.decode_steps
+
+
+def _run(engine, prompt, params) -> tuple[dict, int]:
+    before = _forwards(engine)
+    out = engine.generate(prompt, params)
+    return out, _forwards(engine) - before
+
+
+@pytest.fixture(scope="module")
+def engines():
+    with Engine(MODEL, max_total_tokens=4096, disable_jump_forward=True) as plain:
+        with Engine(MODEL, max_total_tokens=4096) as jump:
+            yield plain, jump
+
+
+@pytest.fixture(scope="module")
+def tokenizer_and_compiler(tokenizer):
+    return tokenizer, GrammarCompiler(tokenizer, 49152, [tokenizer.eos_token_id])
+
+
+def test_draft_at_the_token_boundary(tokenizer_and_compiler):
+    import xgrammar as xgr
+
+    tok, compiler = tokenizer_and_compiler
+    grammar = compiler.compile("regex", r'\{"name": "[a-z]{1,5}"\}')
+    jumper = JumpForward(tok)
+    pair, brace = tok.encode('{"', add_special_tokens=False), tok.encode("{")
+    # After '{"' (one token) the forced text is 'name": "': drafted as 'name', '":'; the
+    # last token ' "' is a strict prefix of longer tokens (' "a', ...) and is left out.
+    matcher = xgr.GrammarMatcher(grammar)
+    assert len(pair) == 1 and matcher.accept_token(pair[0])
+    draft = jumper.draft(matcher, pair[0], room=100)
+    assert draft == tok.encode('name":', add_special_tokens=False)
+    assert matcher.find_jump_forward_string() == 'name": "'  # the matcher is unchanged
+    assert jumper.draft(matcher, pair[0], room=1) == draft[:1]
+    assert jumper.draft(matcher, pair[0], room=0) == []
+    # After '{' the joint encoding '{"', 'name', ... re-spells '{': the forced text is
+    # encoded alone instead.
+    matcher = xgr.GrammarMatcher(grammar)
+    assert len(brace) == 1 and matcher.accept_token(brace[0])
+    assert jumper.draft(matcher, brace[0], room=100) == tok.encode(
+        '"name":', add_special_tokens=False
+    )
+    assert jumper.drafted == len(draft) + 1 + len(tok.encode('"name":', add_special_tokens=False))
+    free = xgr.GrammarMatcher(compiler.compile("regex", r"[a-z]+"))
+    assert jumper.draft(free, brace[0], room=10) == []
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_jump_forward_exact_and_fewer_forwards(engines, case):
+    plain, jump = engines
+    prompt, kind, spec = CASES[case]
+    ref, ref_steps = _run(plain, prompt, _params(kind, spec))
+    out, steps = _run(jump, prompt, _params(kind, spec))
+    assert ref["finish_reason"] == out["finish_reason"] == "stop"
+    if kind == "json_schema":
+        jsonschema.validate(json.loads(out["text"]), spec)
+    else:
+        assert re.fullmatch(spec, out["text"])
+    assert out["output_ids"] == ref["output_ids"]
+    assert out["text"] == ref["text"]
+    assert steps < ref_steps
+    check_pool(jump.scheduler, idle=True)
+
+
+def test_jump_forward_counts_tokens_and_streams(engines):
+    _, jump = engines
+    before = jump.scheduler.stats()["jump_forward_accepted_tokens_total"]
+    params = _params("json_schema", NESTED)
+    whole = jump.generate(RECORD, params)
+    chunks = list(jump.generate(RECORD, params, stream=True))
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+    assert sum((c["output_ids"] for c in chunks), []) == whole["output_ids"]
+    jumped = jump.scheduler.stats()["jump_forward_accepted_tokens_total"] - before
+    assert jumped > 0
+    assert whole["usage"]["completion_tokens"] == len(whole["output_ids"])
+    check_pool(jump.scheduler, idle=True)
+
+
+def test_jump_forward_respects_max_new_tokens_and_stop(engines):
+    plain, jump = engines
+    for n in (5, 9):
+        params = _params("json_schema", PERSON, max_new=n)
+        ref, out = plain.generate(RECORD, params), jump.generate(RECORD, params)
+        assert out["finish_reason"] == ref["finish_reason"] == "length"
+        assert out["output_ids"] == ref["output_ids"] and len(out["output_ids"]) == n
+    # "ate" lies inside the forced "Date: ": both runs stop there and cut it off.
+    params = _params("regex", DATE, stop=["ate"])
+    ref, out = plain.generate(FORMAT, params), jump.generate(FORMAT, params)
+    assert out["finish_reason"] == ref["finish_reason"] == "stop"
+    assert out["matched_stop"] == ref["matched_stop"] == "ate"
+    assert out["text"] == ref["text"] == "D"
+    check_pool(jump.scheduler, idle=True)
+
+
+def test_batched_and_sampled_outputs_are_exact(engines):
+    plain, jump = engines
+    prompts = [p for p, _, _ in CASES] + [RECORD]
+    params = [_params(kind, spec) for _, kind, spec in CASES]
+    params += [{"temperature": 0, "max_new_tokens": 24}]  # an unconstrained row alongside
+    sampled = [{**_params(kind, spec), "temperature": 0.8, "seed": 7} for _, kind, spec in CASES]
+    for batch in (params, sampled + params[-1:]):
+        before = _forwards(plain), _forwards(jump)
+        refs = plain.generate(prompts, batch)
+        outs = jump.generate(prompts, batch)
+        assert [o["output_ids"] for o in outs] == [r["output_ids"] for r in refs]
+        assert _forwards(jump) - before[1] < _forwards(plain) - before[0]
+    check_pool(jump.scheduler, idle=True)
