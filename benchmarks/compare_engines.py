@@ -16,8 +16,8 @@ Method
   rows) and on the bundled GGUF itself, its Q4_1 / Q8_0 blocks kept packed (`-gguf` rows:
   the same weight values bit for bit, computed in fp32, a sixth of the bytes per decode
   step; their "of roofline" uses the fp32 weights' bytes, so it can pass 100%); each gets
-  its own ratio column; `radixlm-mixed` rows run `--enable-mixed-chunk` (ratio: plain
-  radixlm over them).
+  its own ratio column; `radixlm-nomix` rows run `--no-enable-mixed-chunk` (ratio: plain
+  radixlm, which mixes, over them).
 * Workloads (token ids, identical for all engines; greedy, EOS ignored): single (1 x 32
   in / 128 out), burst16 (16 x 256 / 64), shared16-cold and shared16-warm (16 x (200
   shared + 56 own) / 64, the warm burst with new suffixes after the cold one), evict

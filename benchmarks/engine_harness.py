@@ -3,7 +3,7 @@
 Run as a subprocess by `compare_engines.py` (one process per engine and repetition, so
 every engine starts cold, with its own thread setting, in its own virtual environment):
 
-    PYTHON engine_harness.py --engine radixlm|radixlm-mixed|transformers|openvino|... \\
+    PYTHON engine_harness.py --engine radixlm|radixlm-nomix|transformers|openvino|... \\
         --model-dir DIR --threads T --spec spec.json --out result.json
 
 DIR is the fp32 safetensors directory for radixlm and transformers, the exported model
@@ -141,11 +141,11 @@ class RadixlmNgramAdapter(RadixlmAdapter):
     options = {"speculative_algorithm": "ngram"}
 
 
-class RadixlmMixedAdapter(RadixlmAdapter):
-    """radixlm.Engine with mixed chunks (--enable-mixed-chunk: the running decodes ride in
-    the prefill step's forward)."""
+class RadixlmNoMixAdapter(RadixlmAdapter):
+    """radixlm.Engine without mixed chunks (--no-enable-mixed-chunk: a decode step of its
+    own follows every prefill step)."""
 
-    options = {"enable_mixed_chunk": True}
+    options = {"enable_mixed_chunk": False}
 
 
 class StaticBatchAdapter:
@@ -347,7 +347,7 @@ class OpenVINOAdapter:
 
 
 ADAPTERS = {"radixlm": RadixlmAdapter, "radixlm-kv16": RadixlmKv16Adapter,
-            "radixlm-ngram": RadixlmNgramAdapter, "radixlm-mixed": RadixlmMixedAdapter,
+            "radixlm-ngram": RadixlmNgramAdapter, "radixlm-nomix": RadixlmNoMixAdapter,
             "transformers": TransformersAdapter,
             "openvino": OpenVINOAdapter, "ortgenai": OrtGenaiAdapter}  # fmt: skip
 

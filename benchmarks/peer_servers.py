@@ -138,9 +138,9 @@ INPROC16, HTTP16 = "radixlm, fp16 KV (in-process)", "radixlm serve, fp16 KV (HTT
 # greedy output is the same token for token, the speed depends on how much the text repeats.
 INPROC_NG = "radixlm + n-gram speculation (in-process)"
 HTTP_NG = "radixlm serve + n-gram speculation (HTTP)"
-# The in-process engine with --enable-mixed-chunk (no ratio column of its own: its first
-# ratio is plain radixlm over it).
-INPROC_MIX = "radixlm, mixed chunks (in-process)"
+# The in-process engine with --no-enable-mixed-chunk, a decode step after every extend step
+# (no ratio column of its own: its first ratio is plain radixlm, which mixes, over it).
+INPROC_NOMIX = "radixlm, no mixed chunks (in-process)"
 # The same engines on the bundled GGUF file, whose Q4_1 / Q8_0 blocks they keep packed
 # (0.625 / 1.0625 bytes per weight instead of 4): the same weight values bit for bit,
 # computed in fp32, the same greedy tokens; decode steps stream a sixth of the bytes.
@@ -158,7 +158,7 @@ ENGINES: list[EngineSpec] = [
     EngineSpec("radixlm-kv16", INPROC16, harness="radixlm-kv16", reference=INPROC),
     EngineSpec("radixlm-ngram", INPROC_NG, harness="radixlm-ngram", reference=INPROC),
     EngineSpec("radixlm-gguf", INPROC_Q, harness="radixlm", model_dir=GGUF, reference=INPROC),
-    EngineSpec("radixlm-mixed", INPROC_MIX, harness="radixlm-mixed", reference=INPROC),
+    EngineSpec("radixlm-nomix", INPROC_NOMIX, harness="radixlm-nomix", reference=INPROC),
     EngineSpec("transformers", "transformers generate (in-process)", harness="transformers",
                **PEER_INPROC),
     EngineSpec("openvino", "OpenVINO GenAI (in-process)", harness="openvino",

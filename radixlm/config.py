@@ -219,7 +219,10 @@ class ServerArgs:
         "`radixlm serve` can compute it, else the first measured steps)",
     )
     enable_mixed_chunk: bool = _opt(
-        False, "run a prefill chunk and the running decodes in the same forward"
+        True,
+        "run a prefill chunk and the running decodes in the same forward (the decodes ride "
+        "in the extend step's weight pass instead of a decode step of their own; "
+        "--no-enable-mixed-chunk runs a decode step after every extend step)",
     )
     disable_jump_forward: bool = _opt(
         False,
@@ -414,7 +417,9 @@ class ServerArgs:
             default = "none" if f.default is None else f.default
             help_text = f"{meta.pop('help')} (default: {default})"
             if f.type in ("bool", bool):
-                parser.add_argument(flag, action="store_true", help=help_text)
+                # a field that defaults to True is turned off by its --no- form
+                action = argparse.BooleanOptionalAction if f.default else "store_true"
+                parser.add_argument(flag, action=action, default=f.default, help=help_text)
             else:
                 kind = {"int | None": int, "int": int, "float": float, "float | None": float}.get(
                     str(f.type), str

@@ -44,3 +44,21 @@ def test_plan_kv_help_names_no_gpu_flag_it_lacks():
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "--dtype" in out and "--gpu" not in out
+
+
+@pytest.mark.parametrize(
+    "argv,mixed,no_cache",
+    [([], True, False), (["--no-enable-mixed-chunk"], False, False),
+     (["--enable-mixed-chunk", "--disable-radix-cache"], True, True)],
+)  # fmt: skip
+def test_bool_flags_turn_on_and_off(argv, mixed, no_cache):
+    # A switch that defaults on (mixed chunks) has a --no- form; one that defaults off
+    # (the radix cache's) is a plain flag.
+    from radixlm.config import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = ServerArgs.from_cli_args(parser.parse_args(argv))
+    assert (args.enable_mixed_chunk, args.disable_radix_cache) == (mixed, no_cache)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--no-disable-radix-cache"])

@@ -11,9 +11,12 @@ Each `step()` runs one iteration (Orca-style iteration-level batching, Yu et al.
   prompt (or chunk) is inserted into the radix cache, so the next chunk and later
   requests hit it. Requests sharing a not-yet-cached prefix with one being prefilled
   wait one round (`InBatchPrefixGuard`), so the prefix is computed once.
-* DECODE: one token for every running request. After an extend step a decode step runs
-  before the next extend (unless ``--enable-mixed-chunk`` puts the decodes inside the
-  extend batch), so a long prompt delays other streams by one chunk, not by the prompt.
+* DECODE: one token for every running request. With mixed chunks (``--enable-mixed-chunk``,
+  the default) the running decodes ride in each extend step's forward, so an extend that
+  meets running requests (a new turn arriving beside other sessions' decodes) costs no
+  decode step of their own; with ``--no-enable-mixed-chunk`` a decode step runs after
+  every extend step, before the next one. Either way a long prompt delays other streams
+  by one chunk, not by the prompt.
 * When a decode step lacks KV slots, requests are retracted (`Retractor`, `retraction.py`):
   their computed KV is inserted into the cache, they go back to the front of the queue,
   and on resume they prefill prompt + generated tokens (mostly cache hits) and report

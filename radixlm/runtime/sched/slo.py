@@ -66,7 +66,7 @@ class SLOController:
 
     Args:
         args: --slo-ttft-ms / --slo-tpot-ms (the server's targets, ms), --slo-admission,
-            --slo-step-prior, --enable-mixed-chunk, --max-prefill-tokens.
+            --slo-step-prior, --enable-mixed-chunk (default on), --max-prefill-tokens.
         page_size: tokens per KV page (budgets are whole pages).
         extend_of: uncached prompt tokens a waiting request would compute (cache match).
     """

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from radixlm import Engine
 from tests.runtime.conftest import MODEL
-from tests.runtime.sched_helpers import check_pool, make_req, run_all, tokens
+from tests.runtime.sched_helpers import check_pool, make_req, run_all, step, tokens
 
 NEW = 8
 PS = 4
@@ -104,6 +106,35 @@ def test_long_prompt_does_not_freeze_streams(engine, prompts, reference):
         sched.abort(r.rid)
     run_all(sched)
     check_pool(sched, idle=True)
+
+
+@pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "unmixed"])
+def test_new_turn_beside_decodes(engine, prompts, reference, mixed):
+    # A request arriving while another decodes (a session's next turn beside the others'
+    # answers): with mixed chunks its extend step also yields the running request's token
+    # (no decode step of its own); without, a decode step follows the extend step.
+    sched = _fresh(engine, 64)
+    args = sched.args
+    sched.args = dataclasses.replace(args, enable_mixed_chunk=mixed)
+    try:
+        running = make_req(prompts[0], NEW)
+        sched.add_request(running)
+        outs: dict = {}
+        while len(tokens(outs.get(running.rid, []))) < 2:
+            step(sched, outs)
+        turn = make_req(prompts[7], NEW)
+        sched.add_request(turn)
+        c = sched.counters
+        before = (c.extend_steps, c.decode_steps)
+        got = {o.rid for o in step(sched, outs) if o.new_token_ids}
+        assert (c.extend_steps, c.decode_steps) == (before[0] + 1, before[1])
+        assert got == ({running.rid, turn.rid} if mixed else {turn.rid})
+        run_all(sched, outs)
+        assert tokens(outs[running.rid]) == reference[0][:NEW]
+        assert tokens(outs[turn.rid]) == reference[7][:NEW]
+        check_pool(sched, idle=True)
+    finally:
+        sched.args = args
 
 
 def test_cache_salt_namespaces(engine, prompts, reference):

@@ -22,7 +22,7 @@ CONFIGS = [
     ({"schedule_policy": "lof", "chunked_prefill_size": 512, "page_size": 16}, [0, 5, 6, 7]),
     ({"schedule_policy": "random", "chunked_prefill_size": 7, "page_size": 16}, SOME),
     (
-        {"chunked_prefill_size": 7, "page_size": 4, "enable_mixed_chunk": True},
+        {"chunked_prefill_size": 7, "page_size": 4, "enable_mixed_chunk": False},
         [0, 1, 6, 7],
     ),
 ]
