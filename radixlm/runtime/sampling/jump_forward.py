@@ -38,8 +38,8 @@ class JumpForward:
             vocabulary gives the strict-prefix set, built on first use).
 
     Attributes:
-        drafted / accepted: draft tokens proposed and kept so far (`runtime/sched/jump.py`
-            counts the kept ones).
+        drafted / accepted: draft tokens proposed, and kept after verification (counted by
+            the scheduler's forward step, `runtime/sched/forward_step.py`), so far.
     """
 
     def __init__(self, tokenizer):
