@@ -79,10 +79,10 @@ class CountingBackend(EngineBackend):
         self.requests = 0
         self._count_lock = threading.Lock()
 
-    def _generate(self, text, input_ids, sampling_params, logprob, on_delta):
+    def _generate(self, text, input_ids, sampling_params, logprob, on_delta, priority=0):
         with self._count_lock:
             self.requests += len(text if text is not None else input_ids)
-        return super()._generate(text, input_ids, sampling_params, logprob, on_delta)
+        return super()._generate(text, input_ids, sampling_params, logprob, on_delta, priority)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
