@@ -71,7 +71,6 @@ from summary import markdown_table, paired_ratio, run_figures, summarize  # noqa
 from workloads import WORKLOADS  # noqa: E402
 
 DEFAULT_OUTPUT = HERE.parent / "results" / "programs.json"
-QUICK_OUTPUT = HERE.parent / "results" / "programs_quick.json"
 KV_TOKENS = 16384
 QUIET_BUSY = 0.10
 INPROC, SERVE = "radixlm", "radixlm-serve"
@@ -185,9 +184,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--seed", type=int, default=0)
     add("--quiet-wait", type=float, default=60.0,
         help="most seconds to wait for idle CPUs before each run (0: none)")  # fmt: skip
-    add("--output", type=Path, default=None,
-        help=f"JSON report (default results/{DEFAULT_OUTPUT.name}, "
-        f"--quick: {QUICK_OUTPUT.name})")  # fmt: skip
+    add("--output", type=Path, default=DEFAULT_OUTPUT,
+        help=f"JSON report (default results/{DEFAULT_OUTPUT.name}; it records the settings, "
+        "--quick included)")  # fmt: skip
     args = p.parse_args(argv)
     for flag, given, known in (("--engines", args.engines, [e.key for e in ENGINES]),
                                ("--workloads", args.workloads, list(WORKLOADS))):  # fmt: skip
@@ -197,8 +196,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"{flag}: {'unknown ' + ', '.join(unknown) if unknown else 'none given'}")
     if args.reps < 1 or args.threads < 1 or (args.programs is not None and args.programs < 1):
         p.error("--reps, --threads and --programs must be at least 1")
-    if args.output is None:
-        args.output = QUICK_OUTPUT if args.quick else DEFAULT_OUTPUT
     return args
 
 
