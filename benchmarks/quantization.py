@@ -6,9 +6,9 @@ summary against the fp32 baseline, in one table; writes benchmarks/results/quant
     python benchmarks/quantization.py --methods fp32,fp16-kv --quick
 
 A method is a set of engine flags (`METHODS`); a method whose checkpoint must first be
-written (W4A16, W8A8 int8) gets it from `write_quantized_checkpoint`, the hook where the
-quantized-checkpoint writer is called. A method the engine refuses (flags it does not
-parse, a checkpoint it cannot load, a writer that is not there) is reported as
+written (W4A16, W8A8 int8) gets a compressed-tensors directory from
+`write_quantized_checkpoint` (round to nearest, no calibration). A method the engine
+refuses (flags it does not parse, a checkpoint it cannot load) is reported as
 "unsupported: <reason>" and the table goes on. Methods run one after another, one engine
 loaded at a time; each engine is timed, then evaluated by the same engine.
 
@@ -35,6 +35,8 @@ from radixlm.eval.runner import RunOptions, compare, run_config, score
 from radixlm.eval.targets import EngineTarget
 
 RESULTS = Path(__file__).parent / "results" / "quantization.json"
+# The checkpoint writer lives beside the loader tests (tests/quant_checkpoints.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 MODEL = "smollm2-135m"
 
 
@@ -61,20 +63,18 @@ METHODS = (
 
 
 def write_quantized_checkpoint(scheme: str, model: str, out_dir: Path) -> Path:
-    """HOOK for the quantized-checkpoint writer: write `model` quantized with `scheme`
-    ("w4a16": int4 weights, group 128, compressed-tensors; "w8a8-int8": int8 weights and
-    per-token int8 activations, compressed-tensors) as a Hugging Face directory under
-    `out_dir`, and return it. Calls the writer the checkpoint loaders provide
-    (`radixlm.runtime.executor.quant_checkpoint.write_checkpoint`); raises
-    NotImplementedError while no such writer exists."""
-    try:
-        from radixlm.runtime.executor.quant_checkpoint import write_checkpoint
-    except ImportError:
-        raise NotImplementedError(
-            "no quantized-checkpoint writer (radixlm.runtime.executor.quant_checkpoint) on "
-            "this branch"
-        ) from None
-    return Path(write_checkpoint(model, scheme, out_dir / scheme))
+    """Write `model` (an alias or Hugging Face directory) quantized with `scheme` as a
+    compressed-tensors directory under `out_dir` and return it: "w4a16" = int4 weights,
+    symmetric, group 64 (SmolLM2's hidden size 576 is not a multiple of the usual 128);
+    "w8a8-int8" = int8 per-channel weights with per-token int8 activations. Round to
+    nearest, no calibration (the writer the loader tests use, tests/quant_checkpoints.py)."""
+    from radixlm.runtime.executor.model_registry import local_hf_dir
+    from tests.quant_checkpoints import write_compressed_tensors
+
+    kind, group = {"w4a16": ("w4a16", 64), "w8a8-int8": ("w8a8_int8", 32)}[scheme]
+    dst = out_dir / scheme
+    write_compressed_tensors(Path(local_hf_dir(model)), dst, kind, group)
+    return dst
 
 
 def _decode_step_ms(engine, prompt: list[int], batch: int, steps: int) -> float:
