@@ -166,8 +166,10 @@ class ServerArgs:
         "its Q4_1 / Q8_0 tensors as quantized panels (0.625 / 1.0625 bytes per weight "
         "instead of 4: the file's exact values, computed in fp32, the same tokens as "
         "'fp32'; a decode step streams a sixth of the bytes); other tensors and block types "
-        "stay fp32. 'fp32' = dequantize every weight. 'auto' = gguf where radixlm's CPU "
-        "kernels run (--cpu-gemm auto) and the model is a .gguf file, else fp32",
+        "stay fp32. A quantized checkpoint directory (compressed-tensors, GPTQ, AWQ; "
+        "docs/quant-weights.md) keeps its int4 / int8 / fp8 weights packed the same way. "
+        "'fp32' = dequantize every weight. 'auto' = the file's quantized format where "
+        "radixlm's CPU kernels run (--cpu-gemm auto) and --dtype is float32, else fp32",
         choices=["auto", "fp32", "gguf"],
     )
     disable_lm_head_screen: bool = _opt(
