@@ -8,11 +8,17 @@ current contexts). It is the linear form of the roofline of `radixlm plan` (radi
 cost.py), which is exact for a step on one side of the ridge point; the planner's fit of
 that roofline to the served model is the prior (`--slo-step-prior`).
 
-Fit: ridge least squares over the last `window` measured steps, shrunk toward the prior:
-    theta = argmin sum_i (y_i - x_i . theta)^2 + sum_j w_j (theta_j - prior_j)^2
+Fit: ridge least squares over the last `window` measured steps, shrunk toward the prior,
+with every coefficient >= 0 (no step gets cheaper with more work):
+    theta = argmin_{theta >= 0} sum_i (y_i - x_i . theta)^2 + sum_j w_j (theta_j - prior_j)^2
 with w_j = `prior_weight` / scale_j^2 (scale_j: a typical size of feature j), so the prior
 decides only the directions the recent steps do not pin down (e.g. b before any prefill
-ran) and is negligible once they do. Without a prior the shrinkage is toward zero.
+ran) and is negligible once they do. Without a prior the shrinkage is toward zero. The
+constraint matters on a noisy machine: decode batch and prefill size are correlated in
+real traffic, and an unconstrained fit can trade a negative c for a larger b (then the
+model would admit without limit). With three coefficients the constrained optimum is
+found exactly by solving the ridge system on each subset of free coefficients (the
+others held at 0) and keeping the best feasible one.
 """
 
 from __future__ import annotations
@@ -24,6 +30,31 @@ import numpy as np
 #: Feature scales that make the prior's weight comparable across coefficients:
 #: 1 step, 512 prefill tokens, 32 decoding requests.
 _SCALES = np.array([1.0, 512.0, 32.0])
+
+
+def _nonnegative_ridge(
+    x: np.ndarray, y: np.ndarray, ridge: np.ndarray, prior: np.ndarray
+) -> np.ndarray:
+    """argmin_{theta >= 0} |y - x theta|^2 + sum_j ridge_j (theta_j - prior_j)^2 for x
+    [n, 3], y [n] (module doc): the best of the ridge solutions over every subset of free
+    coefficients whose solution is non-negative (the empty subset, theta = 0, always is)."""
+    gram, rhs = x.T @ x, x.T @ y
+    best, best_cost = np.zeros(3), np.inf
+    for mask in range(8):
+        free = [j for j in range(3) if mask >> j & 1]
+        theta = np.zeros(3)
+        if free:
+            idx = np.ix_(free, free)
+            theta[free] = np.linalg.solve(
+                gram[idx] + np.diag(ridge[free]), rhs[free] + ridge[free] * prior[free]
+            )
+        if (theta < 0).any():
+            continue
+        resid = y - x @ theta
+        cost = resid @ resid + ridge @ (theta - prior) ** 2
+        if cost < best_cost:
+            best, best_cost = theta, cost
+    return best
 
 
 class StepTimeModel:
@@ -55,9 +86,7 @@ class StepTimeModel:
         self.samples.append((1.0, float(prefill_tokens), float(decode_batch), float(ms)))
         self.steps_seen += 1
         data = np.array(self.samples)
-        x, y = data[:, :3], data[:, 3]
-        gram = x.T @ x + np.diag(self.ridge)
-        self.theta = np.linalg.solve(gram, x.T @ y + self.ridge * self.prior)
+        self.theta = _nonnegative_ridge(data[:, :3], data[:, 3], self.ridge, self.prior)
 
     @property
     def ready(self) -> bool:
