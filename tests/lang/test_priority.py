@@ -48,8 +48,7 @@ def test_openai_backend_sends_priority_in_extra_body():
     from radixlm.lang.backend.openai import OpenAI
     from radixlm.lang.ir import SamplingOptions
 
-    backend = OpenAI.__new__(OpenAI)
-    backend.model_name = "m"
+    backend = OpenAI("m", base_url="http://127.0.0.1:9/v1")  # no request is sent
     kwargs = backend._request_kwargs(SamplingOptions(max_new_tokens=2, priority=2))
     assert kwargs["extra_body"] == {"priority": 2}
     assert "extra_body" not in backend._request_kwargs(SamplingOptions(max_new_tokens=2))
