@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +34,11 @@ logger = logging.getLogger(__name__)
 SELECT_LOOKBACK = 2
 
 OnDelta = Callable[[str], None]
+
+# Serializes first loads of chat templates: program threads reach a backend's template at
+# once, and a load (a tokenizer import) must run once and give every thread the same
+# markers. Reentrant: a wrapping backend loads through the backend it wraps.
+_TEMPLATE_LOCK = threading.RLock()
 
 
 class UnsupportedByBackendError(RadixLMError, NotImplementedError):
@@ -58,9 +64,12 @@ class Backend(ABC):
 
     @property
     def chat_template(self) -> ChatTemplate:
-        """Role markers (loaded once, on first use)."""
+        """Role markers (loaded once, on first use; threads that ask during the load wait
+        for it and get the same markers)."""
         if self._chat_template is None:
-            self._chat_template = self._load_chat_template()
+            with _TEMPLATE_LOCK:
+                if self._chat_template is None:
+                    self._chat_template = self._load_chat_template()
         return self._chat_template
 
     @abstractmethod

@@ -34,7 +34,10 @@ class RuntimeEndpoint(NativeBackend):
         verify: TLS verification for https URLs (httpx's `verify`).
         chat_template: role markers; default: derived from the served model's tokenizer
             when it can be loaded on this machine (`/get_model_info`'s model_path), else
-            ChatML (see `chat_template.for_model`).
+            ChatML (see `chat_template.for_model`). The default is resolved here, as
+            SGLang's RuntimeEndpoint does: loading a tokenizer takes seconds, which on
+            first use would hold up the first program that writes a role while the
+            programs started beside it run on.
         timeout: seconds to wait for one response.
 
     Raises:
@@ -60,6 +63,7 @@ class RuntimeEndpoint(NativeBackend):
         )
         self._chat_template = chat_template
         self.model_info = self._call("GET", "/get_model_info")
+        self.chat_template  # noqa: B018 - resolves the default now (see chat_template above)
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         try:
