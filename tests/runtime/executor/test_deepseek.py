@@ -113,7 +113,7 @@ UNSUPPORTED = {
     "topk_method": ({"topk_method": "greedy"}, "topk_method='greedy'"),
     "quantization_config": (
         {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
-        "quantization_config='fp8'",
+        "quantization method 'fp8' is not supported",
     ),
     "hidden_act": ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
     "moe_layer_freq": ({"moe_layer_freq": 2}, "moe_layer_freq=2"),
