@@ -91,6 +91,7 @@ def check_ranges(self: ServerArgs) -> None:
             "--hicache-tier is not supported with --tp-size > 1 (each rank would need its "
             "own tier copy of its KV heads)"
         )
+    _check_fp8_kv(self)
     if self.max_total_tokens is not None and self.max_total_tokens < ps:
         raise ValueError(f"max_total_tokens must be >= page_size, got {self.max_total_tokens}")
     if self.max_running_requests < 1 or self.max_prefill_tokens < 1:
@@ -157,3 +158,24 @@ def check_ranges(self: ServerArgs) -> None:
     parse_step_prior(self.slo_step_prior)
     if not 0 < self.mem_fraction < 1:
         raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
+
+
+def _check_fp8_kv(self: ServerArgs) -> None:
+    """An fp8 --kv-cache-dtype with what cannot take it, refused before any process
+    starts: FlashInfer reads no fp8 pool, and an fp8 / int8 --hicache-tier would quantize
+    the pool's 8-bit values again (with scales on top, more bytes than the pool's own).
+    Raises ValueError naming both settings."""
+    name = self.kv_cache_dtype
+    if not name.startswith("fp8"):
+        return
+    if self.attention_backend == "flashinfer":
+        raise ValueError(
+            f"attention backend 'flashinfer' does not read an fp8 KV cache "
+            f"(--kv-cache-dtype {name}); use --attention-backend triton (GPU) or the CPU "
+            "backends"
+        )
+    if self.hicache_tier in ("fp8", "int8"):
+        raise ValueError(
+            f"--kv-cache-dtype {name} stores 8-bit KV already: --hicache-tier "
+            f"{self.hicache_tier} would quantize it again; use --hicache-tier host or disk"
+        )

@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from radixlm.config import ServerArgs
 from radixlm.kernels.fp8 import FP8_DTYPES, KVScales
 
 logger = logging.getLogger(__name__)
@@ -50,19 +49,6 @@ def is_kv_scale_name(name: str) -> bool:
 def kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     """The pool's storage dtype for `--kv-cache-dtype name` ('auto': `model_dtype`)."""
     return model_dtype if name == "auto" else KV_CACHE_DTYPES[name]
-
-
-def check_kv_cache_dtype(args: ServerArgs) -> None:
-    """Refuse, at start, an fp8 ``--kv-cache-dtype`` with an fp8 / int8 ``--hicache-tier``
-    (it would quantize the pool's 8-bit values again, with scales on top, storing more
-    than the pool's own bytes). Raises ValueError naming both settings. (The attention
-    backends that read no fp8 are refused by `resolve_attention_backend`.)"""
-    name = args.kv_cache_dtype
-    if name in FP8_DTYPES and args.hicache_tier in ("fp8", "int8"):
-        raise ValueError(
-            f"--kv-cache-dtype {name} stores 8-bit KV already: --hicache-tier "
-            f"{args.hicache_tier} would quantize it again; use --hicache-tier host or disk"
-        )
 
 
 def read_kv_scales(hf_dir: Path, num_layers: int) -> KVScales | None:

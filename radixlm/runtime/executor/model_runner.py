@@ -20,7 +20,6 @@ from radixlm.kernels import (
 from radixlm.kernels.cpu import CpuKernels
 from radixlm.runtime.executor.expert_stats import ExpertStats
 from radixlm.runtime.executor.kv_cache_dtype import (
-    check_kv_cache_dtype,
     kv_cache_dtype,
     read_kv_scales,
 )
@@ -72,7 +71,6 @@ class ModelRunner:
         if self.tp is not None:
             self.device = rank_device(self.device, self.tp.rank)
         self.dtype = _DTYPES[args.dtype]
-        check_kv_cache_dtype(args)
         kv_dtype = kv_cache_dtype(args.kv_cache_dtype, self.dtype)
         #: The attention backend's registered name (checked before the model loads).
         self.attention_backend = resolve_attention_backend(
