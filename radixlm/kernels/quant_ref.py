@@ -69,6 +69,15 @@ def w4a16_ref(
     return x.float() @ dequant_w4(qpacked, scales, zeros, group_size).t()
 
 
+def _act_scale(xf: torch.Tensor, static_scale: torch.Tensor | None, qmax: float) -> torch.Tensor:
+    """Per-token activation scale float32 [M, 1] of xf [M, K]: absmax / qmax (1 for an
+    all-zero row), or `static_scale` broadcast to every row."""
+    if static_scale is not None:
+        return static_scale.float().reshape(1, 1).expand(xf.shape[0], 1)
+    scale = xf.abs().amax(dim=1, keepdim=True) / qmax
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
 def quant_act_int8(
     x: torch.Tensor, static_scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,11 +85,7 @@ def quant_act_int8(
     scaling unless `static_scale` (a float32 scalar tensor) is given. An all-zero row gets
     scale 1."""
     xf = x.float()
-    if static_scale is None:
-        scale = xf.abs().amax(dim=1, keepdim=True) / INT8_MAX
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    else:
-        scale = static_scale.float().reshape(1, 1).expand(xf.shape[0], 1)
+    scale = _act_scale(xf, static_scale, INT8_MAX)
     xq = torch.round(xf / scale).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
     return xq, scale
 
@@ -105,11 +110,7 @@ def quant_act_fp8(
     """x [M, K] -> (xq float8_e4m3fn [M, K], scale float32 [M, 1]); per-token absmax / 448
     unless `static_scale` is given; values beyond the format's range saturate."""
     xf = x.float()
-    if static_scale is None:
-        scale = xf.abs().amax(dim=1, keepdim=True) / FP8_E4M3_MAX
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    else:
-        scale = static_scale.float().reshape(1, 1).expand(xf.shape[0], 1)
+    scale = _act_scale(xf, static_scale, FP8_E4M3_MAX)
     xq = (xf / scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
     return xq, scale
 
