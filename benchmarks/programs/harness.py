@@ -98,13 +98,16 @@ def make_backend(args: argparse.Namespace) -> tuple[Backend, Any]:
     """(backend, engine or None) for the command line's --backend."""
     from radixlm.lang import chat_template
 
+    if args.speculative != "none" and args.backend not in ("engine", "openvino"):
+        raise SystemExit(f"--speculative: the {args.backend} backend's server sets it at launch")
     if args.backend == "engine":
         import radixlm
         from radixlm.lang.backend.engine import EngineBackend
 
+        spec = {"speculative_algorithm": "ngram"} if args.speculative == "ngram" else {}
         engine = radixlm.Engine(model=args.model_dir, num_threads=args.threads,
                                 max_total_tokens=args.kv_tokens,
-                                disable_radix_cache=args.disable_radix_cache)  # fmt: skip
+                                disable_radix_cache=args.disable_radix_cache, **spec)  # fmt: skip
         return EngineBackend(engine), engine
     if args.backend == "endpoint":
         import radixlm as rl
@@ -122,7 +125,8 @@ def make_backend(args: argparse.Namespace) -> tuple[Backend, Any]:
         return backend, None
     from ov_backend import OpenVINOBackend
 
-    return OpenVINOBackend(args.model_dir, args.threads, args.kv_tokens, template), None
+    lookup = args.speculative == "ngram"
+    return OpenVINOBackend(args.model_dir, args.threads, args.kv_tokens, template, lookup), None
 
 
 def run_workload(backend: MeteredBackend, name: str, inputs: list[dict[str, Any]]) -> dict:
@@ -175,6 +179,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--threads", type=int, default=2)
     add("--kv-tokens", type=int, default=16384)
     add("--disable-radix-cache", action="store_true")
+    add("--speculative", choices=("none", "ngram"), default="none",
+        help="in-process engines: n-gram speculation (radixlm --speculative-algorithm "
+        "ngram, OpenVINO prompt lookup); servers take theirs at launch")  # fmt: skip
     add("--workloads", default=",".join(WORKLOADS))
     add("--quick", action="store_true", help="each workload's quick program count")
     add("--programs", type=int, default=None, help="programs per workload (overrides sizes)")

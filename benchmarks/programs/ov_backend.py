@@ -14,6 +14,8 @@ Program threads queue requests; one driver thread owns the pipeline: it adds the
 requests between steps, calls `step()` while any request is live (continuous batching
 with prefix caching), and resolves each request's future when its handle stops running.
 The KV pool holds `kv_tokens` tokens (blocks of OV_CPU_BLOCK tokens); compute is f32.
+With `prompt_lookup` the pipeline drafts by prompt lookup (OpenVINO GenAI's n-gram
+speculation, `prompt_lookup=True`) with LOOKUP_TOKENS drafts from LOOKUP_NGRAM-grams.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from radixlm.lang.choices import ChoicesDecision
 from radixlm.lang.ir import SamplingOptions
 
 OV_CPU_BLOCK = 32  # KV block of the CPU plugin (engine_harness.py's OpenVINOAdapter)
+# Prompt lookup: draft tokens per step and the longest n-gram matched (OpenVINO GenAI's
+# prompt lookup sample uses these values).
+LOOKUP_TOKENS, LOOKUP_NGRAM = 5, 3
 
 
 class OpenVINOBackend(Backend):
@@ -46,9 +51,17 @@ class OpenVINOBackend(Backend):
         threads: INFERENCE_NUM_THREADS.
         kv_tokens: KV pool size in tokens.
         chat_template: role markers (the same as radixlm's for the model).
+        prompt_lookup: draft by prompt lookup (n-gram speculation).
     """
 
-    def __init__(self, model_dir: str, threads: int, kv_tokens: int, chat_template: ChatTemplate):
+    def __init__(
+        self,
+        model_dir: str,
+        threads: int,
+        kv_tokens: int,
+        chat_template: ChatTemplate,
+        prompt_lookup: bool = False,
+    ):
         import numpy as np
         import openvino as ov
         import openvino_genai as ov_genai
@@ -59,6 +72,9 @@ class OpenVINOBackend(Backend):
         sched.enable_prefix_caching = True
         sched.num_kv_blocks = -(-kv_tokens // OV_CPU_BLOCK)
         props = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32"}
+        if prompt_lookup:
+            props["prompt_lookup"] = True
+        self.prompt_lookup = prompt_lookup
         self.pipe = ov_genai.ContinuousBatchingPipeline(model_dir, sched, "CPU", props)
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         self._chat_template = chat_template
@@ -78,6 +94,8 @@ class OpenVINOBackend(Backend):
         if ignore_eos:
             cfg.min_new_tokens, cfg.ignore_eos = max_new_tokens, True
         cfg.do_sample, cfg.apply_chat_template = False, False
+        if self.prompt_lookup:
+            cfg.num_assistant_tokens, cfg.max_ngram_size = LOOKUP_TOKENS, LOOKUP_NGRAM
         if json_schema is not None or regex is not None:
             so = self.ov_genai.StructuredOutputConfig()
             if json_schema is not None:

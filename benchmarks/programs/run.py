@@ -16,6 +16,12 @@ Method
   GenAI in-process (ov_backend.py; select and JSON through its StructuredOutputConfig).
   Peers come from $RADIXLM_PEERS_DIR (peer_servers.py); a missing one shows as not
   installed.
+* N-gram speculation, every engine that has it: radixlm with `--speculative-algorithm
+  ngram` (`-ngram` rows, in-process and served; greedy tokens equal the plain rows'),
+  llama-server with `--spec-type ngram-simple`, OpenVINO GenAI with prompt lookup
+  (`-lookup`). vLLM CPU's ngram speculator (`--speculative-config '{"method": "ngram"}'`)
+  ran slower than its plain configuration on these programs (react 12.2 s against 10.1 s
+  at the quick size, 2 threads, Zen 3), so vLLM keeps one row.
 * Protocol: each repetition runs every engine in turn, the order reversed on every other
   repetition; each run is a fresh harness process (harness.py) and, for HTTP engines, a
   freshly started server (stopped with its process group after). Before each run the
@@ -24,11 +30,15 @@ Method
 * Reported per workload and engine: programs/s median (min-max over repetitions), output
   tokens/s, program latency p50 / p99 and cache hit rate (cached / prompt tokens of the
   gen calls, where the engine reports it) of the median repetition, semantic check
-  failures, and radixlm's ratio: in-process radixlm over in-process peers, `radixlm
-  serve` over HTTP peers and over itself without the radix cache; the median of the
+  failures, and radixlm's two ratios, plain and with n-gram speculation: in-process
+  radixlm over in-process peers, `radixlm serve` over HTTP peers (and over itself
+  without the radix cache / n-gram radixlm over plain radixlm); the median of the
   within-repetition ratios of programs/s. JSON: benchmarks/results/programs.json, whose
-  `ratios` maps workload -> {peer: ratio} (peers only; `cache_ratios` holds the no-cache
-  row's).
+  `ratios` maps workload -> {peer row: plain radixlm's ratio} and `ratios_ngram` the
+  same for n-gram radixlm; `targets` states per workload and radixlm configuration the
+  ratio to vLLM and to the best peer row (the lowest ratio) against the issue's 1.5x /
+  1.2x; `cache_ratios` and `speculation_ratios` hold the shares of the radix cache and
+  of speculation.
 
     RADIXLM_PEERS_DIR=/work/peers python benchmarks/programs/run.py --quick --reps 1
     RADIXLM_PEERS_DIR=/work/peers python benchmarks/programs/run.py     # 3 repetitions
@@ -74,11 +84,16 @@ DEFAULT_OUTPUT = HERE.parent / "results" / "programs.json"
 KV_TOKENS = 16384
 QUIET_BUSY = 0.10
 INPROC, SERVE = "radixlm", "radixlm-serve"
+INPROC_NG, SERVE_NG = "radixlm-ngram", "radixlm-serve-ngram"
 Launch = Callable[[Path, int, int, int], tuple[list[str], dict[str, str]]]
 
 
 def _serve_nocache(model_dir: Path, threads: int, port: int, kv: int):
     return _radixlm_serve(model_dir, threads, port, kv, "--disable-radix-cache")
+
+
+def _serve_ngram(model_dir: Path, threads: int, port: int, kv: int):
+    return _radixlm_serve(model_dir, threads, port, kv, "--speculative-algorithm", "ngram")
 
 
 def _llama_long(model_dir: Path, threads: int, port: int, kv: int):
@@ -88,12 +103,20 @@ def _llama_long(model_dir: Path, threads: int, port: int, kv: int):
     return argv, env
 
 
+def _llama_ngram(model_dir: Path, threads: int, port: int, kv: int):
+    """_llama_long with llama.cpp's n-gram speculation (`--spec-type ngram-simple`)."""
+    argv, env = _llama_long(model_dir, threads, port, kv)
+    return argv + ["--spec-type", "ngram-simple"], env
+
+
 @dataclass(frozen=True)
 class ProgramEngine:
     """One engine row. backend: harness.py's --backend; launch: the server (HTTP
     engines); python / model_dir: the harness interpreter and model (default: this one,
-    the fp32 directory); dialect: the OpenAI backend's structured_outputs; reference: the
-    radixlm row its ratio divides; needs: files that must exist."""
+    the fp32 directory); dialect: the OpenAI backend's structured_outputs; speculative:
+    harness.py's --speculative (in-process engines); reference / ngram_reference: the
+    plain / n-gram radixlm row whose throughput its ratios divide by its own; needs:
+    files that must exist."""
 
     key: str
     backend: str
@@ -101,7 +124,9 @@ class ProgramEngine:
     python: str | None = None
     model_dir: Path | None = None
     dialect: str | None = None
+    speculative: str = "none"
     reference: str | None = None
+    ngram_reference: str | None = None
     needs: tuple[Path, ...] = ()
 
     def availability(self) -> str | None:
@@ -109,20 +134,29 @@ class ProgramEngine:
         return f"not installed ({', '.join(missing)} missing)" if missing else None
 
 
+LLAMA_NEEDS = (PEERS / "llama.cpp/build/bin/llama-server", PEERS / "smollm2-135m-f32.gguf")
+OV_NEEDS = (OV_PY, OV_DIR / "openvino_model.xml")
 ENGINES: list[ProgramEngine] = [
-    ProgramEngine(INPROC, "engine"),
-    ProgramEngine(SERVE, "endpoint", launch=_radixlm_serve),
+    ProgramEngine(INPROC, "engine", ngram_reference=INPROC_NG),
+    ProgramEngine(INPROC_NG, "engine", speculative="ngram"),
+    ProgramEngine(SERVE, "endpoint", launch=_radixlm_serve, ngram_reference=SERVE_NG),
+    ProgramEngine(SERVE_NG, "endpoint", launch=_serve_ngram),
     ProgramEngine("radixlm-serve-nocache", "endpoint", launch=_serve_nocache, reference=SERVE),
     ProgramEngine("vllm", "openai", launch=_vllm, dialect="vllm", reference=SERVE,
-                  needs=(PEERS / "vllm/bin/python",)),
+                  ngram_reference=SERVE_NG, needs=(PEERS / "vllm/bin/python",)),
     ProgramEngine("llama-server", "openai", launch=_llama_long, dialect="llama.cpp",
-                  reference=SERVE, needs=(PEERS / "llama.cpp/build/bin/llama-server",
-                                          PEERS / "smollm2-135m-f32.gguf")),
+                  reference=SERVE, ngram_reference=SERVE_NG, needs=LLAMA_NEEDS),
+    ProgramEngine("llama-server-ngram", "openai", launch=_llama_ngram, dialect="llama.cpp",
+                  reference=SERVE, ngram_reference=SERVE_NG, needs=LLAMA_NEEDS),
     ProgramEngine("openvino", "openvino", python=str(OV_PY), model_dir=OV_DIR,
-                  reference=INPROC,
-                  needs=(OV_PY, OV_DIR / "openvino_model.xml")),
+                  reference=INPROC, ngram_reference=INPROC_NG, needs=OV_NEEDS),
+    ProgramEngine("openvino-lookup", "openvino", python=str(OV_PY), model_dir=OV_DIR,
+                  speculative="ngram", reference=INPROC, ngram_reference=INPROC_NG,
+                  needs=OV_NEEDS),
 ]  # fmt: skip
-PEER_KEYS = ("vllm", "llama-server", "openvino")
+PEER_KEYS = ("vllm", "llama-server", "llama-server-ngram", "openvino", "openvino-lookup")
+# The issue's targets: radixlm over vLLM CPU and over the best peer configuration.
+TARGET_VLLM, TARGET_BEST = 1.5, 1.2
 
 
 def run_engine(e: ProgramEngine, model_dir: Path, names: list[str], args) -> dict[str, Any]:
@@ -139,6 +173,8 @@ def run_engine(e: ProgramEngine, model_dir: Path, names: list[str], args) -> dic
             cmd.append("--quick")
         if e.dialect:
             cmd += ["--dialect", e.dialect]
+        if e.speculative != "none":
+            cmd += ["--speculative", e.speculative]
         server, log = None, None
         env = engine_environ(e, args.threads, TOKENIZERS_PARALLELISM="false")
         env["PYTHONPATH"] = str(ROOT)
@@ -169,6 +205,22 @@ def _series(by_engine: dict[str, list[dict]], key: str, reps: int) -> list[float
     """Programs/s of engine `key` per repetition (None where it did not run)."""
     by_rep = {r["rep"]: r["programs_per_s"] for r in by_engine.get(key, [])}
     return [by_rep.get(i) for i in range(reps)]
+
+
+def _targets(peers: dict[str, float | None]) -> dict[str, Any]:
+    """The issue's targets for one radixlm configuration from its ratios to the peer rows
+    (`peers`: row -> ratio; a peer's variants are rows of their own, so the lowest ratio
+    is the one to the best configuration of the best peer)."""
+    ran = {k: v for k, v in peers.items() if v is not None}
+    best = min(ran, key=ran.__getitem__) if ran else None
+    vllm = ran.get("vllm")
+    return {
+        "vllm": vllm,
+        "best_peer": best,
+        "best_peer_ratio": ran.get(best),
+        f"met_vllm_{TARGET_VLLM}x": None if vllm is None else vllm >= TARGET_VLLM,
+        f"met_best_peer_{TARGET_BEST}x": None if best is None else ran[best] >= TARGET_BEST,
+    }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -248,30 +300,39 @@ def main(argv: list[str] | None = None) -> int:
     }
     table: dict[str, dict[str, Any]] = {}
     ratios: dict[str, dict[str, float | None]] = {}
+    ngram_ratios: dict[str, dict[str, float | None]] = {}
     for w in names:
-        table[w], ratios[w] = {}, {}
+        table[w], ratios[w], ngram_ratios[w] = {}, {}, {}
         for e in engines:
             if status[e.key] is not None and not per_rep[w][e.key]:
                 table[w][e.key] = {"status": status[e.key]}
                 continue
             table[w][e.key] = summarize(per_rep[w][e.key])
-
-            if e.reference is not None:
-                ratios[w][e.key] = paired_ratio(
-                    _series(per_rep[w], e.reference, args.reps),
-                    _series(per_rep[w], e.key, args.reps),
-                )
-    refs = {e.key: e.reference for e in engines}
-    markdown = markdown_table(table, [e.key for e in engines], ratios, refs)
+            for ref, out in ((e.reference, ratios), (e.ngram_reference, ngram_ratios)):
+                if ref is not None:
+                    out[w][e.key] = paired_ratio(
+                        _series(per_rep[w], ref, args.reps), _series(per_rep[w], e.key, args.reps)
+                    )
+    markdown = markdown_table(table, [e.key for e in engines], ratios, ngram_ratios)
     print(markdown)
-    peer_ratios = {w: {k: v for k, v in r.items() if k in PEER_KEYS} for w, r in ratios.items()}
+    peer_ratios, peer_ngram = (
+        {w: {k: v for k, v in r.items() if k in PEER_KEYS} for w, r in by_wl.items()}
+        for by_wl in (ratios, ngram_ratios)
+    )
+    targets = {w: {"radixlm": _targets(peer_ratios[w]), "radixlm-ngram": _targets(peer_ngram[w])}
+               for w in names}  # fmt: skip
     save_report(
         {
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
             "args": {k: str(v) for k, v in vars(args).items()},
             "engine_status": {k: v or "ok" for k, v in status.items()},
             "ratios": peer_ratios,
+            "ratios_ngram": peer_ngram,
+            "targets": targets,
             "cache_ratios": {w: r.get("radixlm-serve-nocache") for w, r in ratios.items()},
+            "speculation_ratios": {
+                w: {k: r.get(k) for k in (INPROC, SERVE)} for w, r in ngram_ratios.items()
+            },
             "table": table,
             "runs": per_rep,
             "run_meta": meta,

@@ -84,30 +84,34 @@ def markdown_table(
     table: dict[str, dict[str, Any]],
     engines: list[str],
     ratios: dict[str, dict[str, float | None]],
-    references: dict[str, str | None],
+    ngram_ratios: dict[str, dict[str, float | None]],
 ) -> str:
     """workload x engine rows: programs/s median (min-max), output tok/s, latency p50 /
-    p99 (ms), cache hit rate, semantic failures, radixlm's ratio (its reference row
-    `references[engine]` over the engine; `ratios[workload][engine]`)."""
+    p99 (ms), cache hit rate, semantic failures, and radixlm's ratios over the row: plain
+    radixlm's (`ratios[workload][engine]`) and radixlm with n-gram speculation's
+    (`ngram_ratios`); blank where the row has none."""
     lines = [
         "| workload | engine | programs/s (min-max) | out tok/s | latency p50 / p99 ms "
-        "| cache hit | failures | radixlm / engine |",
-        "|---|---|---|---|---|---|---|---|",
+        "| cache hit | failures | radixlm / engine | radixlm n-gram / engine |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for wl, by_engine in table.items():
         for e in engines:
             row = by_engine.get(e)
             if not row or "status" in row:
                 status = (row or {}).get("status", "not run")
-                lines.append(f"| {wl} | {e} | {status} | | | | | |")
+                lines.append(f"| {wl} | {e} | {status} | | | | | | |")
                 continue
-            r = ratios.get(wl, {}).get(e)
-            ratio = "" if references.get(e) is None or r is None else f"{r:.2f}x"
+            cells = []
+            for by_wl in (ratios, ngram_ratios):
+                r = by_wl.get(wl, {}).get(e)
+                cells.append("" if r is None else f"{r:.2f}x")
             lines.append(
                 f"| {wl} | {e} | {row['programs_per_s']:.3f} ({row['programs_per_s_min']:.3f}-"
                 f"{row['programs_per_s_max']:.3f}) | {row['output_tps']:.1f} | "
                 f"{_fmt(row['latency_p50_s'], '.0f', 1000)} / "
                 f"{_fmt(row['latency_p99_s'], '.0f', 1000)} | "
-                f"{_fmt(row['cache_hit_rate'], '.2f')} | {row['failures']} | {ratio} |"
+                f"{_fmt(row['cache_hit_rate'], '.2f')} | {row['failures']} | {cells[0]} | "
+                f"{cells[1]} |"
             )
     return "\n".join(lines)

@@ -121,6 +121,37 @@ def test_run_figures_and_summary():
     assert s["reps"] == 3 and summarize([None]) == {}
 
 
+def test_targets_and_table_ratio_columns():
+    from run import ENGINES, PEER_KEYS, _targets
+    from summary import markdown_table
+
+    # every peer row has both references, of its own kind (in-process or HTTP)
+    kinds = {e.key: e.backend for e in ENGINES}
+    for e in ENGINES:
+        if e.key in PEER_KEYS:
+            want = {"engine"} if e.backend == "openvino" else {"endpoint"}
+            assert {kinds[e.reference], kinds[e.ngram_reference]} == want, e.key
+    t = _targets({"vllm": 2.0, "openvino": 1.1, "openvino-lookup": 1.3, "llama-server": None})
+    assert t["vllm"] == 2.0 and t["met_vllm_1.5x"] is True
+    assert (t["best_peer"], t["best_peer_ratio"], t["met_best_peer_1.2x"]) == (
+        "openvino",
+        1.1,
+        False,
+    )
+    assert _targets({"vllm": None})["met_vllm_1.5x"] is None
+    row = {"programs_per_s": 1.0, "programs_per_s_min": 0.5, "programs_per_s_max": 2.0,
+           "output_tps": 10.0, "latency_p50_s": 0.25, "latency_p99_s": 0.5,
+           "cache_hit_rate": None, "failures": 0}  # fmt: skip
+    table = {"json": {"radixlm": row, "vllm": row, "llama-server": {"status": "not installed"}}}
+    md = markdown_table(table, ["radixlm", "vllm", "llama-server"], {"json": {"vllm": 2.5}},
+                        {"json": {"radixlm": 1.5, "vllm": 3.0}}).splitlines()  # fmt: skip
+    assert md[2] == (
+        "| json | radixlm | 1.000 (0.500-2.000) | 10.0 | 250 / 500 | n/a | 0 |  | 1.50x |"
+    )
+    assert md[3].endswith("| 0 | 2.50x | 3.00x |")
+    assert md[4] == "| json | llama-server | not installed | | | | | | |"
+
+
 def test_openai_constraint_dialects():
     schema = json.dumps({"type": "object"})
     assert constraint_body("vllm", json_schema=schema) == {

@@ -71,7 +71,16 @@ class DecodeContext:
 
 
 class DecodeStrategy(Protocol):
-    """A decode step over the running requests, and the hooks the scheduler calls."""
+    """A decode step over the running requests, and the hooks the scheduler calls.
+
+    Attributes:
+        allows_jump_forward: whether jump-forward drafts (`jump.py`, verified in the plain
+            forward path) may run beside this strategy: it must decode every constrained
+            request with `plain_decode` and keep no state per forwarded position (a
+            drafted row forwards positions that its verify may drop).
+    """
+
+    allows_jump_forward: bool
 
     def decode(self, ctx: DecodeContext, reqs: list[Req]) -> DecodeResult:
         """Run one decode step over `reqs` (the running requests); return its result."""
@@ -89,6 +98,8 @@ class DecodeStrategy(Protocol):
 
 class NormalDecode:
     """One target forward per decode step, one token per running request."""
+
+    allows_jump_forward = True
 
     def decode(self, ctx: DecodeContext, reqs: list[Req]) -> DecodeResult:
         """Run one plain decode step over `reqs` (the running requests)."""

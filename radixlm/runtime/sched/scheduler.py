@@ -133,7 +133,7 @@ class Scheduler:
         self.decoder: DecodeStrategy = decoder if decoder is not None else NormalDecode()
         self._decode_ctx = DecodeContext(self.kv, self.stop, self._plain_decode)
         # Jump-forward drafts are verified in the plain forward path only.
-        jump = not args.disable_jump_forward and isinstance(self.decoder, NormalDecode)
+        jump = not args.disable_jump_forward and self.decoder.allows_jump_forward
         jump = jump and tokenizer is not None
         drafts = Drafts(JumpForward(tokenizer), runner.context_len) if jump else None
         self.forward_step = ForwardStep(

@@ -148,6 +148,10 @@ class Drafter(abc.ABC):
 
     #: Whether the drafter reads the target's last hidden states (the runner captures them).
     needs_hidden: bool = False
+    #: Whether `observe` keeps state per forwarded position (a draft model's KV, EAGLE's
+    #: features). Jump-forward rows forward positions that their verify may drop, so
+    #: they run only beside drafters without such state (`SpeculativeDecode`).
+    tracks_positions: bool = False
 
     @abc.abstractmethod
     def draft(self, ctx: DraftContext) -> list[DraftTree]:

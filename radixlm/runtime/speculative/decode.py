@@ -128,6 +128,9 @@ class SpeculativeDecode:
         self.num_draft = args.speculative_num_draft_tokens
         self.max_batch_size = args.speculative_max_batch_size
         self.counters = SpecCounters()
+        # Constrained requests are never speculated (`speculatable`): they decode in the
+        # plain step, where their jump-forward drafts are verified.
+        self.allows_jump_forward = not drafter.tracks_positions
         if drafter.needs_hidden:  # every target forward must leave its hidden states
             runner.capture_hidden_states()
 

@@ -91,6 +91,7 @@ class ModelTreeDrafter(Drafter):
     #: positions (EAGLE feeds node j at kv_len + depth - 1 and keeps no root entry).
     root_visible = True
     position_shift = 0
+    tracks_positions = True  # the drafter's own KV follows the target's positions
 
     def __init__(self, num_steps: int, topk: int):
         self.num_steps = num_steps

@@ -196,3 +196,34 @@ def test_batched_and_sampled_outputs_are_exact(engines):
         assert [o["output_ids"] for o in outs] == [r["output_ids"] for r in refs]
         assert _forwards(jump) - before[1] < _forwards(plain) - before[0]
     check_pool(jump.scheduler, idle=True)
+
+
+def test_jump_forward_beside_ngram_speculation(engines):
+    """With the n-gram drafter, constrained rows decode in the plain step with their
+    jump-forward drafts and free rows are speculated; every output stays exact."""
+    plain, _ = engines
+    prompts = [p for p, _, _ in CASES]
+    constrained = [_params(kind, spec) for _, kind, spec in CASES]
+    free = {"temperature": 0, "max_new_tokens": 48}
+    repeat = "one two three four five six seven, one two three four five six seven, one two"
+    with Engine(MODEL, max_total_tokens=4096, speculative_algorithm="ngram") as spec:
+        assert spec.scheduler.forward_step.drafts is not None
+        for batch_prompts, batch in (
+            (prompts, constrained),  # constrained only: plain steps with drafts
+            ([repeat, RECORD], [free, free]),  # free only: speculated
+            (prompts + [repeat], constrained + [free]),  # both in one batch
+        ):
+            before = spec.scheduler.stats()
+            refs = plain.generate(batch_prompts, batch)
+            outs = spec.generate(batch_prompts, batch)
+            assert [o["output_ids"] for o in outs] == [r["output_ids"] for r in refs]
+            after = spec.scheduler.stats()
+            jumped = (
+                after["jump_forward_accepted_tokens_total"]
+                - before["jump_forward_accepted_tokens_total"]
+            )
+            verified = after["spec_verify_steps_total"] - before["spec_verify_steps_total"]
+            assert (jumped > 0) == ("json_schema" in batch[0] or "regex" in batch[0])
+            # the free row of the mixed batch is speculated once the constrained ones end
+            assert (verified > 0) == (batch is not constrained)
+        check_pool(spec.scheduler, idle=True)
