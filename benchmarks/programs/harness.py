@@ -5,8 +5,9 @@ cold, in its own interpreter: OpenVINO's adapter runs under its venv's python wi
 worktree on PYTHONPATH):
 
     python benchmarks/programs/harness.py --backend engine|endpoint|openai|openvino \\
-        [--model-dir DIR] [--url URL] [--dialect vllm|llama.cpp] --threads T \\
-        --workloads few-shot,json,... [--quick | --programs N] --seed S --out result.json
+        [--model-dir DIR] [--url URL] [--dialect vllm|llama.cpp] [--speculative ngram] \\
+        --threads T --workloads few-shot,json,... [--quick | --programs N] --seed S \\
+        --out result.json
 
 All programs of a workload start at once (one thread each, as `run_batch` runs them) and
 run greedy with EOS ignored. Before the timed workloads, one untimed few-shot program
