@@ -188,7 +188,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--programs", type=int, default=None, help="programs per workload (overrides sizes)")
     add("--seed", type=int, default=0)
     add("--out", required=True)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.backend in ("endpoint", "openai") and not args.url:
+        p.error(f"--backend {args.backend} needs --url (the server's root)")
+    if args.backend != "endpoint" and not args.model_dir:
+        p.error(f"--backend {args.backend} needs --model-dir")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "programs"))
 import data  # noqa: E402
 import workloads  # noqa: E402
-from harness import MeteredBackend, run_workload  # noqa: E402
+from harness import MeteredBackend, parse_args, run_workload  # noqa: E402
 from summary import paired_ratio, percentile, run_figures, summarize  # noqa: E402
 
 from radixlm.lang.backend.openai import constraint_body  # noqa: E402
@@ -119,6 +119,19 @@ def test_run_figures_and_summary():
         3.0,
     )
     assert s["reps"] == 3 and summarize([None]) == {}
+
+
+def test_harness_refuses_missing_server_or_model(capsys):
+    for argv, missing in (
+        (["--backend", "endpoint", "--out", "x.json"], "needs --url"),
+        (["--backend", "openai", "--model-dir", "m", "--out", "x.json"], "needs --url"),
+        (["--backend", "engine", "--out", "x.json"], "needs --model-dir"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            parse_args(argv)
+        assert exc.value.code == 2 and missing in capsys.readouterr().err
+    args = parse_args(["--backend", "endpoint", "--url", "http://h:1", "--out", "x.json"])
+    assert args.url == "http://h:1" and args.speculative == "none"
 
 
 def test_targets_and_table_ratio_columns():
