@@ -99,8 +99,6 @@ def make_backend(args: argparse.Namespace) -> tuple[Backend, Any]:
     """(backend, engine or None) for the command line's --backend."""
     from radixlm.lang import chat_template
 
-    if args.speculative != "none" and args.backend not in ("engine", "openvino"):
-        raise SystemExit(f"--speculative: the {args.backend} backend's server sets it at launch")
     if args.backend == "engine":
         import radixlm
         from radixlm.lang.backend.engine import EngineBackend
@@ -193,6 +191,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--backend {args.backend} needs --url (the server's root)")
     if args.backend != "endpoint" and not args.model_dir:
         p.error(f"--backend {args.backend} needs --model-dir")
+    if args.speculative != "none" and args.backend not in ("engine", "openvino"):
+        p.error(f"--speculative: the {args.backend} backend's server sets it at launch")
     return args
 
 
