@@ -301,14 +301,14 @@ class Engine:
 
     def _tokenize(self, value) -> tuple[bool, list[list[int]]]:
         if isinstance(value, str):
-            return True, [self._encode(value)]
+            return True, [self.encode(value)]
         if isinstance(value, list) and value and all(is_token(t) for t in value):
             return True, [[int(t) for t in value]]
         if isinstance(value, list) and value:
             out = []
             for item in value:
                 if isinstance(item, str):
-                    out.append(self._encode(item))
+                    out.append(self.encode(item))
                 elif isinstance(item, list) and all(is_token(t) for t in item):
                     out.append([int(t) for t in item])
                 else:
@@ -326,9 +326,11 @@ class Engine:
             code="invalid_type",
         )
 
-    def _encode(self, text: str) -> list[int]:
-        """A plain prompt's ids, with the special tokens the tokenizer adds by default (a
-        BOS where its post-processor adds one, e.g. Gemma's; none for SmolLM2, Qwen)."""
+    def encode(self, text: str) -> list[int]:
+        """A plain text prompt's ids, as `generate` tokenizes it: with the special tokens
+        the tokenizer adds by default (a BOS where its post-processor adds one, e.g.
+        Gemma's; none for SmolLM2, Qwen). Safe to call from any thread: encoding changes
+        no tokenizer state."""
         return self.tokenizer.encode(text) if text else []
 
     @staticmethod

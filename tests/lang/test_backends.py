@@ -199,6 +199,41 @@ def test_select_matches_transformers(backend, hf_model, tokenizer, question, opt
     assert st["pick"] == options[max(range(len(ref)), key=ref.__getitem__)]
 
 
+def test_select_with_a_token_merged_across_the_boundary(backend, hf_model, tokenizer):
+    """A prompt ending in a space: "Answer: " + "yes" tokenizes as "Answer:" + " yes", so
+    the choice's tokens start before the prompt's end; its scores still match."""
+    prompt, options = "Is fire hot? Answer: ", ["yes", "no", "not at all"]
+    base = tokenizer.encode(prompt)
+    assert all(tokenizer.encode(prompt + c)[: len(base)] != base for c in options)
+
+    @rl.function
+    def ask(s):
+        s += prompt + rl.select("pick", choices=options)
+
+    meta = ask.run(backend=backend).get_meta_info("pick")
+    ref = reference_scores(hf_model, tokenizer, prompt, options)
+    assert meta["normalized_prompt_logprobs"] == pytest.approx(ref, abs=2e-3)
+
+
+def test_select_recomputes_one_prompt_position_per_choice(engine_backend, tokenizer):
+    """The scoring batch prefills each choice from the position before its first token:
+    the prompt once, then len(prompt + choice) - start + 1 tokens per choice."""
+    prompt, options = "The capital of France is", [" Paris", " Rome", " a city in Europe"]
+    engine_backend.flush_cache()
+    before = scheduler_counters(engine_backend)
+
+    @rl.function
+    def ask(s):
+        s += prompt + rl.select("pick", choices=options)
+
+    assert ask.run(backend=engine_backend)["pick"] in options
+    d = delta(scheduler_counters(engine_backend), before)
+    base = tokenizer.encode(prompt)
+    full = [tokenizer.encode(prompt + c) for c in options]
+    start = min(next(i for i, (x, y) in enumerate(zip(ids, base + [-1])) if x != y) for ids in full)
+    assert d["prefill_tokens_total"] == len(base) + sum(len(ids) - start + 1 for ids in full)
+
+
 def test_select_methods_and_control_flow(backend):
     @rl.function
     def agent(s):

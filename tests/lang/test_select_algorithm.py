@@ -49,6 +49,31 @@ def test_token_length_normalized_picks_best_mean_in_one_batch(fake):
     assert batch["logprob"]["logprob_start_len"] == len("Answer: ") - 2
 
 
+class TokenizingFake(FakeBackend):
+    """The fake with local ids (one token per character, as its server tokenizes)."""
+
+    def token_ids(self, texts):
+        return [[ord(c) for c in t] for t in texts]
+
+
+@pytest.mark.parametrize(
+    "method",
+    [ch.token_length_normalized, ch.greedy_token_selection, ch.unconditional_likelihood_normalized],
+)
+def test_local_ids_score_each_choice_from_where_it_leaves_the_prompt(method):
+    """With local ids the batch holds only prompt + choice, its logprobs start at the
+    choices' first token, and every method decides and reports as without them."""
+    plain, local = FakeBackend(), TokenizingFake()
+    a, b = (run_select(f, choices_method=method) for f in (plain, local))
+    assert b["pick"] == a["pick"]
+    assert b.get_meta_info("pick") == a.get_meta_info("pick")
+    (_, commit), (_, batch) = local.calls[:2]
+    prompt = [ord(c) for c in "Answer: "]
+    assert commit["prompts"] == [prompt] and commit["logprob"] is None
+    assert batch["prompts"] == [prompt + [ord(x) for x in c] for c in CHOICES]
+    assert batch["logprob"]["logprob_start_len"] == len(prompt)
+
+
 def test_greedy_token_selection_follows_first_token(fake):
     state = run_select(fake, choices_method=ch.greedy_token_selection)
     rows = {c: [char_logprob(x) for x in c] for c in CHOICES}

@@ -180,28 +180,32 @@ class NativeBackend(Backend):
         result = self.request(text=[text], sampling_params={"max_new_tokens": 0})[0]
         return result["meta_info"]["prompt_tokens"]
 
-    def select(
-        self,
-        prompt: str,
-        choices: list[str],
-        temperature: float,
-        method: choices_mod.ChoicesSamplingMethod,
-        rng: random.Random | None = None,
-    ) -> choices_mod.ChoicesDecision:
-        """Score every choice as a continuation of `prompt` in one batched request.
+    def token_ids(self, texts: list[str]) -> list[list[int]] | None:
+        """The ids the server gives each of `texts` as a plain prompt, or None where this
+        backend cannot tell without a request (the default)."""
+        return None
 
-        1. `prompt` is cached (a max_new_tokens=0 request), which also gives its length L.
-        2. One batch scores `prompt` and `prompt + choice` for each choice with prompt
-           logprobs from position L - SELECT_LOOKBACK (max_new_tokens=0). A choice's
-           tokens are those after the longest token prefix it shares with `prompt`'s
-           own tokens, so tokens merged across the boundary count for the choice.
-        3. With `method.requires_unconditional_logprobs`, one more batch scores each
-           choice's tokens alone.
-        Then `method` decides (temperature > 0: sample ∝ exp(score / temperature)).
+    def _score_by_ids(self, base: list[int], full: list[list[int]]) -> list[list[list]]:
+        """`select` step 1-2 from local ids: `base` the prompt's, `full` each prompt +
+        choice's. Returns each choice's [logprob, id, text] entries."""
+        self.request(input_ids=[base], sampling_params={"max_new_tokens": 0})
+        keeps = [min(_common_prefix(base, ids), len(ids) - 1) for ids in full]
+        start = min(keeps)
+        logprob = {
+            "return_logprob": True,
+            "logprob_start_len": start,
+            "return_text_in_logprobs": True,
+        }
+        results = self.request(
+            input_ids=full, sampling_params={"max_new_tokens": 0, "temperature": 0}, logprob=logprob
+        )
+        return [
+            [list(e) for e in r["meta_info"]["input_token_logprobs"][keep - start :]]
+            for r, keep in zip(results, keeps)
+        ]
 
-        Raises ValueError for empty or non-string choices.
-        """
-        choices = check_choices(choices)
+    def _score_by_lookback(self, prompt: str, choices: list[str]) -> list[list[list]]:
+        """`select` step 1-2 without local ids (see `select`)."""
         start = max(self.cache_prefix(prompt) - SELECT_LOOKBACK, 0) if prompt else 0
         logprob = {
             "return_logprob": True,
@@ -218,6 +222,41 @@ class NativeBackend(Backend):
             entries = r["meta_info"]["input_token_logprobs"]
             keep = _common_prefix(base_ids, [e[1] for e in entries])
             per_choice.append([list(e) for e in entries[min(keep, len(entries) - 1) :]])
+        return per_choice
+
+    def select(
+        self,
+        prompt: str,
+        choices: list[str],
+        temperature: float,
+        method: choices_mod.ChoicesSamplingMethod,
+        rng: random.Random | None = None,
+    ) -> choices_mod.ChoicesDecision:
+        """Score every choice as a continuation of `prompt` in one batched request.
+
+        A choice's tokens are those of `prompt + choice` after the longest token prefix
+        they share with `prompt`'s own (at most all but the last), so tokens merged
+        across the boundary count for the choice.
+
+        1. `prompt` is cached (a max_new_tokens=0 request).
+        2. One batch scores `prompt + choice` for each choice with prompt logprobs
+           (max_new_tokens=0). Where the backend tokenizes locally (`token_ids`), the
+           logprobs start at the first position where any choice leaves the prompt's
+           ids, so each choice recomputes one prompt position (the logits of its first
+           token); otherwise they start SELECT_LOOKBACK tokens before the prompt's end
+           and the batch also scores `prompt`, whose ids mark where each choice leaves.
+        3. With `method.requires_unconditional_logprobs`, one more batch scores each
+           choice's tokens alone.
+        Then `method` decides (temperature > 0: sample ∝ exp(score / temperature)).
+
+        Raises ValueError for empty or non-string choices.
+        """
+        choices = check_choices(choices)
+        ids = self.token_ids([prompt] + [prompt + c for c in choices]) if prompt else None
+        if ids is None:
+            per_choice = self._score_by_lookback(prompt, choices)
+        else:
+            per_choice = self._score_by_ids(ids[0], ids[1:])
         normalized = [
             choices_mod._mean([float(e[0]) for e in entries if e[0] is not None])
             for entries in per_choice

@@ -283,6 +283,9 @@ class EngineBackend(NativeBackend):
     def request(self, *, text=None, input_ids=None, sampling_params, logprob=None, priority=0):
         return self._generate(text, input_ids, sampling_params, logprob, None, priority)
 
+    def token_ids(self, texts: list[str]) -> list[list[int]]:
+        return [self.engine.encode(t) for t in texts]  # thread-safe (Engine.encode)
+
     def request_stream(self, text, sampling_params, on_delta, priority=0):
         return self._generate([text], None, sampling_params, None, on_delta, priority)[0]
 

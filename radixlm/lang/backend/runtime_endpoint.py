@@ -62,6 +62,7 @@ class RuntimeEndpoint(NativeBackend):
             verify=True if verify is None else verify,
         )
         self._chat_template = chat_template
+        self._has_tokenize = True
         self.model_info = self._call("GET", "/get_model_info")
         self.chat_template  # noqa: B018 - resolves the default now (see chat_template above)
 
@@ -94,6 +95,18 @@ class RuntimeEndpoint(NativeBackend):
             body["input_ids"] = [list(ids) for ids in input_ids]
         results = self._call("POST", "/generate", body)
         return results if isinstance(results, list) else [results]
+
+    def token_ids(self, texts: list[str]) -> list[list[int]] | None:
+        """Each text's ids from the server's /tokenize (as /generate tokenizes text); None
+        where the server refuses one (a router has no /tokenize: then never asked again;
+        a prompt too long: the scoring request that follows reports it)."""
+        if not self._has_tokenize:
+            return None
+        try:
+            return [self._call("POST", "/tokenize", {"prompt": t})["tokens"] for t in texts]
+        except InvalidRequestError as e:
+            self._has_tokenize = "HTTP 404" not in str(e)
+            return None
 
     def request_stream(self, text, sampling_params, on_delta, priority=0):
         body = {"text": text, "sampling_params": sampling_params, "stream": True}
