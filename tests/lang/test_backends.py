@@ -234,6 +234,19 @@ def test_select_recomputes_one_prompt_position_per_choice(engine_backend, tokeni
     assert d["prefill_tokens_total"] == len(base) + sum(len(ids) - start + 1 for ids in full)
 
 
+def test_endpoint_token_ids_after_a_refused_prompt(endpoint, tokenizer):
+    """/tokenize refusing a prompt too long gives None (select falls back, and its scoring
+    request reports the 400), and the next texts are still tokenized by the server."""
+    too_long = "hello " * 20000
+    assert endpoint.token_ids(["short", too_long]) is None
+    with pytest.raises(InvalidRequestError, match="context length"):
+        endpoint.select(too_long, ["a", "b"], 0.0, ch.token_length_normalized)
+    assert endpoint.token_ids(["Answer: ", "Answer: yes"]) == [
+        tokenizer.encode("Answer: "),
+        tokenizer.encode("Answer: yes"),
+    ]
+
+
 def test_select_methods_and_control_flow(backend):
     @rl.function
     def agent(s):

@@ -98,14 +98,15 @@ class RuntimeEndpoint(NativeBackend):
 
     def token_ids(self, texts: list[str]) -> list[list[int]] | None:
         """Each text's ids from the server's /tokenize (as /generate tokenizes text); None
-        where the server refuses one (a router has no /tokenize: then never asked again;
-        a prompt too long: the scoring request that follows reports it)."""
+        where the server refuses one. A 400 (a prompt too long) is left to the scoring
+        request that follows, which reports it; any other refusal (a router has no
+        /tokenize, a proxy may answer 401-405 or 5xx) means it is never asked again."""
         if not self._has_tokenize:
             return None
         try:
             return [self._call("POST", "/tokenize", {"prompt": t})["tokens"] for t in texts]
-        except InvalidRequestError as e:
-            self._has_tokenize = "HTTP 404" not in str(e)
+        except (InvalidRequestError, ServerError) as e:
+            self._has_tokenize = "HTTP 400" in str(e)
             return None
 
     def request_stream(self, text, sampling_params, on_delta, priority=0):
