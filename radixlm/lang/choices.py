@@ -4,7 +4,10 @@ Every method is called with keyword arguments, one list entry per choice:
 
 * ``input_token_logprobs``: the choice's tokens as ``[logprob, token_id, text]`` entries,
   each logprob conditioned on the prompt and the choice's earlier tokens (natural log);
-* ``normalized_prompt_logprobs``: the mean of those logprobs;
+* ``normalized_prompt_logprobs``: the mean of those logprobs, or `UNSCORED` (-inf) for
+  a choice none of whose tokens has a logprob (its only token is the first of the
+  sequence: an empty prompt, or a one-token choice merged with the whole prompt), so an
+  unscorable choice never beats a scored one;
 * ``output_token_logprobs``: unused by the built-in methods (empty lists);
 * ``unconditional_token_logprobs``: the same tokens scored without the prompt (only for
   methods with ``requires_unconditional_logprobs``); the first entry's logprob is None.
@@ -33,8 +36,18 @@ class ChoicesDecision:
     meta_info: dict[str, Any] = field(default_factory=dict)
 
 
+#: The mean logprob of a choice with no scored token: below every scored choice.
+UNSCORED = -math.inf
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def mean_logprob(entries: list[Entry]) -> float:
+    """The mean of the entries' logprobs (those not None); `UNSCORED` when there are none."""
+    values = _logprobs(entries)
+    return sum(values) / len(values) if values else UNSCORED
 
 
 def _logprobs(entries: list[Entry]) -> list[float]:
@@ -91,7 +104,7 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
 
     def pick(self, **kw: Any) -> int:
         rows = [_logprobs(entries) for entries in kw["input_token_logprobs"]]
-        means = [_mean(r) for r in rows]
+        means = [mean_logprob(entries) for entries in kw["input_token_logprobs"]]
         alive = list(range(len(rows)))
         for pos in range(max((len(r) for r in rows), default=0)):
             values = {i: rows[i][pos] if pos < len(rows[i]) else means[i] for i in alive}
@@ -127,9 +140,13 @@ unconditional_likelihood_normalized = UnconditionalLikelihoodNormalized()
 
 
 def softmax_sample(scores: list[float], temperature: float, rand: float) -> int:
-    """Index drawn with probability ∝ exp(score / temperature); `rand` uniform in [0, 1)."""
+    """Index drawn with probability ∝ exp(score / temperature); `rand` uniform in [0, 1).
+    All scores -inf (no choice scored): uniform."""
     top = max(scores)
-    weights = [math.exp((s - top) / temperature) for s in scores]
+    if top == -math.inf:
+        weights = [1.0] * len(scores)
+    else:
+        weights = [math.exp((s - top) / temperature) for s in scores]
     target = rand * sum(weights)
     acc = 0.0
     for i, w in enumerate(weights):

@@ -247,6 +247,22 @@ def test_endpoint_token_ids_after_a_refused_prompt(endpoint, tokenizer):
     ]
 
 
+def test_select_first_in_a_program(backend, tokenizer):
+    """An empty prompt: one-token choices have no logprob (UNSCORED) and lose to the
+    multi-token one, scored on its later tokens."""
+    options = ["Hello", "Goodbye", " The"]
+    assert [len(tokenizer.encode(c)) for c in options] == [1, 2, 1]
+
+    @rl.function
+    def first(s):
+        s += rl.select("pick", choices=options)
+
+    st = first.run(backend=backend)
+    scores = st.get_meta_info("pick")["normalized_prompt_logprobs"]
+    assert st["pick"] == "Goodbye"
+    assert scores[0] == scores[2] == ch.UNSCORED and scores[1] < 0
+
+
 def test_select_methods_and_control_flow(backend):
     @rl.function
     def agent(s):

@@ -74,6 +74,39 @@ def test_local_ids_score_each_choice_from_where_it_leaves_the_prompt(method):
     assert batch["logprob"]["logprob_start_len"] == len(prompt)
 
 
+@pytest.mark.parametrize(
+    "method",
+    [ch.token_length_normalized, ch.greedy_token_selection, ch.unconditional_likelihood_normalized],
+)
+def test_a_choice_without_a_scored_token_never_wins(fake, method):
+    """With an empty prompt a one-token choice has no logprob (nothing precedes it): it
+    scores UNSCORED (-inf) and loses to any scored choice, however unlikely."""
+
+    @rl.function
+    def prog(s):
+        s += rl.select("pick", choices=["a", "zzzz"], choices_method=method)
+
+    state = prog.run(backend=fake)
+    assert state["pick"] == "zzzz"
+    assert state.get_meta_info("pick")["normalized_prompt_logprobs"] == [
+        ch.UNSCORED,
+        pytest.approx(mean_logprob("zzz")),
+    ]
+
+
+def test_unscored_choices_alone():
+    """No choice scored: the first wins greedily, and sampling is uniform (no NaN)."""
+    kw = {
+        "choices": ["a", "b"],
+        "normalized_prompt_logprobs": [ch.UNSCORED, ch.UNSCORED],
+        "input_token_logprobs": [[[None, 1, "a"]], [[None, 2, "b"]]],
+        "output_token_logprobs": [[], []],
+    }
+    assert ch.token_length_normalized(**kw).decision == "a"
+    assert ch.greedy_token_selection(**kw).decision == "a"
+    assert [ch.softmax_sample([ch.UNSCORED] * 2, 1.0, r) for r in (0.2, 0.7)] == [0, 1]
+
+
 def test_greedy_token_selection_follows_first_token(fake):
     state = run_select(fake, choices_method=ch.greedy_token_selection)
     rows = {c: [char_logprob(x) for x in c] for c in CHOICES}

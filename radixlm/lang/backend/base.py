@@ -257,10 +257,7 @@ class NativeBackend(Backend):
             per_choice = self._score_by_lookback(prompt, choices)
         else:
             per_choice = self._score_by_ids(ids[0], ids[1:])
-        normalized = [
-            choices_mod._mean([float(e[0]) for e in entries if e[0] is not None])
-            for entries in per_choice
-        ]
+        normalized = [choices_mod.mean_logprob(entries) for entries in per_choice]
         uncond = None
         if method.requires_unconditional_logprobs:
             ids = [[e[1] for e in entries] for entries in per_choice]
