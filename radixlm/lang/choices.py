@@ -44,14 +44,17 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def mean_logprob(entries: list[Entry]) -> float:
-    """The mean of the entries' logprobs (those not None); `UNSCORED` when there are none."""
-    values = _logprobs(entries)
+def _logprobs(entries: list[Entry]) -> list[float]:
+    return [float(e[0]) for e in entries if e[0] is not None]
+
+
+def _mean_or_unscored(values: list[float]) -> float:
     return sum(values) / len(values) if values else UNSCORED
 
 
-def _logprobs(entries: list[Entry]) -> list[float]:
-    return [float(e[0]) for e in entries if e[0] is not None]
+def mean_logprob(entries: list[Entry]) -> float:
+    """The mean of the entries' logprobs (those not None); `UNSCORED` when there are none."""
+    return _mean_or_unscored(_logprobs(entries))
 
 
 class ChoicesSamplingMethod:
@@ -104,7 +107,7 @@ class GreedyTokenSelection(ChoicesSamplingMethod):
 
     def pick(self, **kw: Any) -> int:
         rows = [_logprobs(entries) for entries in kw["input_token_logprobs"]]
-        means = [mean_logprob(entries) for entries in kw["input_token_logprobs"]]
+        means = [_mean_or_unscored(r) for r in rows]
         alive = list(range(len(rows)))
         for pos in range(max((len(r) for r in rows), default=0)):
             values = {i: rows[i][pos] if pos < len(rows[i]) else means[i] for i in alive}

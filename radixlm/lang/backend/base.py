@@ -136,6 +136,11 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def _scoring_logprob(start: int) -> dict[str, Any]:
+    """The logprob arguments of a select scoring request: prompt logprobs from `start`."""
+    return {"return_logprob": True, "logprob_start_len": start, "return_text_in_logprobs": True}
+
+
 class NativeBackend(Backend):
     """A backend that speaks SGLang's /generate protocol (see the module docstring)."""
 
@@ -191,11 +196,7 @@ class NativeBackend(Backend):
         self.request(input_ids=[base], sampling_params={"max_new_tokens": 0})
         keeps = [min(_common_prefix(base, ids), len(ids) - 1) for ids in full]
         start = min(keeps)
-        logprob = {
-            "return_logprob": True,
-            "logprob_start_len": start,
-            "return_text_in_logprobs": True,
-        }
+        logprob = _scoring_logprob(start)
         results = self.request(
             input_ids=full, sampling_params={"max_new_tokens": 0, "temperature": 0}, logprob=logprob
         )
@@ -207,11 +208,7 @@ class NativeBackend(Backend):
     def _score_by_lookback(self, prompt: str, choices: list[str]) -> list[list[list]]:
         """`select` step 1-2 without local ids (see `select`)."""
         start = max(self.cache_prefix(prompt) - SELECT_LOOKBACK, 0) if prompt else 0
-        logprob = {
-            "return_logprob": True,
-            "logprob_start_len": start,
-            "return_text_in_logprobs": True,
-        }
+        logprob = _scoring_logprob(start)
         texts = ([prompt] if prompt else []) + [prompt + c for c in choices]
         results = self.request(
             text=texts, sampling_params={"max_new_tokens": 0, "temperature": 0}, logprob=logprob
@@ -264,11 +261,7 @@ class NativeBackend(Backend):
             scored = self.request(
                 input_ids=ids,
                 sampling_params={"max_new_tokens": 0, "temperature": 0},
-                logprob={
-                    "return_logprob": True,
-                    "logprob_start_len": 0,
-                    "return_text_in_logprobs": True,
-                },
+                logprob=_scoring_logprob(0),
             )
             uncond = [r["meta_info"]["input_token_logprobs"] for r in scored]
         kw = {
