@@ -276,8 +276,10 @@ class GenerateRequest(_Strict):
     grammar of json_schema, regex, ebnf, structural_tag): one dict for all prompts or a list
     with one per prompt; its values are checked by `SamplingParams.from_any`. Logprobs:
     return_logprob, logprob_start_len (-1 default: no prompt logprobs), top_logprobs_num,
-    return_text_in_logprobs (SGLang's contract). SGLang's other sampling parameters are
-    mapped by `request_compat.sglang_sampling` (n, sampling_seed, skip_special_tokens, ...).
+    return_text_in_logprobs, token_ids_logprob (ids whose logprobs every returned
+    position also gives; one list for every prompt of a batch) (SGLang's contract).
+    SGLang's other sampling parameters are mapped by `request_compat.sglang_sampling` (n,
+    sampling_seed, skip_special_tokens, ...).
     lora_path: only null (no adapters here). cache_salt: as on the OpenAI routes.
     session_params: a turn of a session (`SessionParamsModel`; one prompt, n = 1).
     priority, slo_ttft_ms, slo_tpot_ms: as on the OpenAI routes (`sched_options`).
@@ -292,6 +294,7 @@ class GenerateRequest(_Strict):
     logprob_start_len: int | None = Field(None, ge=-1, le=_MAX_TOKENS_LIMIT)
     top_logprobs_num: int | None = Field(None, ge=0, le=_MAX_TOKENS_LIMIT)
     return_text_in_logprobs: bool | None = None
+    token_ids_logprob: list[int] | None = Field(None, max_length=_MAX_TOKENS_LIMIT)
     lora_path: str | list[str | None] | None = None
     cache_salt: str | None = Field(None, min_length=1)
     session_params: SessionParamsModel | None = None

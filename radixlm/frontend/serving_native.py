@@ -1,8 +1,8 @@
 """POST /generate: SGLang's native route (text or token ids in, text and token ids out).
 
 Body: ``{"text" | "input_ids", "sampling_params", "stream", "rid", "return_logprob",
-"logprob_start_len", "top_logprobs_num", "return_text_in_logprobs"}`` (see
-`protocol.GenerateRequest`). A single prompt answers with one result, a batch (list of
+"logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "token_ids_logprob"}``
+(see `protocol.GenerateRequest`). A single prompt answers with one result, a batch (list of
 strings or of token-id lists) with a list:
 
     {"text": str, "output_ids": [int],
@@ -10,7 +10,9 @@ strings or of token-id lists) with a list:
                    | {"type": "length", "length": n} | {"type": "abort"} | None,
                    "prompt_tokens": int, "completion_tokens": int, "cached_tokens": int,
                    with return_logprob also input_token_logprobs, output_token_logprobs,
-                   input_top_logprobs, output_top_logprobs (runtime/server/meta_info.py)}}
+                   input_top_logprobs, output_top_logprobs, and with token_ids_logprob
+                   input_token_ids_logprobs, output_token_ids_logprobs
+                   (runtime/server/meta_info.py)}}
 
 SGLang's sampling parameters are taken (`request_compat.sglang_sampling`); with ``n`` > 1
 each prompt runs n times and the answer is a list, prompt-major (as SGLang's). With
@@ -121,6 +123,7 @@ class NativeServing:
             return_logprob=bool(req.return_logprob),
             logprob_start_len=-1 if req.logprob_start_len is None else req.logprob_start_len,
             top_logprobs_num=req.top_logprobs_num or 0,
+            token_ids_logprob=req.token_ids_logprob,
         )
         fields = _request_fields("text" if req.text is not None else "input_ids")
         for ids, p in zip(prompts, params):
@@ -228,7 +231,7 @@ def _request_fields(prompt_param: str) -> dict[str, str]:
     (see `renamed`): the prompt is `prompt_param` ("text" or "input_ids"), sampling
     values are inside "sampling_params", logprob options and rid keep their names."""
     sampling = (*SamplingParams.__struct_fields__, "sampling_params")
-    same = ("return_logprob", "logprob_start_len", "top_logprobs_num", "rid")
+    same = ("return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "rid")
     return {
         **dict.fromkeys(sampling, "sampling_params"),
         **{name: name for name in same},

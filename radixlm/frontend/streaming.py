@@ -168,6 +168,7 @@ def add_logprobs(result: dict[str, Any], chunk: dict[str, Any]) -> None:
                 token_ids=list(lp.token_ids),
                 top_logprobs=None if lp.top_logprobs is None else list(lp.top_logprobs),
                 top_ids=None if lp.top_ids is None else list(lp.top_ids),
+                asked_logprobs=None if lp.asked_logprobs is None else list(lp.asked_logprobs),
             )
         else:
             result["output_logprobs"].extend(lp)

@@ -26,7 +26,7 @@ from typing import Any
 
 from radixlm.config import ServerArgs
 from radixlm.errors import EngineClosedError, InvalidRequestError
-from radixlm.runtime.engine_requests import Tracked, is_token, per_prompt
+from radixlm.runtime.engine_requests import Tracked, asked_per_prompt, is_token, per_prompt
 from radixlm.runtime.sampling.logprobs import LogprobOptions
 from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.request import Req, ReqOutput, SchedOptions
@@ -82,6 +82,7 @@ class Engine:
         logprob_start_len: int | list[int] = -1,
         top_logprobs_num: int | list[int] = 0,
         return_text_in_logprobs: bool = False,
+        token_ids_logprob: list[int] | list[list[int] | None] | None = None,
         priority: int | list[int] = 0,
         slo_ttft_ms: float | None = None,
         slo_tpot_ms: float | None = None,
@@ -107,6 +108,10 @@ class Engine:
                 position (-1: none, 0: every prompt token).
             top_logprobs_num: alternatives per position (0: none).
             return_text_in_logprobs: fill the token texts of the logprob entries.
+            token_ids_logprob: with return_logprob, token ids whose logprobs every
+                returned position also gives (SGLang's field; meta_info's
+                input_token_ids_logprobs / output_token_ids_logprobs): one list of ids
+                for all prompts, or a list with one list (or None) per prompt.
             priority: higher is admitted first and retracted last (docs/slo.md); one
                 value or one per prompt.
             slo_ttft_ms, slo_tpot_ms: this call's SLO targets, ms (None: the engine's
@@ -138,11 +143,12 @@ class Engine:
         params = self._params(sampling_params, len(token_lists))
         n = len(token_lists)
         lps = [
-            LogprobOptions(*values, bool(return_text_in_logprobs))
-            for values in zip(
+            LogprobOptions(*values, bool(return_text_in_logprobs), asked)
+            for *values, asked in zip(
                 per_prompt(return_logprob, n, "return_logprob"),
                 per_prompt(logprob_start_len, n, "logprob_start_len"),
                 per_prompt(top_logprobs_num, n, "top_logprobs_num"),
+                asked_per_prompt(token_ids_logprob, n),
             )
         ]
         sched = [

@@ -36,7 +36,9 @@ class Tracked:
         self.final: ReqOutput | None = None
         self.logprobs: LogprobOptions = lp
         self.input_lp: TokenLogprobs | None = None
-        self.output_lp = empty_logprobs(lp.top_logprobs_num) if lp.return_logprob else None
+        self.output_lp = (
+            empty_logprobs(lp.top_logprobs_num, lp.token_ids_logprob) if lp.return_logprob else None
+        )
 
 
 def per_prompt(value: Any, n: int, name: str) -> list[Any]:
@@ -47,4 +49,15 @@ def per_prompt(value: Any, n: int, name: str) -> list[Any]:
                 f"{len(value)} values of {name} for {n} prompts", param=name, code="invalid_value"
             )
         return list(value)
+    return [value] * n
+
+
+def asked_per_prompt(value: Any, n: int) -> list[list[int] | None]:
+    """`token_ids_logprob` per prompt: None, one list of ids for every prompt, or a list
+    of n entries that are each a list of ids or None. Element types are checked later
+    (`LogprobOptions.validate`)."""
+    if value is None:
+        return [None] * n
+    if isinstance(value, list) and value and all(v is None or isinstance(v, list) for v in value):
+        return per_prompt(value, n, "token_ids_logprob")
     return [value] * n

@@ -69,6 +69,29 @@ def test_max_new_tokens_zero_returns_the_next_position_top_logprobs(http):
     assert tops[0][0][1] == one["output_ids"][0]  # greedy takes the top alternative
 
 
+def test_token_ids_logprob_scores_the_asked_ids(http):
+    """token_ids_logprob on /generate: with max_new_tokens 0 the next position's logprobs
+    of the asked ids, equal to scoring each id as the prompt's continuation."""
+    prompt = http.post("/tokenize", json={"prompt": "The capital of France is"}).json()["tokens"]
+    asked = [12095, 260, 1345]
+    body = {"input_ids": prompt, "return_logprob": True, "token_ids_logprob": asked,
+            "return_text_in_logprobs": True, "sampling_params": {"max_new_tokens": 0}}  # fmt: skip
+    meta = http.post("/generate", json=body).json()["meta_info"]
+    (entries,) = meta["output_token_ids_logprobs"]
+    assert [e[1] for e in entries] == asked and all(isinstance(e[2], str) for e in entries)
+    scored = http.post(
+        "/generate",
+        json={"input_ids": [prompt + [t] for t in asked], "return_logprob": True,
+              "logprob_start_len": len(prompt), "sampling_params": {"max_new_tokens": 0}},
+    ).json()  # fmt: skip
+    want = [r["meta_info"]["input_token_logprobs"][0][0] for r in scored]
+    assert [e[0] for e in entries] == pytest.approx(want, abs=1e-4)
+    for bad in ([10**9], ["x"], [1.5], 3):
+        r = http.post("/generate", json={**body, "token_ids_logprob": bad})
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"]["param"].startswith("token_ids_logprob")
+
+
 def _events(client: httpx.Client, route: str, body: dict) -> list[dict]:
     with client.stream("POST", route, json={**body, "stream": True}) as r:
         return [json.loads(p) for p in sse_payloads(r.iter_lines()) if p != "[DONE]"]

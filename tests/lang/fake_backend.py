@@ -33,6 +33,9 @@ class FakeBackend(NativeBackend):
             f"<{params['max_new_tokens']}>"
         )
         self.deltas = 3  # streamed gens arrive in this many pieces
+        # Whether results carry output_token_ids_logprobs when asked (an older server's
+        # do not).
+        self.answers_token_ids = True
 
     def _load_chat_template(self) -> ChatTemplate:
         return CHATML
@@ -62,6 +65,11 @@ class FakeBackend(NativeBackend):
                 for i, ch in enumerate(text)
                 if i >= start
             ]
+            asked = logprob.get("token_ids_logprob")
+            if asked is not None and self.answers_token_ids:  # the next position's
+                meta["output_token_ids_logprobs"] = [
+                    [[char_logprob(chr(t)), t, chr(t)] for t in asked]
+                ]
         out = "" if params["max_new_tokens"] == 0 else self.gen_text(text, params)
         return {"text": out, "output_ids": [ord(c) for c in out], "meta_info": meta}
 

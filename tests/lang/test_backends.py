@@ -234,6 +234,34 @@ def test_select_recomputes_one_prompt_position_per_choice(engine_backend, tokeni
     assert d["prefill_tokens_total"] == len(base) + sum(len(ids) - start + 1 for ids in full)
 
 
+@pytest.mark.parametrize(
+    "prompt,options",
+    [("Rate the answer from 1 to 5.\nScore: ", ["1", "2", "3", "4", "5"]),
+     ("Is fire hot? Answer: ", ["yes", "no"])],  # " yes", " no": merged with the space
+)  # fmt: skip
+def test_one_token_choices_scored_from_the_prompt(backend, hf_model, tokenizer, prompt, options):
+    """Every choice one token after the same prompt position: one request scores them
+    all from that position (token_ids_logprob), and the scores match transformers."""
+    base = tokenizer.encode(prompt)
+    full = [tokenizer.encode(prompt + c) for c in options]
+    k = len(full[0]) - 1
+    assert all(len(ids) == k + 1 and ids[:k] == base[:k] for ids in full)
+    backend.flush_cache()
+    before = scheduler_counters(backend)
+
+    @rl.function
+    def ask(s):
+        s += prompt + rl.select("pick", choices=options)
+
+    st = ask.run(backend=backend)
+    ref = reference_scores(hf_model, tokenizer, prompt, options)
+    assert st.get_meta_info("pick")["normalized_prompt_logprobs"] == pytest.approx(ref, abs=2e-3)
+    assert st["pick"] == options[max(range(len(ref)), key=ref.__getitem__)]
+    assert backend.asks_token_ids
+    # one request: the prompt's first k tokens, no choice row
+    assert delta(scheduler_counters(backend), before)["prefill_tokens_total"] == k
+
+
 def test_endpoint_token_ids_after_a_refused_prompt(endpoint, tokenizer):
     """/tokenize refusing a prompt too long gives None (select falls back, and its scoring
     request reports the 400), and the next texts are still tokenized by the server."""

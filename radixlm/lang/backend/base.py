@@ -190,12 +190,20 @@ class NativeBackend(Backend):
         backend cannot tell without a request (the default)."""
         return None
 
+    #: Whether the server answers ``token_ids_logprob`` (`_score_next_tokens`); cleared
+    #: the first time a result lacks ``output_token_ids_logprobs``.
+    asks_token_ids: bool = True
+
     def _score_by_ids(self, base: list[int], full: list[list[int]]) -> list[list[list]]:
         """`select` step 1-2 from local ids: `base` the prompt's, `full` each prompt +
         choice's. Returns each choice's [logprob, id, text] entries."""
-        self.request(input_ids=[base], sampling_params={"max_new_tokens": 0})
         keeps = [min(_common_prefix(base, ids), len(ids) - 1) for ids in full]
         start = min(keeps)
+        if start > 0 and all(k == start and len(ids) == k + 1 for k, ids in zip(keeps, full)):
+            scored = self._score_next_tokens(base[:start], [ids[start] for ids in full])
+            if scored is not None:
+                return scored
+        self.request(input_ids=[base], sampling_params={"max_new_tokens": 0})
         logprob = _scoring_logprob(start)
         results = self.request(
             input_ids=full, sampling_params={"max_new_tokens": 0, "temperature": 0}, logprob=logprob
@@ -204,6 +212,25 @@ class NativeBackend(Backend):
             [list(e) for e in r["meta_info"]["input_token_logprobs"][keep - start :]]
             for r, keep in zip(results, keeps)
         ]
+
+    def _score_next_tokens(self, head: list[int], tokens: list[int]) -> list[list[list]] | None:
+        """Each choice being one token after `head`: their logprobs from head's next-token
+        position, in one request that also caches `head` (``token_ids_logprob`` with
+        max_new_tokens 0). None when the server does not answer that field."""
+        if not self.asks_token_ids:
+            return None
+        logprob = {"return_logprob": True, "token_ids_logprob": tokens}
+        logprob["return_text_in_logprobs"] = True
+        result = self.request(
+            input_ids=[head],
+            sampling_params={"max_new_tokens": 0, "temperature": 0},
+            logprob=logprob,
+        )[0]
+        positions = result["meta_info"].get("output_token_ids_logprobs")
+        if not positions:
+            self.asks_token_ids = False
+            return None
+        return [[list(entry)] for entry in positions[0]]
 
     def _score_by_lookback(self, prompt: str, choices: list[str]) -> list[list[list]]:
         """`select` step 1-2 without local ids (see `select`)."""
@@ -242,6 +269,10 @@ class NativeBackend(Backend):
            ids, so each choice recomputes one prompt position (the logits of its first
            token); otherwise they start SELECT_LOOKBACK tokens before the prompt's end
            and the batch also scores `prompt`, whose ids mark where each choice leaves.
+           Where every choice is one token after the same prompt position (digits after
+           "Score: ", words that merge with a trailing space), steps 1-2 are one request
+           instead: that position's head, with ``token_ids_logprob`` of the choices'
+           tokens (`_score_next_tokens`).
         3. With `method.requires_unconditional_logprobs`, one more batch scores each
            choice's tokens alone.
         Then `method` decides (temperature > 0: sample ∝ exp(score / temperature)).

@@ -40,6 +40,8 @@ _LOGPROB_LISTS = (
     "output_token_logprobs",
     "input_top_logprobs",
     "output_top_logprobs",
+    "input_token_ids_logprobs",
+    "output_token_ids_logprobs",
 )
 
 
@@ -142,7 +144,7 @@ class _Merged:
 
 def _start(engine, jobs: list[_Job]) -> Iterator[dict[str, Any]]:
     """engine.generate(stream=True) over all prompts of `jobs` (validated at once)."""
-    prompts, params, ret, start, top, prio = [], [], [], [], [], []
+    prompts, params, ret, start, top, asked, prio = [], [], [], [], [], [], []
     for job in jobs:
         for p in job.prompts:
             prompts.append(p)
@@ -151,6 +153,7 @@ def _start(engine, jobs: list[_Job]) -> Iterator[dict[str, Any]]:
             ret.append(bool(job.logprob.get("return_logprob")))
             start.append(job.logprob.get("logprob_start_len", -1))
             top.append(job.logprob.get("top_logprobs_num", 0))
+            asked.append(job.logprob.get("token_ids_logprob"))
     kwargs: dict[str, Any] = {}
     if any(ret):  # older engines without logprob arguments still serve plain gens
         kwargs = {
@@ -159,6 +162,8 @@ def _start(engine, jobs: list[_Job]) -> Iterator[dict[str, Any]]:
             "top_logprobs_num": top,
             "return_text_in_logprobs": jobs[0].text_in_logprobs,
         }
+        if any(a is not None for a in asked):
+            kwargs["token_ids_logprob"] = asked
     if any(prio):
         kwargs["priority"] = prio
     return engine.generate(prompts, params, stream=True, **kwargs)

@@ -30,6 +30,19 @@ from __future__ import annotations
 from typing import Any
 
 
+def accepted_prefix(matcher: Any, ids: list[int]) -> int:
+    """How many of `ids`, in order, the `xgrammar.GrammarMatcher` accepts from its
+    current state (it stops at the first rejected token). Leaves the matcher unchanged."""
+    accepted = 0
+    for tok in ids:
+        if not matcher.accept_token(tok):
+            break
+        accepted += 1
+    if accepted:
+        matcher.rollback(accepted)
+    return accepted
+
+
 class JumpForward:
     """Drafts a grammar's forced continuation as tokens.
 
@@ -64,14 +77,7 @@ class JumpForward:
         if not forced:
             return []
         ids = self._trim(self._encode(forced, last_token))[:room]
-        accepted = 0
-        for tok in ids:
-            if not matcher.accept_token(tok):
-                break
-            accepted += 1
-        if accepted:
-            matcher.rollback(accepted)
-        if accepted < len(ids):
+        if accepted_prefix(matcher, ids) < len(ids):
             return []
         self.drafted += len(ids)
         return ids

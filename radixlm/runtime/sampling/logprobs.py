@@ -1,4 +1,4 @@
-"""Token log-probabilities: output tokens (+ top-k) and prompt tokens (echo / scoring).
+"""Token log-probabilities: output tokens (+ top-k, + chosen ids) and prompt tokens.
 
 Values are ``log_softmax`` of the model's *raw* logits -- before logit bias, penalties,
 temperature and top-k/p filters -- so they describe the model, are comparable across
@@ -32,7 +32,10 @@ class TokenLogprobs(msgspec.Struct, array_like=True):
     logprobs[i]: log-probability of token_ids[i] given the tokens before it (None for the
     very first prompt token, which has no context). top_logprobs[i] / top_ids[i]: the k
     most likely tokens at that position, best first (empty where logprobs[i] is None);
-    None when no top-k was asked for. The top-k lists may hold one position more than
+    None when no top-k was asked for. asked_ids: the token ids whose logprobs the request
+    asked for at every position (SGLang's ``token_ids_logprob``), asked_logprobs[i] their
+    logprobs at position i in that order (empty where logprobs[i] is None); both None
+    when none were asked for. The top-k and asked lists may hold one position more than
     token_ids: the next-token position a request with max_new_tokens 0 computed in its
     prefill, where no token was generated (`next_position_only`).
     """
@@ -41,38 +44,51 @@ class TokenLogprobs(msgspec.Struct, array_like=True):
     token_ids: list[int]
     top_logprobs: list[list[float]] | None = None
     top_ids: list[list[int]] | None = None
+    asked_ids: list[int] | None = None
+    asked_logprobs: list[list[float]] | None = None
 
     def extend(self, other: TokenLogprobs) -> None:
-        """Append `other`'s positions (both with or both without top-k)."""
+        """Append `other`'s positions (both with or both without top-k / asked ids)."""
         self.logprobs.extend(other.logprobs)
         self.token_ids.extend(other.token_ids)
         if self.top_logprobs is not None and other.top_logprobs is not None:
             self.top_logprobs.extend(other.top_logprobs)
             self.top_ids.extend(other.top_ids)
+        if self.asked_logprobs is not None and other.asked_logprobs is not None:
+            self.asked_logprobs.extend(other.asked_logprobs)
 
 
 def next_position_only(lp: TokenLogprobs | None) -> TokenLogprobs | None:
-    """The top-k alternatives of a sampled position without its token: what a request
-    with max_new_tokens 0 returns (no token generated, but the prefill computed the next
-    position's distribution; SGLang returns it as ``output_top_logprobs``, which SGLang's
-    cot_decoding example reads). None without top-k."""
-    if lp is None or lp.top_logprobs is None:
+    """The top-k alternatives and asked ids' logprobs of a sampled position without its
+    token: what a request with max_new_tokens 0 returns (no token generated, but the
+    prefill computed the next position's distribution; SGLang returns its top-k as
+    ``output_top_logprobs``, which SGLang's cot_decoding example reads). None when
+    neither was asked for."""
+    if lp is None or (lp.top_logprobs is None and lp.asked_logprobs is None):
         return None
-    return TokenLogprobs([], [], lp.top_logprobs, lp.top_ids)
+    return TokenLogprobs([], [], lp.top_logprobs, lp.top_ids, lp.asked_ids, lp.asked_logprobs)
 
 
-def empty_logprobs(top_k: int) -> TokenLogprobs:
-    """No positions yet; with top-k lists when top_k > 0."""
-    return TokenLogprobs([], [], [] if top_k > 0 else None, [] if top_k > 0 else None)
+def empty_logprobs(top_k: int, asked_ids: list[int] | None = None) -> TokenLogprobs:
+    """No positions yet; with top-k lists when top_k > 0, asked-id lists when asked_ids
+    is not None."""
+    top = top_k > 0
+    asked = asked_ids is not None
+    return TokenLogprobs(
+        [], [], [] if top else None, [] if top else None, asked_ids, [] if asked else None
+    )
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, top_k: int) -> TokenLogprobs:
+def token_logprobs(
+    logits: torch.Tensor, token_ids: torch.Tensor, top_k: int, asked_ids: list[int] | None = None
+) -> TokenLogprobs:
     """Logprobs of `token_ids` under each row of `logits`.
 
     Args:
         logits: float32 [P, vocab] raw logits; row i predicts token_ids[i].
         token_ids: int64 [P].
         top_k: also return the top_k most likely tokens of each row (0: none).
+        asked_ids: also return these ids' logprobs under every row (None: none).
     """
     logp = torch.log_softmax(logits.float(), dim=-1)
     chosen = logp.gather(-1, token_ids[:, None].to(logp.device))[:, 0]
@@ -80,6 +96,9 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, top_k: int) ->
     if top_k > 0:
         vals, ids = torch.topk(logp, min(top_k, logp.shape[-1]), dim=-1)
         out.top_logprobs, out.top_ids = vals.tolist(), ids.tolist()
+    if asked_ids is not None:
+        out.asked_ids = asked_ids
+        out.asked_logprobs = logp[:, torch.tensor(asked_ids, dtype=torch.int64)].tolist()
     return out
 
 
@@ -91,7 +110,8 @@ def output_logprobs(
 
     Args:
         logits: float32 [B, vocab] raw logits of this step. next_ids: int64 [B].
-        reqs: B requests (``return_logprob``, ``top_logprobs_num``).
+        reqs: B requests (``return_logprob``, ``top_logprobs_num``,
+            ``token_ids_logprob``).
     """
     rows = [i for i, r in enumerate(reqs) if r.return_logprob]
     out: list[TokenLogprobs | None] = [None] * len(reqs)
@@ -105,6 +125,11 @@ def output_logprobs(
         one = TokenLogprobs([lp.logprobs[j]], [lp.token_ids[j]])
         if k > 0:
             one.top_logprobs, one.top_ids = [lp.top_logprobs[j][:k]], [lp.top_ids[j][:k]]
+        asked = reqs[i].token_ids_logprob
+        if asked is not None:  # one row: its own log_softmax, then the asked columns
+            one.asked_ids = asked
+            row = torch.log_softmax(logits[i].float(), dim=-1)
+            one.asked_logprobs = [row[torch.tensor(asked, dtype=torch.int64)].tolist()]
         out[i] = one
     return out
 
@@ -169,31 +194,42 @@ class LogitsSelection:
         for s in self.spans:
             req = s.req
             targets = torch.tensor(req.input_ids[s.pos + 1 : s.pos + 1 + s.count])
-            part = token_logprobs(logits[s.row : s.row + s.count], targets, req.top_logprobs_num)
+            part = token_logprobs(
+                logits[s.row : s.row + s.count],
+                targets,
+                req.top_logprobs_num,
+                req.token_ids_logprob,
+            )
             req.input_logprobs.extend(part)
 
 
-def initial_input_logprobs(input_ids: list[int], start: int, top_k: int) -> TokenLogprobs:
+def initial_input_logprobs(
+    input_ids: list[int], start: int, top_k: int, asked_ids: list[int] | None = None
+) -> TokenLogprobs:
     """The accumulator of a request's prompt logprobs from prompt position `start`: with
-    start 0 it holds the first prompt token's entry (logprob None, no top-k)."""
-    acc = empty_logprobs(top_k)
+    start 0 it holds the first prompt token's entry (logprob None, no top-k or asked)."""
+    acc = empty_logprobs(top_k, asked_ids)
     if start == 0:
         acc.logprobs.append(None)
         acc.token_ids.append(input_ids[0])
         if top_k > 0:
             acc.top_logprobs.append([])
             acc.top_ids.append([])
+        if asked_ids is not None:
+            acc.asked_logprobs.append([])
     return acc
 
 
 class LogprobOptions(msgspec.Struct, frozen=True):
     """A request's logprob settings (SGLang's names, see `Req`); return_text_in_logprobs
-    only matters to the client side that formats the result."""
+    only matters to the client side that formats the result. token_ids_logprob: token
+    ids whose logprobs every returned position also gives (None: none)."""
 
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    token_ids_logprob: list[int] | None = None
 
     def validate(self, vocab_size: int, prompt_len: int | None = None) -> None:
         """Raise InvalidRequestError (param: the field at fault) for wrong types or
@@ -231,5 +267,28 @@ class LogprobOptions(msgspec.Struct, frozen=True):
             raise InvalidRequestError(
                 f"top_logprobs_num must be in [0, {vocab_size}], got {self.top_logprobs_num}",
                 param="top_logprobs_num",
+                code="invalid_value",
+            )
+        self._validate_asked(vocab_size)
+
+    def _validate_asked(self, vocab_size: int) -> None:
+        """token_ids_logprob: None or a list of at most vocab_size ints in [0, vocab_size)."""
+        ids = self.token_ids_logprob
+        if ids is None:
+            return
+        if not isinstance(ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in ids
+        ):
+            raise InvalidRequestError(
+                f"token_ids_logprob must be a list of token ids, got {ids!r}"[:200],
+                param="token_ids_logprob",
+                code="invalid_type",
+            )
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad or len(ids) > vocab_size:
+            raise InvalidRequestError(
+                f"token_ids_logprob must hold at most {vocab_size} ids in [0, {vocab_size}), "
+                f"got {bad[:5] or len(ids)}",
+                param="token_ids_logprob",
                 code="invalid_value",
             )

@@ -119,7 +119,9 @@ def start_request(req: Req, match, kv: KVLedger, counters: SchedulerCounters) ->
     kv.assign(req, match)
     if req.prompt_logprobs_pending():  # (re)computed from logprob_start_len on
         start = req.logprob_start_len
-        req.input_logprobs = initial_input_logprobs(req.input_ids, start, req.top_logprobs_num)
+        req.input_logprobs = initial_input_logprobs(
+            req.input_ids, start, req.top_logprobs_num, req.token_ids_logprob
+        )
     if req.retractions == 0:  # usage and hit rate describe the original prompt
         req.queue_time = time.perf_counter() - req.arrival_time
         req.cached_tokens = req.prefix_len

@@ -78,9 +78,13 @@ class DecodeStrategy(Protocol):
             forward path) may run beside this strategy: it must decode every constrained
             request with `plain_decode` and keep no state per forwarded position (a
             drafted row forwards positions that its verify may drop).
+        constrained_lookup: a model-free draft of a request's continuation, token ids
+            (`Drafter.lookup`), which constrained requests verify beside jump-forward
+            where their grammar forces nothing; None: none.
     """
 
     allows_jump_forward: bool
+    constrained_lookup: Callable[[Req], list[int]] | None
 
     def decode(self, ctx: DecodeContext, reqs: list[Req]) -> DecodeResult:
         """Run one decode step over `reqs` (the running requests); return its result."""
@@ -100,6 +104,7 @@ class NormalDecode:
     """One target forward per decode step, one token per running request."""
 
     allows_jump_forward = True
+    constrained_lookup = None
 
     def decode(self, ctx: DecodeContext, reqs: list[Req]) -> DecodeResult:
         """Run one plain decode step over `reqs` (the running requests)."""

@@ -115,7 +115,7 @@ class ForwardStep:
             new, reason, kept = verify(
                 req, rows, draft, self.grammars, self.sampler, self.stop, self.kv
             )
-            self.drafts.jumper.accepted += kept
+            self.drafts.kept(req, kept)
             if reason is None:
                 self.drafts.propose(req)
             result.reqs.append(req)

@@ -1,7 +1,9 @@
 """The scheduler side of jump-forward decoding (`runtime/sampling/jump_forward.py`).
 
 After a constrained request's token is chosen (and did not end it), `Drafts.propose`
-drafts the text its grammar forces next. In the request's next forward, `Drafts.take`
+drafts the text its grammar forces next or, where nothing is forced and the decode
+strategy has a model-free lookup (n-gram speculation's prompt lookup), the lookup's
+continuation cut where the grammar stops accepting it. In the request's next forward, `Drafts.take`
 turns it from a decode row (its newest token) into an extend row [newest token, *draft],
 with logits at every position; `verify` then chooses the token at each position
 exactly as a decode step would (grammar mask, the request's sampler and its draw for that
@@ -14,11 +16,12 @@ invariant holds: kv_len == len(all_ids) - 1, and the matcher has accepted output
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
 
 from radixlm.runtime.sampling.grammar import GrammarBackend
-from radixlm.runtime.sampling.jump_forward import JumpForward
+from radixlm.runtime.sampling.jump_forward import JumpForward, accepted_prefix
 from radixlm.runtime.sampling.sampler import Sampler
 from radixlm.runtime.sched.finish import FinishReason
 from radixlm.runtime.sched.kv_ledger import KVLedger
@@ -27,33 +30,62 @@ from radixlm.runtime.sched.stop import StopChecker
 
 
 class Drafts:
-    """Pending jump-forward drafts of decoding requests.
+    """Pending drafts of decoding constrained requests.
 
     Args:
         jumper: drafts a grammar's forced continuation.
         context_len: tokens per request at most (drafts stay inside it).
+        lookup: a model-free draft of a request's continuation (`Drafter.lookup`), tried
+            where the grammar forces nothing; None: forced text only.
+
+    Attributes:
+        lookup_drafted / lookup_accepted: lookup draft tokens proposed (after the grammar
+            cut) and kept after verification, so far.
     """
 
-    def __init__(self, jumper: JumpForward, context_len: int):
+    def __init__(
+        self,
+        jumper: JumpForward,
+        context_len: int,
+        lookup: Callable[[Req], list[int]] | None = None,
+    ):
         self.jumper = jumper
         self.context_len = context_len
-        # req -> (len(output_ids) when drafted, draft). A draft waits while its request
-        # is not decoding (an extend step without decodes, a retraction: its output and
-        # matcher are unchanged); one whose request has emitted since is stale. Weak keys:
-        # a finished request's draft goes with it.
-        self._drafts: weakref.WeakKeyDictionary[Req, tuple[int, list[int]]] = (
+        self.lookup = lookup
+        self.lookup_drafted = 0
+        self.lookup_accepted = 0
+        # req -> (len(output_ids) when drafted, draft, whether lookup drafted it). A
+        # draft waits while its request is not decoding (an extend step without decodes,
+        # a retraction: its output and matcher are unchanged); one whose request has
+        # emitted since is stale. Weak keys: a finished request's draft goes with it.
+        self._drafts: weakref.WeakKeyDictionary[Req, tuple[int, list[int], bool]] = (
             weakref.WeakKeyDictionary()
         )
+        self._from_lookup: weakref.WeakSet[Req] = weakref.WeakSet()
 
     def propose(self, req: Req) -> None:
-        """Draft the forced continuation after `req`'s newest token, if it has a grammar
-        and asks for no logprobs (a drafted row has none)."""
+        """Draft the continuation after `req`'s newest token (forced text first, else the
+        lookup's), if it has a grammar and asks for no logprobs (a drafted row has none)."""
         if req.grammar is None or req.return_logprob:
             return
         room = min(req.remaining_new_tokens() - 1, self.context_len - req.seq_len - 1)
         draft = self.jumper.draft(req.grammar, req.output_ids[-1], room)
+        from_lookup = False
+        if not draft and self.lookup is not None and room > 0:
+            guess = self.lookup(req)[:room]
+            draft = guess[: accepted_prefix(req.grammar, guess)]
+            from_lookup = True
+            self.lookup_drafted += len(draft)
         if draft:
-            self._drafts[req] = (len(req.output_ids), draft)
+            self._drafts[req] = (len(req.output_ids), draft, from_lookup)
+
+    def kept(self, req: Req, n: int) -> None:
+        """Count `n` drafted tokens of `req` kept by `verify`."""
+        if req in self._from_lookup:
+            self._from_lookup.discard(req)
+            self.lookup_accepted += n
+        else:
+            self.jumper.accepted += n
 
     def take(
         self, plan: list[tuple[Req, int]], decodes: list[Req], kv: KVLedger
@@ -69,6 +101,8 @@ class Drafts:
             entry = self._drafts.pop(r, None)
             if entry is not None and entry[0] == len(r.output_ids):
                 drafted[r] = entry[1]
+                if entry[2]:
+                    self._from_lookup.add(r)
             else:
                 rest.append(r)
         if not drafted:
@@ -76,6 +110,7 @@ class Drafts:
         extends = plan + [(r, 1 + len(d)) for r, d in drafted.items()]
         pages = sum(kv.pages(r.kv_len, n) for r, n in extends)
         if pages * kv.page_size + kv.decode_tokens(rest) > kv.room():
+            self._from_lookup.difference_update(drafted)
             return plan, decodes, {}
         return extends, rest, drafted
 

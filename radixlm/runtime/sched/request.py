@@ -39,7 +39,8 @@ class Req:
 
     Sampling draws depend only on (`seed`, output position); the scheduler gives unseeded
     requests a seed at admission. Logprobs (SGLang's fields): `return_logprob` asks for
-    the sampled tokens' logprobs (+ `top_logprobs_num` alternatives); with
+    the sampled tokens' logprobs (+ `top_logprobs_num` alternatives, + the logprobs of
+    the ids in `token_ids_logprob` at every position); with
     `logprob_start_len` >= 0 also for the prompt tokens from that position on, gathered
     in `input_logprobs` while the prompt is prefilled and sent with the first output.
     """
@@ -60,6 +61,7 @@ class Req:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    token_ids_logprob: list[int] | None = None
     input_logprobs: TokenLogprobs | None = None
     input_logprobs_sent: bool = False
     retractions: int = 0  # times retracted; >0 means output_ids are re-prefilled on resume
@@ -98,6 +100,7 @@ class Req:
             return_logprob=lp.return_logprob,
             logprob_start_len=lp.logprob_start_len,
             top_logprobs_num=lp.top_logprobs_num,
+            token_ids_logprob=lp.token_ids_logprob,
             priority=so.priority,
             slo_ttft_ms=so.slo_ttft_ms,
             slo_tpot_ms=so.slo_tpot_ms,

@@ -135,7 +135,8 @@ class Scheduler:
         # Jump-forward drafts are verified in the plain forward path only.
         jump = not args.disable_jump_forward and self.decoder.allows_jump_forward
         jump = jump and tokenizer is not None
-        drafts = Drafts(JumpForward(tokenizer), runner.context_len) if jump else None
+        lookup = self.decoder.constrained_lookup
+        drafts = Drafts(JumpForward(tokenizer), runner.context_len, lookup) if jump else None
         self.forward_step = ForwardStep(
             runner,
             self.kv,

@@ -79,13 +79,17 @@ def scheduler_stats(sched: Scheduler) -> dict[str, int | float | str]:
 
 
 def _jump_stats(sched: Scheduler) -> dict[str, int]:
-    """Jump-forward counters (`runtime/sched/jump.py`), when it is on: draft tokens
-    proposed and kept."""
+    """Counters of constrained requests' drafts (`runtime/sched/jump.py`), when on:
+    jump-forward draft tokens proposed and kept, and the lookup's where there is one."""
     drafts = sched.forward_step.drafts
     if drafts is None:
         return {}
     jumper = drafts.jumper
-    return {
+    out = {
         "jump_forward_draft_tokens_total": jumper.drafted,
         "jump_forward_accepted_tokens_total": jumper.accepted,
     }
+    if drafts.lookup is not None:
+        out["constrained_lookup_draft_tokens_total"] = drafts.lookup_drafted
+        out["constrained_lookup_accepted_tokens_total"] = drafts.lookup_accepted
+    return out

@@ -175,6 +175,13 @@ class Drafter(abc.ABC):
         hidden: float [T, hidden] target hidden states of the verify forward, or None.
         """
 
+    def lookup(self, req: Req) -> list[int]:
+        """A linear draft of `req`'s next tokens made without running a model, or []
+        (the default). Constrained requests, which decode in the plain step, verify it
+        there where their grammar forces nothing (`runtime/sched/jump.py`); only
+        drafters without `tracks_positions` are asked."""
+        return []
+
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:  # noqa: B027
         """Copy the drafter's own KV from slots `src` to `dst` (int64 [k]) (default: none)."""
 

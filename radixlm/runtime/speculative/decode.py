@@ -128,9 +128,11 @@ class SpeculativeDecode:
         self.num_draft = args.speculative_num_draft_tokens
         self.max_batch_size = args.speculative_max_batch_size
         self.counters = SpecCounters()
-        # Constrained requests are never speculated (`speculatable`): they decode in the
-        # plain step, where their jump-forward drafts are verified.
+        # Constrained requests are never speculated here (`speculatable`): they decode in
+        # the plain step, which verifies their jump-forward drafts and, where nothing is
+        # forced, the drafter's model-free lookup cut to what the grammar accepts.
         self.allows_jump_forward = not drafter.tracks_positions
+        self.constrained_lookup = drafter.lookup if self.allows_jump_forward else None
         if drafter.needs_hidden:  # every target forward must leave its hidden states
             runner.capture_hidden_states()
 

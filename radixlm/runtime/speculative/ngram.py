@@ -61,6 +61,11 @@ class NgramDrafter(Drafter):
             for req, n in zip(ctx.reqs, ctx.budgets)
         ]
 
+    def lookup(self, req: Req) -> list[int]:
+        """The best continuation (`candidates`' first), or []."""
+        found = self.candidates(req)
+        return found[0] if found else []
+
     def candidates(self, req: Req) -> list[list[int]]:
         """Up to `topk` distinct continuations of req's sequence, best (longest match,
         most recent) first; each at most num_steps tokens."""

@@ -198,32 +198,80 @@ def test_batched_and_sampled_outputs_are_exact(engines):
     check_pool(jump.scheduler, idle=True)
 
 
-def test_jump_forward_beside_ngram_speculation(engines):
+@pytest.fixture(scope="module")
+def ngram_engine():
+    with Engine(MODEL, max_total_tokens=4096, speculative_algorithm="ngram") as spec:
+        yield spec
+
+
+REPEAT = "one two three four five six seven, one two three four five six seven, one two"
+COPY = {
+    "type": "object",
+    "properties": {"who": {"type": "string", "maxLength": 60}},
+    "required": ["who"],
+    "additionalProperties": False,
+}
+BIO = "Bob is a 35-year-old nurse who lives in Paris. " * 2 + "Give the record as JSON.\n"
+
+
+def test_jump_forward_beside_ngram_speculation(engines, ngram_engine):
     """With the n-gram drafter, constrained rows decode in the plain step with their
     jump-forward drafts and free rows are speculated; every output stays exact."""
     plain, _ = engines
     prompts = [p for p, _, _ in CASES]
     constrained = [_params(kind, spec) for _, kind, spec in CASES]
     free = {"temperature": 0, "max_new_tokens": 48}
-    repeat = "one two three four five six seven, one two three four five six seven, one two"
-    with Engine(MODEL, max_total_tokens=4096, speculative_algorithm="ngram") as spec:
-        assert spec.scheduler.forward_step.drafts is not None
-        for batch_prompts, batch in (
-            (prompts, constrained),  # constrained only: plain steps with drafts
-            ([repeat, RECORD], [free, free]),  # free only: speculated
-            (prompts + [repeat], constrained + [free]),  # both in one batch
-        ):
-            before = spec.scheduler.stats()
-            refs = plain.generate(batch_prompts, batch)
-            outs = spec.generate(batch_prompts, batch)
-            assert [o["output_ids"] for o in outs] == [r["output_ids"] for r in refs]
-            after = spec.scheduler.stats()
-            jumped = (
-                after["jump_forward_accepted_tokens_total"]
-                - before["jump_forward_accepted_tokens_total"]
-            )
-            verified = after["spec_verify_steps_total"] - before["spec_verify_steps_total"]
-            assert (jumped > 0) == ("json_schema" in batch[0] or "regex" in batch[0])
-            # the free row of the mixed batch is speculated once the constrained ones end
-            assert (verified > 0) == (batch is not constrained)
-        check_pool(spec.scheduler, idle=True)
+    spec = ngram_engine
+    assert spec.scheduler.forward_step.drafts is not None
+    for batch_prompts, batch in (
+        (prompts, constrained),  # constrained only: plain steps with drafts
+        ([REPEAT, RECORD], [free, free]),  # free only: speculated
+        (prompts + [REPEAT], constrained + [free]),  # both in one batch
+    ):
+        before = spec.scheduler.stats()
+        refs = plain.generate(batch_prompts, batch)
+        outs = spec.generate(batch_prompts, batch)
+        assert [o["output_ids"] for o in outs] == [r["output_ids"] for r in refs]
+        after = spec.scheduler.stats()
+        jumped = (
+            after["jump_forward_accepted_tokens_total"]
+            - before["jump_forward_accepted_tokens_total"]
+        )
+        verified = after["spec_verify_steps_total"] - before["spec_verify_steps_total"]
+        assert (jumped > 0) == ("json_schema" in batch[0] or "regex" in batch[0])
+        # the free row of the mixed batch is speculated once the constrained ones end
+        assert (verified > 0) == (batch is not constrained)
+    check_pool(spec.scheduler, idle=True)
+
+
+@pytest.mark.parametrize(
+    "prompt,grammar,copies",
+    [(REPEAT, {"regex": r"[a-z ,]{0,80}"}, True), (BIO, {"json_schema": json.dumps(COPY)}, False)],
+)
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.8, "seed": 3}])
+def test_constrained_rows_verify_ngram_lookups(
+    engines, ngram_engine, prompt, grammar, copies, sampling
+):
+    """Under n-gram speculation a constrained row where the grammar forces nothing
+    drafts the prompt lookup's continuation, cut where the grammar rejects it, and
+    verifies it in the plain step: the output equals plain constrained decoding, in
+    fewer forwards than jump-forward alone where the output copies the prompt."""
+    plain, jump = engines
+    params = {"max_new_tokens": 48, **grammar, **sampling}
+    before = ngram_engine.scheduler.stats()
+    ref = plain.generate(prompt, params)
+    _, jump_steps = _run(jump, prompt, params)
+    out, steps = _run(ngram_engine, prompt, params)
+    assert out["output_ids"] == ref["output_ids"]
+    after = ngram_engine.scheduler.stats()
+    drafted, kept = (
+        after[k] - before[k]
+        for k in (
+            "constrained_lookup_draft_tokens_total",
+            "constrained_lookup_accepted_tokens_total",
+        )
+    )
+    assert 0 <= kept <= drafted and drafted > 0
+    if copies and sampling["temperature"] == 0:  # greedy continues the repeated text
+        assert kept > 0 and steps < jump_steps
+    check_pool(ngram_engine.scheduler, idle=True)

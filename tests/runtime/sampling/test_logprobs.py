@@ -71,6 +71,58 @@ def test_logprobs_match_transformers(engine, tokenizer, hf_logprobs):
         assert top[0][1] == tok  # greedy picks the most likely token
 
 
+def test_token_ids_logprob_match_transformers(engine, tokenizer, hf_logprobs):
+    """token_ids_logprob: the asked ids' logprobs at every prompt and output position, in
+    the asked order; with max_new_tokens 0 the output list is the next position's."""
+    ids = tokenizer.encode(PROMPT, add_special_tokens=False)
+    asked = [ids[1], 7, ids[-1], 0]
+    engine.flush_cache()
+    out = engine.generate(
+        input_ids=ids,
+        sampling_params=greedy(3),
+        return_logprob=True,
+        logprob_start_len=len(ids) - 3,
+        token_ids_logprob=asked,
+        return_text_in_logprobs=True,
+    )
+    meta = out["meta_info"]
+    ref = hf_logprobs(ids + out["output_ids"])  # row p predicts token p + 1
+    inp, outp = meta["input_token_ids_logprobs"], meta["output_token_ids_logprobs"]
+    assert len(inp) == 3 and len(outp) == 3
+    for rows, first in ((inp, len(ids) - 4), (outp, len(ids) - 1)):
+        for j, entries in enumerate(rows):
+            assert [e[1] for e in entries] == asked
+            assert [e[2] for e in entries] == [tokenizer.decode([t]) for t in asked]
+            want = ref[first + j, asked]
+            assert max(abs(e[0] - float(w)) for e, w in zip(entries, want)) < TOL
+    zero = engine.generate(
+        input_ids=[ids, ids],
+        sampling_params={"max_new_tokens": 0},
+        return_logprob=True,
+        token_ids_logprob=[asked, None],
+    )
+    assert zero[0]["meta_info"]["output_token_logprobs"] == []
+    (next_position,) = zero[0]["meta_info"]["output_token_ids_logprobs"]
+    assert [e[0] for e in next_position] == pytest.approx(
+        ref[len(ids) - 1, asked].tolist(), abs=TOL
+    )
+    assert "output_token_ids_logprobs" not in zero[1]["meta_info"]
+    streamed = list(
+        engine.generate(
+            input_ids=ids,
+            sampling_params=greedy(3),
+            stream=True,
+            return_logprob=True,
+            token_ids_logprob=asked,
+        )
+    )
+    joined = [p for c in streamed for p in c["meta_info"].get("output_token_ids_logprobs", [])]
+    assert [e[1] for p in joined for e in p] == [e[1] for p in outp for e in p]
+    assert [e[0] for p in joined for e in p] == pytest.approx(
+        [e[0] for p in outp for e in p], abs=TOL
+    )
+
+
 def test_cache_hit_and_miss_give_the_same_values(engine, tokenizer):
     ids = tokenizer.encode(PROMPT, add_special_tokens=False)
     kw = dict(return_logprob=True, top_logprobs_num=2)
@@ -190,6 +242,12 @@ def test_logprob_option_validation(engine):
         engine.generate(PROMPT, greedy(2), return_logprob=True, top_logprobs_num=-1)
     with pytest.raises(InvalidRequestError):
         engine.generate(PROMPT, {**greedy(2), "logit_bias": {10**6: 1.0}})
+    for bad in ([10**6], [-1], ["7"], [True], 5):
+        with pytest.raises(InvalidRequestError) as e:
+            engine.generate(PROMPT, greedy(2), return_logprob=True, token_ids_logprob=bad)
+        assert e.value.param == "token_ids_logprob"
+    with pytest.raises(InvalidRequestError):  # one list per prompt: two for one prompt
+        engine.generate(PROMPT, greedy(2), return_logprob=True, token_ids_logprob=[[1], [2]])
 
 
 def _same_entries(a, b) -> None:
