@@ -33,9 +33,9 @@ class FakeBackend(NativeBackend):
             f"<{params['max_new_tokens']}>"
         )
         self.deltas = 3  # streamed gens arrive in this many pieces
-        # Whether results carry output_token_ids_logprobs when asked (an older server's
-        # do not).
-        self.answers_token_ids = True
+        # How a request with token_ids_logprob is answered: "yes", "omits" (an older
+        # server leaves the field out) or "refuses" (a strict older server: 400).
+        self.answers_token_ids = "yes"
 
     def _load_chat_template(self) -> ChatTemplate:
         return CHATML
@@ -66,7 +66,13 @@ class FakeBackend(NativeBackend):
                 if i >= start
             ]
             asked = logprob.get("token_ids_logprob")
-            if asked is not None and self.answers_token_ids:  # the next position's
+            if asked is not None and self.answers_token_ids == "refuses":
+                raise InvalidRequestError(
+                    "Unrecognized request argument supplied: token_ids_logprob",
+                    param="token_ids_logprob",
+                    code="unknown_parameter",
+                )
+            if asked is not None and self.answers_token_ids == "yes":  # the next position's
                 meta["output_token_ids_logprobs"] = [
                     [[char_logprob(chr(t)), t, chr(t)] for t in asked]
                 ]

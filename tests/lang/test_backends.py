@@ -269,6 +269,13 @@ def test_endpoint_token_ids_after_a_refused_prompt(endpoint, tokenizer):
     assert endpoint.token_ids(["short", too_long]) is None
     with pytest.raises(InvalidRequestError, match="context length"):
         endpoint.select(too_long, ["a", "b"], 0.0, ch.token_length_normalized)
+    with pytest.raises(InvalidRequestError) as e:  # the server's param reaches the client
+        endpoint.request(
+            input_ids=[[1, 2]],
+            sampling_params={"max_new_tokens": 0},
+            logprob={"return_logprob": True, "token_ids_logprob": [10**9]},
+        )
+    assert e.value.param.startswith("token_ids_logprob") and e.value.code == "invalid_value"
     assert endpoint.token_ids(["Answer: ", "Answer: yes"]) == [
         tokenizer.encode("Answer: "),
         tokenizer.encode("Answer: yes"),

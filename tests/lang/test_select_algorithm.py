@@ -78,12 +78,12 @@ def test_local_ids_score_each_choice_from_where_it_leaves_the_prompt(method):
     "method",
     [ch.token_length_normalized, ch.greedy_token_selection, ch.unconditional_likelihood_normalized],
 )
-@pytest.mark.parametrize("answers", [True, False])
+@pytest.mark.parametrize("answers", ["yes", "omits", "refuses"])
 def test_one_token_choices_score_in_one_request(method, answers):
     """Choices one token each after the prompt: one request (the prompt, with the
     choices' ids in token_ids_logprob) scores them, and every method decides and
-    reports as the plain path. A server that leaves the field unanswered gets the
-    two-request plan, and is not asked again."""
+    reports as the plain path. A server that leaves the field unanswered or refuses it
+    as unknown gets the two-request plan, and is not asked again."""
     options = ["1", "2", "3", "4", "5"]
 
     @rl.function
@@ -100,9 +100,9 @@ def test_one_token_choices_score_in_one_request(method, answers):
     assert first["prompts"] == [prompt] and first["sampling_params"]["max_new_tokens"] == 0
     assert first["logprob"]["token_ids_logprob"] == [ord(c) for c in options]
     scoring = [c for k, c in local.calls if c["logprob"] and c["logprob"].get("logprob_start_len")]
-    assert local.asks_token_ids is answers
-    assert len(scoring) == (0 if answers else 1)
-    if not answers:
+    assert local.asks_token_ids is (answers == "yes")
+    assert len(scoring) == (0 if answers == "yes" else 1)
+    if answers != "yes":
         prog.run(backend=local)
         assert sum("token_ids_logprob" in (c["logprob"] or {}) for _, c in local.calls) == 1
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.errors import RadixLMError
+from radixlm.errors import InvalidRequestError, RadixLMError
 from radixlm.lang import choices as choices_mod
 from radixlm.lang.chat_template import ChatTemplate
 from radixlm.lang.ir import SamplingOptions
@@ -216,16 +216,23 @@ class NativeBackend(Backend):
     def _score_next_tokens(self, head: list[int], tokens: list[int]) -> list[list[list]] | None:
         """Each choice being one token after `head`: their logprobs from head's next-token
         position, in one request that also caches `head` (``token_ids_logprob`` with
-        max_new_tokens 0). None when the server does not answer that field."""
+        max_new_tokens 0). None when the server does not answer that field (leaves it
+        out, or refuses it as unknown), and from then on without asking."""
         if not self.asks_token_ids:
             return None
         logprob = {"return_logprob": True, "token_ids_logprob": tokens}
         logprob["return_text_in_logprobs"] = True
-        result = self.request(
-            input_ids=[head],
-            sampling_params={"max_new_tokens": 0, "temperature": 0},
-            logprob=logprob,
-        )[0]
+        try:
+            result = self.request(
+                input_ids=[head],
+                sampling_params={"max_new_tokens": 0, "temperature": 0},
+                logprob=logprob,
+            )[0]
+        except InvalidRequestError as e:
+            if e.param != "token_ids_logprob":
+                raise
+            self.asks_token_ids = False
+            return None
         positions = result["meta_info"].get("output_token_ids_logprobs")
         if not positions:
             self.asks_token_ids = False

@@ -15,14 +15,21 @@ from radixlm.lang.backend.base import NativeBackend
 logger = logging.getLogger(__name__)
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(response: httpx.Response) -> tuple[str, str | None, str | None]:
+    """(message, param, code) of an error response (OpenAI's error body, or its text)."""
     try:
         body = response.json()
     except ValueError:
-        return response.text[:500] or response.reason_phrase
+        return response.text[:500] or response.reason_phrase, None, None
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        return str(body["error"].get("message"))
-    return str(body)[:500]
+        err = body["error"]
+        param, code = err.get("param"), err.get("code")
+        return (
+            str(err.get("message")),
+            param if isinstance(param, str) else None,
+            code if isinstance(code, str) else None,
+        )
+    return str(body)[:500], None, None
 
 
 class RuntimeEndpoint(NativeBackend):
@@ -77,9 +84,10 @@ class RuntimeEndpoint(NativeBackend):
     def _raise_for_status(self, response: httpx.Response, path: str) -> None:
         if response.status_code < 400:
             return
-        message = f"{path}: HTTP {response.status_code}: {_error_message(response)}"
+        text, param, code = _error_message(response)
+        message = f"{path}: HTTP {response.status_code}: {text}"
         if response.status_code in (400, 404, 422):
-            raise InvalidRequestError(message)
+            raise InvalidRequestError(message, param=param, code=code)
         raise ServerError(message)
 
     def _load_chat_template(self) -> templates.ChatTemplate:

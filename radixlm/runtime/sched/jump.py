@@ -64,14 +64,18 @@ class Drafts:
         self._from_lookup: weakref.WeakSet[Req] = weakref.WeakSet()
 
     def propose(self, req: Req) -> None:
-        """Draft the continuation after `req`'s newest token (forced text first, else the
-        lookup's), if it has a grammar and asks for no logprobs (a drafted row has none)."""
+        """Draft the continuation after `req`'s newest token (forced text first, else, for
+        a greedy request, the lookup's), if it has a grammar and asks for no logprobs (a
+        drafted row has none)."""
         if req.grammar is None or req.return_logprob:
             return
         room = min(req.remaining_new_tokens() - 1, self.context_len - req.seq_len - 1)
         draft = self.jumper.draft(req.grammar, req.output_ids[-1], room)
         from_lookup = False
-        if not draft and self.lookup is not None and room > 0:
+        # Lookup drafts only for greedy rows: a sampled row's token at a free position is
+        # drawn by inverse CDF from an extend row's logits, which may differ from a decode
+        # step's in the last bits, enough to move a draw lying at a token boundary.
+        if not draft and self.lookup is not None and room > 0 and req.params.is_greedy:
             guess = self.lookup(req)[:room]
             draft = guess[: accepted_prefix(req.grammar, guess)]
             from_lookup = True
