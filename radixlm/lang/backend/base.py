@@ -191,7 +191,7 @@ class NativeBackend(Backend):
         return None
 
     #: Whether the server answers ``token_ids_logprob`` (`_score_next_tokens`); cleared
-    #: the first time a result lacks ``output_token_ids_logprobs``.
+    #: the first time a result lacks ``output_token_ids_logprobs`` or the field is refused.
     asks_token_ids: bool = True
 
     def _score_by_ids(self, base: list[int], full: list[list[int]]) -> list[list[list]]:
@@ -220,8 +220,11 @@ class NativeBackend(Backend):
         out, or refuses it as unknown), and from then on without asking."""
         if not self.asks_token_ids:
             return None
-        logprob = {"return_logprob": True, "token_ids_logprob": tokens}
-        logprob["return_text_in_logprobs"] = True
+        logprob = {
+            "return_logprob": True,
+            "token_ids_logprob": tokens,
+            "return_text_in_logprobs": True,
+        }
         try:
             result = self.request(
                 input_ids=[head],

@@ -90,7 +90,13 @@ def token_logprobs(
         top_k: also return the top_k most likely tokens of each row (0: none).
         asked_ids: also return these ids' logprobs under every row (None: none).
     """
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    return _from_logp(torch.log_softmax(logits.float(), dim=-1), token_ids, top_k, asked_ids)
+
+
+def _from_logp(
+    logp: torch.Tensor, token_ids: torch.Tensor, top_k: int, asked_ids: list[int] | None
+) -> TokenLogprobs:
+    """`token_logprobs` from its rows' log_softmax (float32 [P, vocab])."""
     chosen = logp.gather(-1, token_ids[:, None].to(logp.device))[:, 0]
     out = TokenLogprobs(chosen.tolist(), token_ids.tolist())
     if top_k > 0:
@@ -119,17 +125,17 @@ def output_logprobs(
         return out
     idx = torch.tensor(rows, dtype=torch.int64)
     top_k = max(reqs[i].top_logprobs_num for i in rows)
-    lp = token_logprobs(logits[idx.to(logits.device)], next_ids[idx], top_k)
+    logp = torch.log_softmax(logits[idx.to(logits.device)].float(), dim=-1)
+    lp = _from_logp(logp, next_ids[idx], top_k, None)
     for j, i in enumerate(rows):
         k = reqs[i].top_logprobs_num
         one = TokenLogprobs([lp.logprobs[j]], [lp.token_ids[j]])
         if k > 0:
             one.top_logprobs, one.top_ids = [lp.top_logprobs[j][:k]], [lp.top_ids[j][:k]]
         asked = reqs[i].token_ids_logprob
-        if asked is not None:  # one row: its own log_softmax, then the asked columns
+        if asked is not None:  # this row's asked columns (each request has its own ids)
             one.asked_ids = asked
-            row = torch.log_softmax(logits[i].float(), dim=-1)
-            one.asked_logprobs = [row[torch.tensor(asked, dtype=torch.int64)].tolist()]
+            one.asked_logprobs = [logp[j, torch.tensor(asked, dtype=torch.int64)].tolist()]
         out[i] = one
     return out
 

@@ -61,7 +61,7 @@ class Drafts:
         self._drafts: weakref.WeakKeyDictionary[Req, tuple[int, list[int], bool]] = (
             weakref.WeakKeyDictionary()
         )
-        self._from_lookup: weakref.WeakSet[Req] = weakref.WeakSet()
+        self._taken_lookups: set[Req] = set()  # the last `take`'s lookup-drafted requests
 
     def propose(self, req: Req) -> None:
         """Draft the continuation after `req`'s newest token (forced text first, else, for
@@ -85,8 +85,7 @@ class Drafts:
 
     def kept(self, req: Req, n: int) -> None:
         """Count `n` drafted tokens of `req` kept by `verify`."""
-        if req in self._from_lookup:
-            self._from_lookup.discard(req)
+        if req in self._taken_lookups:
             self.lookup_accepted += n
         else:
             self.jumper.accepted += n
@@ -97,16 +96,18 @@ class Drafts:
         """Move the decoding requests with a current draft into the extend plan (their
         newest token + draft); returns ``(plan, decodes, {req: draft})``. Their drafts
         are consumed; none is used when the KV pool cannot hold the step."""
+        self._taken_lookups = set()
         if not self._drafts or not decodes:
             return plan, decodes, {}
         drafted: dict[Req, list[int]] = {}
+        lookups: set[Req] = set()
         rest: list[Req] = []
         for r in decodes:
             entry = self._drafts.pop(r, None)
             if entry is not None and entry[0] == len(r.output_ids):
                 drafted[r] = entry[1]
                 if entry[2]:
-                    self._from_lookup.add(r)
+                    lookups.add(r)
             else:
                 rest.append(r)
         if not drafted:
@@ -114,8 +115,8 @@ class Drafts:
         extends = plan + [(r, 1 + len(d)) for r, d in drafted.items()]
         pages = sum(kv.pages(r.kv_len, n) for r, n in extends)
         if pages * kv.page_size + kv.decode_tokens(rest) > kv.room():
-            self._from_lookup.difference_update(drafted)
             return plan, decodes, {}
+        self._taken_lookups = lookups
         return extends, rest, drafted
 
 
