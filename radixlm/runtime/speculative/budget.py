@@ -10,7 +10,10 @@ Decoding for Serving Large Language Models Using Goodput"):
   accepted given that its parent was (the geometric model of Leviathan et al. 2023): a
   verified chain of depth n with m accepted drafts is m successes and, when m < n, one
   failure (`AcceptanceTracker`: exponentially weighted, with the whole engine's estimate
-  as a prior; a request's own counts fade while it drafts nothing, so it tries again).
+  as a prior; a request's own counts fade while it drafts nothing, and the engine's fade
+  back to the starting prior while no request drafts, so drafting always resumes: an
+  early run of rejections, e.g. at the start of every answer, cannot silence the
+  engine for good).
 * Cost. The step time t(R) is measured online as a curve over the rows R a step verified
   (requests + draft tokens; plain decode steps are R = B): `StepCostCurve`. A batch size
   whose bucket holds no measurement yet runs one plain step first, so drafts are always
@@ -81,7 +84,9 @@ class AcceptanceTracker:
     exponentially weighted, plus the engine-wide estimate a_g as a prior worth w =
     `prior_trials` trials. A request's own counts also fade while it drafts nothing
     (`idle`), so an early run of rejections does not silence it for good: its estimate
-    drifts back to the engine's and it drafts again where that pays.
+    drifts back to the engine's and it drafts again where that pays. Likewise the
+    engine-wide counts fade back to the starting prior over steps where no request
+    drafts (`idle_step`): without a verify step nothing would update them.
 
     Args:
         prior: the engine-wide alpha before anything was verified.
@@ -95,7 +100,8 @@ class AcceptanceTracker:
         self, prior: float = 0.5, decay: float = 0.9, floor: float = 0.05, prior_trials: float = 2.0
     ):
         self.decay, self.floor, self.prior_trials = decay, floor, prior_trials
-        self._global = [prior * 4.0, 4.0]  # successes, trials (a prior worth 4 trials)
+        self._start = (prior * 4.0, 4.0)  # successes, trials: a prior worth 4 trials
+        self._global = list(self._start)
         self._per_req: weakref.WeakKeyDictionary[Req, list[float]] = weakref.WeakKeyDictionary()
 
     def alpha(self, req: Req | None = None) -> float:
@@ -124,6 +130,13 @@ class AcceptanceTracker:
             g = self._global
             g[0] = g[0] * self.decay + succ
             g[1] = g[1] * self.decay + trials
+
+    def idle_step(self) -> None:
+        """No request drafted this step: the engine-wide counts move a `decay` step back
+        toward the starting prior."""
+        g, d = self._global, self.decay
+        g[0] = g[0] * d + (1.0 - d) * self._start[0]
+        g[1] = g[1] * d + (1.0 - d) * self._start[1]
 
     def idle(self, req: Req) -> None:
         """`req` drafted nothing this step: its own counts fade by `decay`."""
@@ -240,6 +253,8 @@ class GoodputBudget(DraftBudget):
                 best, best_rate = n, rate
         for _, _, i in candidates[:best]:
             budgets[i] += 1
+        if candidates and not any(budgets):
+            self.tracker.idle_step()
         for req, n in zip(reqs, budgets):
             if n == 0:
                 self.tracker.idle(req)

@@ -68,7 +68,8 @@ class NgramDrafter(Drafter):
 
     def candidates(self, req: Req) -> list[list[int]]:
         """Up to `topk` distinct continuations of req's sequence, best (longest match,
-        most recent) first; each at most num_steps tokens."""
+        most recent) first; each num_steps tokens (a repeating tail is continued
+        periodically past the sequence's end)."""
         ids = req.all_ids
         index = self._index.get(req)
         if index is None or index.seen > len(ids):  # new request (or ids were reset)
@@ -80,6 +81,12 @@ class NgramDrafter(Drafter):
                 continue
             for end in reversed(index.table.get(tuple(ids[-k:]), ())):
                 cont = ids[end : end + self.num_steps]
+                # A match that runs into the sequence's end overlaps the suffix: the text
+                # repeats with period len(ids) - end, and the draft continues that period
+                # (token j of the draft is token j of ids + draft after `end`).
+                period = len(ids) - end
+                while len(cont) < self.num_steps:
+                    cont.append(cont[len(cont) - period])
                 if cont and cont not in found:
                     found.append(cont)
                 if len(found) >= self.topk:

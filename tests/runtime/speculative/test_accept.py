@@ -33,6 +33,17 @@ def test_ngram_proposes_most_recent_continuations():
     assert d.candidates(Req("s", [8, 9], SamplingParams())) == []
 
 
+def test_ngram_continues_a_repeating_tail_periodically():
+    d = NgramDrafter(num_steps=5, topk=2)
+    # (1, 2, 1, 2) last occurred ending two tokens back: period 2, drafted to depth 5.
+    assert d.candidates(Req("r", [7, 1, 2, 1, 2, 1, 2], SamplingParams())) == [[1, 2, 1, 2, 1]]
+    assert d.candidates(Req("s", [3, 3], SamplingParams())) == [[3, 3, 3, 3, 3]]
+    # A match far enough back keeps the tokens that followed it.
+    assert d.candidates(Req("t", [4, 5, 6, 7, 8, 9, 1, 4, 5], SamplingParams())) == [
+        [6, 7, 8, 9, 1]
+    ]
+
+
 def test_greedy_accepts_longest_matching_path_plus_bonus():
     tree = DraftTree([5, 6, 7], [0, 0, 1])  # root -> 5 -> 7, root -> 6
     assert accept_greedy(tree, [5, 7, 3, 1]) == ([0, 1, 3], 1)

@@ -56,6 +56,32 @@ def test_acceptance_tracker_floor_and_recovery():
     t.idle(FakeReq())  # unknown requests: nothing to fade
 
 
+def test_engine_estimate_returns_to_the_prior_while_nothing_drafts():
+    # Early rejections at batch 4 make drafts unprofitable; with no verify step the
+    # engine-wide estimate would never change again and the engine would never draft.
+    # Curve: 20 ms for 4 rows, +1 ms a row, so a first draft pays once alpha > 0.2.
+    budget = GoodputBudget(
+        AcceptanceTracker(prior=0.5, decay=0.9, floor=0.01), roofline_curve(4, 0.020, 0.001)
+    )
+    first = [FakeReq() for _ in range(4)]
+    for _ in range(10):
+        budget.observe_verify([(r, 2, 0) for r in first])
+    low = budget.tracker.alpha()
+    assert low < 0.05
+    reqs = [FakeReq() for _ in range(4)]  # the next turns: no history of their own
+    seen = [low]
+    for _ in range(40):
+        plan = budget.plan(reqs, [4] * 4)
+        if any(plan):
+            break
+        seen.append(budget.tracker.alpha())
+    assert any(plan) and 1 < len(seen) < 40
+    assert seen == sorted(seen) and 0.2 < budget.tracker.alpha() < 0.5
+    before = budget.tracker.alpha()
+    assert budget.plan([FakeReq()], [0]) == [0]  # nothing to draft: no decision, no fade
+    assert budget.tracker.alpha() == before
+
+
 def test_step_cost_curve_interpolates_monotone_medians():
     c = StepCostCurve(window=3, prior_rows=32)
     assert not c.has_bucket(1) and c.predict(8) == 0.0
