@@ -174,6 +174,10 @@ def test_cpu_decode_kernel_matches_torch_native(
         ([0, 500, 3], [300, 70, 129]),  # several key and token blocks
         ([3, 40, 500, 64], [30, 2, 1, 1]),  # a mixed step: trailing decodes, decode kernel
         ([0, 17, 40], [1, 1, 1]),  # only one-token requests
+        # a verify step: every request's few tokens as one-token rows of the decode
+        # kernel, each request's rows sharing its keys (cascade groups from 32 keys on)
+        ([40, 500, 64, 3], [4, 5, 16, 2]),
+        ([0, 300, 70], [40, 17, 3]),  # 17 tokens end the trailing run: the extend kernel
     ],
 )
 def test_cpu_extend_kernel_matches_torch_native(
@@ -260,6 +264,29 @@ def test_cpu_kernels_on_float16_pools_match_torch_native(gemm_isa, mode, page_si
     assert pool.k_buffer[0].dtype == torch.float16
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
     _assert_same_new_kv(case, pool, ref_pool)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_few_token_extends_on_float16_pools_match_torch_native(gemm_isa, threads):
+    """A verify-shaped step (a few new tokens per request after long prefixes) over a
+    float16 pool: the decode kernel's one-token rows equal torch_native."""
+    from radixlm.kernels.cpu_native import CpuNativeBackend
+
+    case = _half_pool(
+        make_case(ForwardMode.EXTEND, [300, 45, 7], [5, 3, 16], page_size=16, group=3, head_dim=64)
+    )
+    ref, _ = _run("torch_native", case)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        if not isinstance(
+            create_attention_backend("cpu", case.pool, case.scaling), CpuNativeBackend
+        ):
+            pytest.skip("the CPU kernels cannot be built here")
+        out, _ = _run("cpu", case)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
 
 
 def test_cpu_backend_falls_back_for_head_dims_outside_the_kernel():

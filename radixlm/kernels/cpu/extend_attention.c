@@ -168,6 +168,41 @@ static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *
         }
 }
 
+/* New tokens per request up to which a trailing run of requests goes to the decode
+ * kernel (radixlm_extend_attention). */
+#define FEW_TOKENS 16
+
+/* The B requests' ext_lens[b] new tokens each as sum(ext_lens) one-token rows of the
+ * decode kernel (arguments as radixlm_decode_attention's, slots [B, ld_slots] the
+ * requests' lists): row j of request b gets b's first seq_lens[b] - ext_lens[b] + j + 1
+ * slots. Returns 0, or -1 when out of memory. */
+static int few_token_rows(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
+                          int kv_fmt, const int64_t *slots, int64_t ld_slots,
+                          const int64_t *seq_lens, const int64_t *ext_lens, float *out,
+                          int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,
+                          int64_t window, int num_threads) {
+    int64_t rows = 0, ld = 1;
+    for (int64_t b = 0; b < B; ++b) {
+        rows += ext_lens[b];
+        ld = seq_lens[b] > ld ? seq_lens[b] : ld;
+    }
+    if (rows == B) /* one token each: the requests' own lists */
+        return radixlm_decode_attention(q, ldq, k_buf, v_buf, kv_fmt, slots, ld_slots, seq_lens,
+                                        out, B, H, Hkv, D, scale, window, num_threads);
+    int64_t *lens = malloc((size_t)rows * (size_t)(ld + 1) * sizeof(int64_t));
+    if (!lens) return -1;
+    int64_t *rs = lens + rows, r = 0;
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < ext_lens[b]; ++j, ++r) {
+            lens[r] = seq_lens[b] - ext_lens[b] + j + 1;
+            memcpy(rs + r * ld, slots + b * ld_slots, (size_t)lens[r] * sizeof(int64_t));
+        }
+    const int rc = radixlm_decode_attention(q, ldq, k_buf, v_buf, kv_fmt, rs, ld, lens, out,
+                                            rows, H, Hkv, D, scale, window, num_threads);
+    free(lens);
+    return rc;
+}
+
 /* q [T, H, Dk] (token row stride ldq), out [T, H, Dv] contiguous, T = sum(ext_lens), the
  * requests' new tokens in order; K row of slot s, KV head h at k_buf + s ldk + h Dk, its V
  * row at v_buf + s ldv + h Dv, in the element format kv_fmt (fp8.h); slots [B, ld_slots]
@@ -180,21 +215,25 @@ int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, int
                              int64_t ld_slots, const int64_t *seq_lens, const int64_t *ext_lens,
                              float *out, int64_t B, int64_t H, int64_t Hkv, int64_t Dk,
                              int64_t Dv, float scale, int64_t window, int num_threads) {
-    /* A trailing run of one-token requests (the decodes that ride along in a mixed step)
-     * goes to the decode kernel, which reads each K / V row once for all query heads;
-     * here each would pack its whole key range per KV head for G query rows
-     * (docs/perf-notes.md, "Extend attention"). */
+    /* A trailing run of few-token requests (the decodes that ride along in a mixed step,
+     * a speculative step's root + draft rows) goes to the decode kernel, one row per new
+     * token: token j of a request with cached prefix p becomes a one-token request over
+     * keys 0 .. p + j. The decode kernel reads each K / V row once for all query heads of
+     * a KV head, and the rows of one request share their slot list, so it reads their
+     * common keys once for all of them (its cascade groups); here each task would pack
+     * the request's whole key range per KV head for a few query rows (docs/perf-notes.md,
+     * "Extend attention"). Where K and V rows differ (latent attention) only one-token
+     * requests go, to the latent decode kernel. */
+    const int plain = Dk == Dv && ldk == Hkv * Dk && ldv == Hkv * Dv;
+    const int64_t few = plain ? FEW_TOKENS : 1;
     int64_t B1 = B, rows1 = 0;
-    while (B1 > 0 && ext_lens[B1 - 1] == 1) --B1;
+    while (B1 > 0 && ext_lens[B1 - 1] <= few) --B1;
     for (int64_t b = 0; b < B1; ++b) rows1 += ext_lens[b];
     if (B1 < B) {
-        /* The plain decode kernel where K and V rows are alike and packed, else the one that
-         * takes their own widths and strides. */
-        const int plain = Dk == Dv && ldk == Hkv * Dk && ldv == Hkv * Dv;
-        int rc = plain ? radixlm_decode_attention(q + rows1 * ldq, ldq, k_buf, v_buf, kv_fmt,
-                                                  slots + B1 * ld_slots, ld_slots, seq_lens + B1,
-                                                  out + rows1 * H * Dv, B - B1, H, Hkv, Dk,
-                                                  scale, window, num_threads)
+        int rc = plain ? few_token_rows(q + rows1 * ldq, ldq, k_buf, v_buf, kv_fmt,
+                                        slots + B1 * ld_slots, ld_slots, seq_lens + B1,
+                                        ext_lens + B1, out + rows1 * H * Dv, B - B1, H, Hkv, Dk,
+                                        scale, window, num_threads)
                        : radixlm_decode_attention_mla(
                              q + rows1 * ldq, ldq, k_buf, ldk, v_buf, ldv, kv_fmt,
                              slots + B1 * ld_slots, ld_slots, seq_lens + B1, out + rows1 * H * Dv,
