@@ -1,9 +1,13 @@
-"""The scheduler side of jump-forward decoding (`runtime/sampling/jump_forward.py`).
+"""The scheduler side of jump-forward decoding (`runtime/sampling/jump_forward.py`), and
+the drafts verified beside it in the plain forward path.
 
 After a constrained request's token is chosen (and did not end it), `Drafts.propose`
 drafts the text its grammar forces next or, where nothing is forced and the decode
 strategy has a model-free lookup (n-gram speculation's prompt lookup), the lookup's
-continuation cut where the grammar stops accepting it. In the request's next forward, `Drafts.take`
+continuation cut where the grammar stops accepting it. An unconstrained request that
+rides along in a mixed step (decoding beside a prefill, where the speculative strategy
+does not step it) drafts the strategy's lookup there (`riding_lookup`). In the request's
+next forward, `Drafts.take`
 turns it from a decode row (its newest token) into an extend row [newest token, *draft],
 with logits at every position; `verify` then chooses the token at each position
 exactly as a decode step would (grammar mask, the request's sampler and its draw for that
@@ -30,30 +34,35 @@ from radixlm.runtime.sched.stop import StopChecker
 
 
 class Drafts:
-    """Pending drafts of decoding constrained requests.
+    """Pending drafts of decoding constrained requests, and riding requests' lookups.
 
     Args:
-        jumper: drafts a grammar's forced continuation.
+        jumper: drafts a grammar's forced continuation; None: no jump-forward drafts.
         context_len: tokens per request at most (drafts stay inside it).
         lookup: a model-free draft of a request's continuation (`Drafter.lookup`), tried
             where the grammar forces nothing; None: forced text only.
+        riding: the decode strategy's `riding_lookup` for unconstrained requests
+            decoding in a mixed step ([] for one it would not speculate); None: none.
 
     Attributes:
-        lookup_drafted / lookup_accepted: lookup draft tokens proposed (after the grammar
-            cut) and kept after verification, so far.
+        lookup_drafted / lookup_accepted: lookup draft tokens of constrained requests
+            proposed (after the grammar cut) and kept after verification, so far.
+        riding_drafted / riding_accepted: the same for riding requests' drafts.
     """
 
     def __init__(
         self,
-        jumper: JumpForward,
+        jumper: JumpForward | None,
         context_len: int,
         lookup: Callable[[Req], list[int]] | None = None,
+        riding: Callable[[Req], list[int]] | None = None,
     ):
         self.jumper = jumper
         self.context_len = context_len
         self.lookup = lookup
-        self.lookup_drafted = 0
-        self.lookup_accepted = 0
+        self.riding = riding
+        self.lookup_drafted = self.lookup_accepted = 0
+        self.riding_drafted = self.riding_accepted = 0
         # req -> (len(output_ids) when drafted, draft, whether lookup drafted it). A
         # draft waits while its request is not decoding (an extend step without decodes,
         # a retraction: its output and matcher are unchanged); one whose request has
@@ -62,6 +71,7 @@ class Drafts:
             weakref.WeakKeyDictionary()
         )
         self._taken_lookups: set[Req] = set()  # the last `take`'s lookup-drafted requests
+        self._taken_riding: set[Req] = set()  # and its riding ones
 
     def propose(self, req: Req) -> None:
         """Draft the continuation after `req`'s newest token (forced text first, else, for
@@ -69,8 +79,8 @@ class Drafts:
         drafted row has none)."""
         if req.grammar is None or req.return_logprob:
             return
-        room = min(req.remaining_new_tokens() - 1, self.context_len - req.seq_len - 1)
-        draft = self.jumper.draft(req.grammar, req.output_ids[-1], room)
+        room = self._room(req)
+        draft = self.jumper.draft(req.grammar, req.output_ids[-1], room) if self.jumper else []
         from_lookup = False
         # Lookup drafts only for greedy rows: a sampled row's token at a free position is
         # drawn by inverse CDF from an extend row's logits, which may differ from a decode
@@ -83,9 +93,16 @@ class Drafts:
         if draft:
             self._drafts[req] = (len(req.output_ids), draft, from_lookup)
 
+    def _room(self, req: Req) -> int:
+        """Draft tokens `req` may verify: its new tokens after the next one, inside the
+        context."""
+        return min(req.remaining_new_tokens() - 1, self.context_len - req.seq_len - 1)
+
     def kept(self, req: Req, n: int) -> None:
         """Count `n` drafted tokens of `req` kept by `verify`."""
-        if req in self._taken_lookups:
+        if req in self._taken_riding:
+            self.riding_accepted += n
+        elif req in self._taken_lookups:
             self.lookup_accepted += n
         else:
             self.jumper.accepted += n
@@ -95,12 +112,15 @@ class Drafts:
     ) -> tuple[list[tuple[Req, int]], list[Req], dict[Req, list[int]]]:
         """Move the decoding requests with a current draft into the extend plan (their
         newest token + draft); returns ``(plan, decodes, {req: draft})``. Their drafts
-        are consumed; none is used when the KV pool cannot hold the step."""
-        self._taken_lookups = set()
-        if not self._drafts or not decodes:
+        are consumed; none is used when the KV pool cannot hold the step. In a mixed step
+        (`plan` not empty) an unconstrained request also drafts `riding`'s lookup."""
+        self._taken_lookups, self._taken_riding = set(), set()
+        ride = self.riding if plan else None
+        if not decodes or not (self._drafts or ride):
             return plan, decodes, {}
         drafted: dict[Req, list[int]] = {}
         lookups: set[Req] = set()
+        riding: set[Req] = set()
         rest: list[Req] = []
         for r in decodes:
             entry = self._drafts.pop(r, None)
@@ -108,6 +128,11 @@ class Drafts:
                 drafted[r] = entry[1]
                 if entry[2]:
                     lookups.add(r)
+            elif ride is not None and r.grammar is None and not r.return_logprob and (
+                guess := ride(r)[: max(self._room(r), 0)]
+            ):
+                drafted[r] = guess
+                riding.add(r)
             else:
                 rest.append(r)
         if not drafted:
@@ -116,7 +141,8 @@ class Drafts:
         pages = sum(kv.pages(r.kv_len, n) for r, n in extends)
         if pages * kv.page_size + kv.decode_tokens(rest) > kv.room():
             return plan, decodes, {}
-        self._taken_lookups = lookups
+        self._taken_lookups, self._taken_riding = lookups, riding
+        self.riding_drafted += sum(len(drafted[r]) for r in riding)
         return extends, rest, drafted
 
 

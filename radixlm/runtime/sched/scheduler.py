@@ -132,11 +132,15 @@ class Scheduler:
         self.grammars = GrammarBackend(GrammarCompiler(tokenizer, vocab, eos_token_ids))
         self.decoder: DecodeStrategy = decoder if decoder is not None else NormalDecode()
         self._decode_ctx = DecodeContext(self.kv, self.stop, self._plain_decode)
-        # Jump-forward drafts are verified in the plain forward path only.
+        # Jump-forward drafts, and lookup drafts of requests riding along in mixed steps,
+        # are verified in the plain forward path only.
         jump = not args.disable_jump_forward and self.decoder.allows_jump_forward
-        jump = jump and tokenizer is not None
-        lookup = self.decoder.constrained_lookup
-        drafts = Drafts(JumpForward(tokenizer), runner.context_len, lookup) if jump else None
+        jumper = JumpForward(tokenizer) if jump and tokenizer is not None else None
+        lookup = self.decoder.constrained_lookup if jumper is not None else None
+        riding = self.decoder.riding_lookup
+        drafts = None
+        if jumper is not None or riding is not None:
+            drafts = Drafts(jumper, runner.context_len, lookup, riding)
         self.forward_step = ForwardStep(
             runner,
             self.kv,

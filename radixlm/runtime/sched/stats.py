@@ -79,17 +79,20 @@ def scheduler_stats(sched: Scheduler) -> dict[str, int | float | str]:
 
 
 def _jump_stats(sched: Scheduler) -> dict[str, int]:
-    """Counters of constrained requests' drafts (`runtime/sched/jump.py`), when on:
-    jump-forward draft tokens proposed and kept, and the lookup's where there is one."""
+    """Counters of the drafts verified in the plain forward path (`runtime/sched/jump.py`),
+    each kind when on: jump-forward draft tokens proposed and kept, constrained requests'
+    lookups, and the lookups of requests riding along in mixed steps."""
     drafts = sched.forward_step.drafts
     if drafts is None:
         return {}
-    jumper = drafts.jumper
-    out = {
-        "jump_forward_draft_tokens_total": jumper.drafted,
-        "jump_forward_accepted_tokens_total": jumper.accepted,
-    }
+    out = {}
+    if drafts.jumper is not None:
+        out["jump_forward_draft_tokens_total"] = drafts.jumper.drafted
+        out["jump_forward_accepted_tokens_total"] = drafts.jumper.accepted
     if drafts.lookup is not None:
         out["constrained_lookup_draft_tokens_total"] = drafts.lookup_drafted
         out["constrained_lookup_accepted_tokens_total"] = drafts.lookup_accepted
+    if drafts.riding is not None:
+        out["riding_lookup_draft_tokens_total"] = drafts.riding_drafted
+        out["riding_lookup_accepted_tokens_total"] = drafts.riding_accepted
     return out

@@ -133,6 +133,9 @@ class SpeculativeDecode:
         # forced, the drafter's model-free lookup cut to what the grammar accepts.
         self.allows_jump_forward = not drafter.tracks_positions
         self.constrained_lookup = drafter.lookup if self.allows_jump_forward else None
+        # Requests decoding beside a prefill (a mixed step) skip this strategy's step; they
+        # verify the same lookup in the plain forward path instead.
+        self.riding_lookup = self._riding_draft if self.allows_jump_forward else None
         if drafter.needs_hidden:  # every target forward must leave its hidden states
             runner.capture_hidden_states()
 
@@ -141,6 +144,16 @@ class SpeculativeDecode:
     def after_forward(self, fb: ForwardBatch, reqs: list[Req], next_ids: dict) -> None:
         """Keep the drafter in sync after a forward the scheduler ran itself."""
         self.drafter.observe(fb, reqs, next_ids, self._hidden())
+
+    def _riding_draft(self, req: Req) -> list[int]:
+        """The drafter's lookup (at most --speculative-num-draft-tokens tokens) for `req`
+        riding along in a mixed step; [] where this strategy would not speculate it
+        (`speculatable`) and for sampled requests: a draw from an extend row's logits may
+        differ from a decode step's in the last bits, enough to move a draw lying at a
+        token boundary."""
+        if not req.params.is_greedy or not speculatable(req):
+            return []
+        return self.drafter.lookup(req)[: self.num_draft]
 
     def stats(self) -> dict[str, int | float]:
         """Speculation counters for `Scheduler.stats()`."""
