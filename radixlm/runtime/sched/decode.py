@@ -81,15 +81,15 @@ class DecodeStrategy(Protocol):
         constrained_lookup: a model-free draft of a request's continuation, token ids
             (`Drafter.lookup`), which constrained requests verify beside jump-forward
             where their grammar forces nothing; None: none.
-        riding_lookup: the same kind of draft for an unconstrained request that rides
-            along in a mixed step (the strategy does not step it there), verified in the
-            plain forward path beside the step's prefill; [] for a request the strategy
-            would not speculate; None: none.
+        riding_lookup: the same kind of drafts for the unconstrained requests that ride
+            along in a mixed step (the strategy does not step them there), one list per
+            request, verified in the plain forward path beside the step's prefill; [] for
+            a request the strategy would not speculate; None: none.
     """
 
     allows_jump_forward: bool
     constrained_lookup: Callable[[Req], list[int]] | None
-    riding_lookup: Callable[[Req], list[int]] | None
+    riding_lookup: Callable[[list[Req]], list[list[int]]] | None
 
     def decode(self, ctx: DecodeContext, reqs: list[Req]) -> DecodeResult:
         """Run one decode step over `reqs` (the running requests); return its result."""

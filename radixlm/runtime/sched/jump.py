@@ -41,8 +41,9 @@ class Drafts:
         context_len: tokens per request at most (drafts stay inside it).
         lookup: a model-free draft of a request's continuation (`Drafter.lookup`), tried
             where the grammar forces nothing; None: forced text only.
-        riding: the decode strategy's `riding_lookup` for unconstrained requests
-            decoding in a mixed step ([] for one it would not speculate); None: none.
+        riding: the decode strategy's `riding_lookup`: drafts for the unconstrained
+            requests decoding in a mixed step ([] for one it would not speculate); None:
+            none.
 
     Attributes:
         lookup_drafted / lookup_accepted: lookup draft tokens of constrained requests
@@ -115,22 +116,22 @@ class Drafts:
         are consumed; none is used when the KV pool cannot hold the step. In a mixed step
         (`plan` not empty) an unconstrained request also drafts `riding`'s lookup."""
         self._taken_lookups, self._taken_riding = set(), set()
-        ride = self.riding if plan else None
-        if not decodes or not (self._drafts or ride):
+        free = [r for r in decodes if r.grammar is None] if plan and self.riding else []
+        if not decodes or not (self._drafts or free):
             return plan, decodes, {}
+        guesses = dict(zip(free, self.riding(free))) if free else {}
         drafted: dict[Req, list[int]] = {}
         lookups: set[Req] = set()
         riding: set[Req] = set()
         rest: list[Req] = []
         for r in decodes:
             entry = self._drafts.pop(r, None)
+            guess = guesses.get(r, [])[: max(self._room(r), 0)]
             if entry is not None and entry[0] == len(r.output_ids):
                 drafted[r] = entry[1]
                 if entry[2]:
                     lookups.add(r)
-            elif ride is not None and r.grammar is None and not r.return_logprob and (
-                guess := ride(r)[: max(self._room(r), 0)]
-            ):
+            elif guess:
                 drafted[r] = guess
                 riding.add(r)
             else:

@@ -135,7 +135,7 @@ class SpeculativeDecode:
         self.constrained_lookup = drafter.lookup if self.allows_jump_forward else None
         # Requests decoding beside a prefill (a mixed step) skip this strategy's step; they
         # verify the same lookup in the plain forward path instead.
-        self.riding_lookup = self._riding_draft if self.allows_jump_forward else None
+        self.riding_lookup = self._riding_drafts if self.allows_jump_forward else None
         if drafter.needs_hidden:  # every target forward must leave its hidden states
             runner.capture_hidden_states()
 
@@ -145,15 +145,21 @@ class SpeculativeDecode:
         """Keep the drafter in sync after a forward the scheduler ran itself."""
         self.drafter.observe(fb, reqs, next_ids, self._hidden())
 
-    def _riding_draft(self, req: Req) -> list[int]:
-        """The drafter's lookup (at most --speculative-num-draft-tokens tokens) for `req`
-        riding along in a mixed step; [] where this strategy would not speculate it
-        (`speculatable`) and for sampled requests: a draw from an extend row's logits may
-        differ from a decode step's in the last bits, enough to move a draw lying at a
+    def _riding_drafts(self, reqs: list[Req]) -> list[list[int]]:
+        """The drafter's lookup (at most --speculative-num-draft-tokens tokens) for each
+        of `reqs`, riding along in a mixed step; [] where this strategy would not
+        speculate (more than --speculative-max-batch-size requests, or a request that is
+        not `speculatable`) and for sampled requests: a draw from an extend row's logits
+        may differ from a decode step's in the last bits, enough to move a draw lying at a
         token boundary."""
-        if not req.params.is_greedy or not speculatable(req):
-            return []
-        return self.drafter.lookup(req)[: self.num_draft]
+        if len(reqs) > self.max_batch_size:
+            return [[] for _ in reqs]
+        return [
+            self.drafter.lookup(r)[: self.num_draft]
+            if r.params.is_greedy and speculatable(r)
+            else []
+            for r in reqs
+        ]
 
     def stats(self) -> dict[str, int | float]:
         """Speculation counters for `Scheduler.stats()`."""
