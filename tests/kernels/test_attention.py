@@ -236,7 +236,16 @@ def _half_pool(case):
     return case
 
 
-@pytest.mark.parametrize("mode", ["extend", "decode"])
+# The float16 pool's cases: the extend and decode modes, each with a longer request, and a
+# verify step's few new tokens per request after long prefixes (one-token decode rows).
+FLOAT16 = {
+    "extend": (ForwardMode.EXTEND, [*EXTEND[0], 300], [*EXTEND[1], 40]),
+    "decode": (ForwardMode.DECODE, [*DECODE[0], 300], [*DECODE[1], 1]),
+    "few": (ForwardMode.EXTEND, [300, 45, 7], [5, 3, 16]),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(FLOAT16))
 @pytest.mark.parametrize("page_size,group", [(1, 1), (16, 3), (4, 3)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_cpu_kernels_on_float16_pools_match_torch_native(gemm_isa, mode, page_size, group, threads):
@@ -245,8 +254,7 @@ def test_cpu_kernels_on_float16_pools_match_torch_native(gemm_isa, mode, page_si
     torch_native's over the same pool."""
     from radixlm.kernels.cpu_native import CpuNativeBackend
 
-    fmode, prefix_lens, extend_lens = MODES[mode]
-    prefix_lens, extend_lens = [*prefix_lens, 300], [*extend_lens, 1 if mode == "decode" else 40]
+    fmode, prefix_lens, extend_lens = FLOAT16[mode]
     case = _half_pool(
         make_case(fmode, prefix_lens, extend_lens, page_size=page_size, group=group, head_dim=64)
     )
@@ -264,29 +272,6 @@ def test_cpu_kernels_on_float16_pools_match_torch_native(gemm_isa, mode, page_si
     assert pool.k_buffer[0].dtype == torch.float16
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
     _assert_same_new_kv(case, pool, ref_pool)
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-def test_cpu_few_token_extends_on_float16_pools_match_torch_native(gemm_isa, threads):
-    """A verify-shaped step (a few new tokens per request after long prefixes) over a
-    float16 pool: the decode kernel's one-token rows equal torch_native."""
-    from radixlm.kernels.cpu_native import CpuNativeBackend
-
-    case = _half_pool(
-        make_case(ForwardMode.EXTEND, [300, 45, 7], [5, 3, 16], page_size=16, group=3, head_dim=64)
-    )
-    ref, _ = _run("torch_native", case)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        if not isinstance(
-            create_attention_backend("cpu", case.pool, case.scaling), CpuNativeBackend
-        ):
-            pytest.skip("the CPU kernels cannot be built here")
-        out, _ = _run("cpu", case)
-    finally:
-        torch.set_num_threads(before)
-    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
 
 
 def test_cpu_backend_falls_back_for_head_dims_outside_the_kernel():
