@@ -119,20 +119,20 @@ class Drafts:
         free = [r for r in decodes if r.grammar is None] if plan and self.riding else []
         if not decodes or not (self._drafts or free):
             return plan, decodes, {}
-        guesses = dict(zip(free, self.riding(free))) if free else {}
+        drafts = self.riding(free) if free else []
+        guesses = {r: g[: max(self._room(r), 0)] for r, g in zip(free, drafts)}
         drafted: dict[Req, list[int]] = {}
         lookups: set[Req] = set()
         riding: set[Req] = set()
         rest: list[Req] = []
         for r in decodes:
             entry = self._drafts.pop(r, None)
-            guess = guesses.get(r, [])[: max(self._room(r), 0)]
             if entry is not None and entry[0] == len(r.output_ids):
                 drafted[r] = entry[1]
                 if entry[2]:
                     lookups.add(r)
-            elif guess:
-                drafted[r] = guess
+            elif guesses.get(r):
+                drafted[r] = guesses[r]
                 riding.add(r)
             else:
                 rest.append(r)
