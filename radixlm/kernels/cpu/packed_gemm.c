@@ -12,8 +12,9 @@
  * BLOCKED_ROWS rows x is read in place and the K loop is blocked so a panel block stays
  * in L1 while every row tile uses it. From BLOCKED_ROWS rows on (prefill chunks) the
  * loops follow Goto & van de Geijn's blocking: each thread copies an MC x KC block of x
- * into 6-row micro-panels (k-major, so the 6 broadcasts of a k step are adjacent) that
- * stay in L2, and runs every 6-row tile of it against one KC x 16 panel slice. On AVX-512
+ * into micro-panels of at most 6 rows, balanced as the row tiles are (k-major, so the
+ * broadcasts of a k step are adjacent), that stay in L2, and runs every row tile of it
+ * against one KC x 16 panel slice. On AVX-512
  * CPUs every row count runs 12-row x 32-column tiles instead (zblocked_panels below).
  *
  * With more than one row (on AVX-512: PF_MIN_ROWS) the products are compute-heavy enough
@@ -151,6 +152,23 @@ static void panel_rows(int64_t M, int64_t K, const float *x, const float *panel,
     }
 }
 
+/* Copies x[0:mn, 0:kn] (row stride ldx) into the micro-panels of `tile_rows`' balanced
+ * split (at most 6 rows each), k-major at a stride of 6: micro-panel i at xp + 6 i kn
+ * holds its rows r at xp[6 i kn + 6 k + r]. Balanced tiles keep every tile's 2 mr
+ * accumulators enough to cover the FMA latency: 13 rows run as 5 + 4 + 4, where 6 + 6 + 1
+ * left a one-row tile, latency-bound, costing two thirds of a full one. */
+static void pack_x_tiles(const float *x, int64_t ldx, int64_t mn, int64_t kn,
+                         float *restrict xp) {
+    for (int64_t m0 = 0, i = 0, mr; m0 < mn; m0 += mr, ++i) {
+        mr = tile_rows(mn - m0);
+        float *dst = xp + i * 6 * kn;
+        for (int64_t r = 0; r < mr; ++r) {
+            const float *src = x + (m0 + r) * ldx;
+            for (int64_t k = 0; k < kn; ++k) dst[k * 6 + r] = src[k];
+        }
+    }
+}
+
 /* Copies x[0:mn, 0:kn] (row stride ldx) into micro-panels of `width` rows, k-major:
  * xp[ceil(mn / width)][kn][width] (a last, shorter micro-panel keeps the stride). */
 static void pack_x(const float *x, int64_t ldx, int64_t mn, int64_t kn, float *restrict xp,
@@ -196,7 +214,7 @@ static void blocked_panels(const float *x, const radixlm_wsrc *src, float *y, in
         for (int64_t k0 = 0; k0 < K; k0 += kb) {
             int64_t kn = K - k0 < kb ? K - k0 : kb;
             int64_t ntiles = (mn + 5) / 6, pstep = (64 + ntiles - 1) / ntiles;
-            pack_x(x + m0 * K + k0, K, mn, kn, xp, 6);
+            pack_x_tiles(x + m0 * K + k0, K, mn, kn, xp);
             for (int64_t b = b0; b < b1; ++b) {
                 const float *w = panel_slice(src, K, b, k0, kn, wslices);
                 int64_t cols = N - b * 16 < 16 ? N - b * 16 : 16;
@@ -205,13 +223,13 @@ static void blocked_panels(const float *x, const radixlm_wsrc *src, float *y, in
                 /* The row tiles fetch the next fp32 panel's slice meanwhile, each its share. */
                 int pf = b + 1 < b1 && src->fmt == 0;
                 const char *next = (const char *)(w + K * 16);
-                for (int64_t r = 0, i = 0; r < mn; r += 6, ++i) {
-                    int64_t mr = mn - r < 6 ? mn - r : 6;
+                for (int64_t r = 0, i = 0, mr; r < mn; r += mr, ++i) {
+                    mr = tile_rows(mn - r);
                     if (pf)
-                        PFPTILES[mr](k0 > 0, xp + r * kn, w, kn, dst + r * ldy, ldy,
+                        PFPTILES[mr](k0 > 0, xp + i * 6 * kn, w, kn, dst + r * ldy, ldy,
                                      next + i * kn * 64 / ntiles, pstep);
                     else
-                        PTILES[mr](k0 > 0, xp + r * kn, w, kn, dst + r * ldy, ldy);
+                        PTILES[mr](k0 > 0, xp + i * 6 * kn, w, kn, dst + r * ldy, ldy);
                 }
                 if (cols < 16 && k0 + kn == K)
                     for (int64_t r = 0; r < mn; ++r)
