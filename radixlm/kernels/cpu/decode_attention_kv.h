@@ -81,53 +81,67 @@ static void KV_FN(qk_scores)(const float *qb, const KV_T *k_buf, const int64_t *
         }
 }
 
+/* acc[g][c0 .. c0 + 31] += sum_t p_g[t] v_t[c0 ..] over t in [t0, t1) for nq <= 3 query
+ * rows g of KV head h (p rows `stride` apart, acc rows D apart): 4 * nq accumulators, each
+ * V vector loaded once for all nq rows. Three rows fill the 16 registers (12 accumulators,
+ * three broadcasts, one V vector): a V load per three FMAs and 12 independent FMA chains,
+ * where one row of 64 columns takes a V load per FMA and has 8 chains
+ * (docs/perf-notes.md, "Decode attention"). */
+static inline __attribute__((always_inline)) void KV_FN(pv_tile)(
+    const float *p, int64_t stride, int nq, const KV_T *v_buf, const int64_t *sl, int64_t Hkv,
+    int64_t h, int64_t D, int64_t c0, int64_t t0, int64_t t1, float *acc) {
+    __m256 r[3][4];
+    for (int g = 0; g < nq; ++g)
+        for (int j = 0; j < 4; ++j) r[g][j] = _mm256_loadu_ps(acc + g * D + c0 + 8 * j);
+    for (int64_t t = t0; t < t1; ++t) {
+        const KV_T *v = ROW(v_buf, t) + c0;
+        __m256 pt[3];
+        for (int g = 0; g < nq; ++g) pt[g] = _mm256_set1_ps(p[g * stride + t]);
+        for (int j = 0; j < 4; ++j) {
+            const __m256 x = KV_LOAD(v + 8 * j);
+            for (int g = 0; g < nq; ++g) r[g][j] = _mm256_fmadd_ps(pt[g], x, r[g][j]);
+        }
+    }
+    for (int g = 0; g < nq; ++g)
+        for (int j = 0; j < 4; ++j) _mm256_storeu_ps(acc + g * D + c0 + 8 * j, r[g][j]);
+}
+
 /* acc[g] = sum_t p[g][t] v_t for the nh * G query heads of KV heads h0 .. h0 + nh - 1:
  * tokens in blocks of VBLOCK (their V rows stay in L1 while every query head uses them),
- * 64 columns at a time in eight registers. */
+ * up to three query rows of a KV head a tile (`pv_tile`), 32 columns at a time; the last
+ * D % 32 columns one row and eight columns at a time. */
 #define VBLOCK 16
 static void KV_FN(pv_sum)(const float *scores, int64_t stride, const KV_T *v_buf, const int64_t *sl,
                    int64_t L, int64_t Hkv, int64_t h0, int64_t nh, int64_t D, int64_t G,
                    float *acc) {
-    int64_t h = h0;
+    const int64_t D32 = D / 32 * 32;
     for (int64_t i = 0; i < nh * G * D; ++i) acc[i] = 0.0f;
     for (int64_t t0 = 0; t0 < L; t0 += VBLOCK) {
         const int64_t t1 = t0 + VBLOCK < L ? t0 + VBLOCK : L;
         for (int64_t a = t1; a < t1 + VBLOCK && a < L; ++a)
             prefetch_row(ROWH(v_buf, a, h0), nh * D * sizeof(KV_T));
-        for (int64_t g = 0; g < nh * G; ++g) {
-            h = h0 + g / G;
-            const float *p = scores + g * stride;
-            int64_t c = 0;
-            for (; c + 64 <= D; c += 64) {
-                float *ac = acc + g * D + c;
-                __m256 r0 = _mm256_loadu_ps(ac), r1 = _mm256_loadu_ps(ac + 8);
-                __m256 r2 = _mm256_loadu_ps(ac + 16), r3 = _mm256_loadu_ps(ac + 24);
-                __m256 r4 = _mm256_loadu_ps(ac + 32), r5 = _mm256_loadu_ps(ac + 40);
-                __m256 r6 = _mm256_loadu_ps(ac + 48), r7 = _mm256_loadu_ps(ac + 56);
-                for (int64_t t = t0; t < t1; ++t) {
-                    const KV_T *v = ROW(v_buf, t) + c;
-                    __m256 pt = _mm256_set1_ps(p[t]);
-                    r0 = _mm256_fmadd_ps(pt, KV_LOAD(v), r0);
-                    r1 = _mm256_fmadd_ps(pt, KV_LOAD(v + 8), r1);
-                    r2 = _mm256_fmadd_ps(pt, KV_LOAD(v + 16), r2);
-                    r3 = _mm256_fmadd_ps(pt, KV_LOAD(v + 24), r3);
-                    r4 = _mm256_fmadd_ps(pt, KV_LOAD(v + 32), r4);
-                    r5 = _mm256_fmadd_ps(pt, KV_LOAD(v + 40), r5);
-                    r6 = _mm256_fmadd_ps(pt, KV_LOAD(v + 48), r6);
-                    r7 = _mm256_fmadd_ps(pt, KV_LOAD(v + 56), r7);
+        for (int64_t h = h0; h < h0 + nh; ++h)
+            for (int64_t g = (h - h0) * G; g < (h - h0 + 1) * G; g += 3) {
+                const int64_t left = (h - h0 + 1) * G - g;
+                const float *p = scores + g * stride;
+                float *pe = acc + g * D;
+                for (int64_t c = 0; c < D32; c += 32) {
+                    if (left >= 3)
+                        KV_FN(pv_tile)(p, stride, 3, v_buf, sl, Hkv, h, D, c, t0, t1, pe);
+                    else if (left == 2)
+                        KV_FN(pv_tile)(p, stride, 2, v_buf, sl, Hkv, h, D, c, t0, t1, pe);
+                    else
+                        KV_FN(pv_tile)(p, stride, 1, v_buf, sl, Hkv, h, D, c, t0, t1, pe);
                 }
-                _mm256_storeu_ps(ac, r0), _mm256_storeu_ps(ac + 8, r1);
-                _mm256_storeu_ps(ac + 16, r2), _mm256_storeu_ps(ac + 24, r3);
-                _mm256_storeu_ps(ac + 32, r4), _mm256_storeu_ps(ac + 40, r5);
-                _mm256_storeu_ps(ac + 48, r6), _mm256_storeu_ps(ac + 56, r7);
+                for (int64_t gg = g; gg < g + (left < 3 ? left : 3); ++gg)
+                    for (int64_t c = D32; c < D; c += 8) {
+                        const float *pg = scores + gg * stride;
+                        __m256 r = _mm256_loadu_ps(acc + gg * D + c);
+                        for (int64_t t = t0; t < t1; ++t)
+                            r = _mm256_fmadd_ps(_mm256_set1_ps(pg[t]), KV_LOAD(ROW(v_buf, t) + c), r);
+                        _mm256_storeu_ps(acc + gg * D + c, r);
+                    }
             }
-            for (; c < D; c += 8) {  /* head_dim not a multiple of 64: eight columns a pass */
-                __m256 r = _mm256_loadu_ps(acc + g * D + c);
-                for (int64_t t = t0; t < t1; ++t)
-                    r = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), KV_LOAD(ROW(v_buf, t) + c), r);
-                _mm256_storeu_ps(acc + g * D + c, r);
-            }
-        }
     }
 }
 
