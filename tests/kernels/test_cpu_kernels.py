@@ -232,12 +232,12 @@ def _prefix_sharing_batch(gen: torch.Generator):
     take = lambda n: [next(free) for _ in range(n)]  # noqa: E731
     a, b = take(200), take(40)
     rows = [
-        a + take(60),  # group A: 200 shared keys, two chunks of shared-key tasks
+        a + take(60),  # group A: 200 shared keys
         a + take(1),  # its own part is the new key alone
         a + take(90),
         a[:150] + take(30),  # shares 150 with A: A's prefix shrinks to 150
         a[:10] + take(50),  # shares 10 (< CASCADE_MIN): attends alone
-        b + take(5),  # group B: 40 shared keys, one chunk
+        b + take(5),  # group B: 40 shared keys
         b + take(33),
         b[:31] + take(3),  # 31 + 3 keys: too short to join
         take(70),  # its own slots
@@ -284,8 +284,9 @@ def test_decode_attention_large_prefix_groups(cpu_kernels, gemm_isa, kv_dtype, m
     """A group of many members: its members x group query rows span several 16-row vectors
     of the 512-bit shared pass (120 rows: 8 vectors, two of them a tail of the 3-vector
     tiles; 51 rows: a part-filled last vector; 2 rows), over shared chunks whose key counts
-    are not multiples of the 4-key tiles; equals the dense reference on both instruction
-    sets."""
+    are not multiples of the 4-key tiles (one group's prefix alone is split into chunks of
+    128 keys for the threads: 150 and 203 keys take two); equals the dense reference on both
+    instruction sets."""
     gen = torch.Generator().manual_seed(members)
     shared = torch.randperm(4000, generator=gen)[:prefix]
     own = 4000 + torch.arange(members * 40).reshape(members, 40)

@@ -15,8 +15,8 @@
  *
  * Cascade (shared-prefix) attention: requests whose slot lists begin with the same P >=
  * CASCADE_MIN slots (a prefix the radix cache shares) form a group. The shared keys are
- * read once for the whole group: per KV head and chunk of at most CASCADE_CHUNK shared
- * keys, one task scores every query row of every member against them (the K and V rows
+ * read once for the whole group: per KV head and chunk of shared keys (`cascade_groups`
+ * sizes the chunks), one task scores every query row of every member against them (the K and V rows
  * stay in L1 while all the rows use them) and keeps each row's partial softmax (max,
  * sum of exps, unnormalized V sum). Each request then attends over its own keys P .. L
  * and merges the partials by their maxima (the log-sum-exp merge of Hydragen, Juravsky
@@ -75,10 +75,11 @@ static inline int64_t window_start(int64_t len, int64_t window) {
     return window > 0 && len > window ? len - window : 0;
 }
 
-/* Cascade groups: shortest shared prefix given its own pass (keys), shared keys per task,
- * and distinct prefixes looked for per call. */
+/* Cascade groups: shortest shared prefix given its own pass (keys), fewest shared keys per
+ * task, shared tasks aimed at per thread, and distinct prefixes looked for per call. */
 #define CASCADE_MIN 32
 #define CASCADE_CHUNK 128
+#define CASCADE_TASKS 4
 #define CASCADE_GROUPS 16
 
 /* Requests sharing their first `prefix` slots: members[first .. first + count) are their
@@ -94,10 +95,17 @@ typedef struct {
  * slots; a group's prefix is the shortest such agreement, and at most seq_lens[b] - 1 for
  * every member, so each keeps its own new key. Groups of one are dropped. Fills group[b]
  * (index into gs, or -1) and members (B entries: the groups' rows, group by group);
- * returns the number of groups. */
+ * returns the number of groups.
+ *
+ * Each group's prefix is split into even chunks of at most *chunk_len keys, one task per
+ * chunk and KV head: chunks of CASCADE_CHUNK keys, or longer where the groups' shared
+ * keys give every one of the nt threads CASCADE_TASKS tasks of them anyway. Each chunk
+ * costs every member row a partial softmax to write and merge, so the verify rows of a
+ * few requests (a group of a request's own draft rows each) take few long chunks, while
+ * one prefix shared by a whole batch is still split among the threads. */
 static int64_t cascade_groups(const int64_t *slots, int64_t ld, const int64_t *seq_lens,
-                              int64_t B, int64_t Hkv, int64_t *group, int64_t *members,
-                              cascade_group *gs) {
+                              int64_t B, int64_t Hkv, int nt, int64_t *group,
+                              int64_t *members, cascade_group *gs, int64_t *chunk_len) {
     int64_t leader[CASCADE_GROUPS], ng = 0;
     for (int64_t b = 0; b < B; ++b) {
         const int64_t *s = slots + b * ld, own = seq_lens[b] - 1;
@@ -120,11 +128,17 @@ static int64_t cascade_groups(const int64_t *slots, int64_t ld, const int64_t *s
         gs[j].count++;
         group[b] = j;
     }
+    int64_t shared = 0, chunk = CASCADE_CHUNK;
+    for (int64_t j = 0; j < ng; ++j)
+        if (gs[j].count >= 2) shared += Hkv * gs[j].prefix;
+    const int64_t want = CASCADE_TASKS * (int64_t)(nt > 0 ? nt : 1);
+    if ((shared + want - 1) / want > chunk) chunk = (shared + want - 1) / want;
+    *chunk_len = chunk; /* ceil(prefix / ceil(prefix / chunk)) <= chunk */
     int64_t keep[CASCADE_GROUPS], n = 0, first = 0, part = 0;
     for (int64_t j = 0; j < ng; ++j) {
         keep[j] = -1;
         if (gs[j].count < 2) continue;
-        const int64_t chunks = (gs[j].prefix + CASCADE_CHUNK - 1) / CASCADE_CHUNK;
+        const int64_t chunks = (gs[j].prefix + chunk - 1) / chunk;
         const int64_t count = gs[j].count;
         gs[n] = (cascade_group){gs[j].prefix, first, 0, chunks, part};  /* n <= j */
         first += count;
@@ -157,7 +171,7 @@ static inline void cascade_chunk(int64_t P, int64_t chunks, int64_t c, int64_t *
  * columns past W untouched); rmax[g] gets the row's max, rsum[g] the sum of its exps.
  * Working over W, not the whole stride (sized for the batch's longest row), matters where
  * rows are shorter than the stride: the own keys of requests sharing a prefix, and the
- * cascade's shared chunks (CASCADE_CHUNK keys at most, in a stride of CASCADE_CHUNK). */
+ * cascade's shared chunks (in a stride sized for the longest chunk). */
 static void softmax_rows(float *s0, int64_t R, int64_t L, int64_t stride, float *rmax,
                          float *rsum) {
     const int64_t W = (L + 7) / 8 * 8;

@@ -436,11 +436,12 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
     int64_t *group = malloc((size_t)(2 * B) * sizeof(int64_t)), *members = group + B;
     if (!group) return -1;
     cascade_group gs[CASCADE_GROUPS];
-    int64_t ng = 0;
+    int64_t ng = 0, chunk_len = 0;
     if (window > 0)
         for (int64_t b = 0; b < B; ++b) group[b] = -1;
     else
-        ng = cascade_groups(slots, ld_slots, seq_lens, B, Hkv, group, members, gs);
+        ng = cascade_groups(slots, ld_slots, seq_lens, B, Hkv, num_threads, group, members, gs,
+                            &chunk_len);
     int64_t shared_tasks = 0, part_floats = 0, max_rows = 0, max_len = 1;
     for (int64_t j = 0; j < ng; ++j) {
         shared_tasks += Hkv * gs[j].chunks;
@@ -464,7 +465,7 @@ static int KV_FN(decode_attention)(const float *q, int64_t ldq, const KV_T *k_bu
     const int wide = D % 64 == 0 && radixlm_gemm_isa(-1);
     const KV_FN(scores_fn) scores_of = wide ? KV_FN(zqk_scores) : KV_FN(qk_scores);
     const KV_FN(v_sum_fn) v_sum = wide ? KV_FN(zpv_sum) : KV_FN(pv_sum);
-    const int64_t cstride = (CASCADE_CHUNK + 7) / 8 * 8;
+    const int64_t cstride = (chunk_len + 7) / 8 * 8;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
