@@ -16,9 +16,9 @@
  * Cascade (shared-prefix) attention: requests whose slot lists begin with the same P >=
  * CASCADE_MIN slots (a prefix the radix cache shares) form a group. The shared keys are
  * read once for the whole group: per KV head and chunk of shared keys (`cascade_groups`
- * sizes the chunks), one task scores every query row of every member against them (the K and V rows
- * stay in L1 while all the rows use them) and keeps each row's partial softmax (max,
- * sum of exps, unnormalized V sum). Each request then attends over its own keys P .. L
+ * sizes the chunks), one task scores every query row of every member against them (the K
+ * and V rows stay in L1 while all the rows use them) and keeps each row's partial softmax
+ * (max, sum of exps, unnormalized V sum). Each request then attends over its own keys P .. L
  * and merges the partials by their maxima (the log-sum-exp merge of Hydragen, Juravsky
  * et al. 2024, and FlashInfer's cascade inference). Batch 16 x 300 keys sharing 200, 30
  * layers, one thread: `benchmarks/shared_prefix_attention.py`. On AVX-512 the shared

@@ -14,8 +14,8 @@
  * loops follow Goto & van de Geijn's blocking: each thread copies an MC x KC block of x
  * into micro-panels of at most 6 rows, balanced as the row tiles are (k-major, so the
  * broadcasts of a k step are adjacent), that stay in L2, and runs every row tile of it
- * against one KC x 16 panel slice. On AVX-512
- * CPUs every row count runs 12-row x 32-column tiles instead (zblocked_panels below).
+ * against one KC x 16 panel slice. On AVX-512 CPUs every row count runs 12-row x
+ * 32-column tiles instead (zblocked_panels below).
  *
  * With more than one row (on AVX-512: PF_MIN_ROWS) the products are compute-heavy enough
  * that the hardware prefetcher falls behind the weight stream, so the row tiles
@@ -154,9 +154,9 @@ static void panel_rows(int64_t M, int64_t K, const float *x, const float *panel,
 
 /* Copies x[0:mn, 0:kn] (row stride ldx) into the micro-panels of `tile_rows`' balanced
  * split (at most 6 rows each), k-major at a stride of 6: micro-panel i at xp + 6 i kn
- * holds its rows r at xp[6 i kn + 6 k + r]. Balanced tiles keep every tile's 2 mr
- * accumulators enough to cover the FMA latency: 13 rows run as 5 + 4 + 4, where 6 + 6 + 1
- * left a one-row tile, latency-bound, costing two thirds of a full one. */
+ * holds its rows r at xp[6 i kn + 6 k + r]. Balanced tiles give every tile enough
+ * independent accumulators (2 per row) to cover the FMA latency: 13 rows run as 5 + 4 + 4;
+ * 6 + 6 + 1 would leave a one-row tile whose two FMA chains wait on that latency. */
 static void pack_x_tiles(const float *x, int64_t ldx, int64_t mn, int64_t kn,
                          float *restrict xp) {
     for (int64_t m0 = 0, i = 0, mr; m0 < mn; m0 += mr, ++i) {
