@@ -75,10 +75,12 @@ static inline int64_t window_start(int64_t len, int64_t window) {
     return window > 0 && len > window ? len - window : 0;
 }
 
-/* Cascade groups: shortest shared prefix given its own pass (keys), fewest shared keys per
- * task, shared tasks aimed at per thread, and distinct prefixes looked for per call. */
+/* Cascade groups: shortest shared prefix given its own pass (keys), fewest and most
+ * shared keys per task (the most bounds each thread's scores, rows x keys floats), shared
+ * tasks aimed at per thread, and distinct prefixes looked for per call. */
 #define CASCADE_MIN 32
 #define CASCADE_CHUNK 128
+#define CASCADE_CHUNK_MAX 512
 #define CASCADE_TASKS 4
 #define CASCADE_GROUPS 16
 
@@ -98,8 +100,9 @@ typedef struct {
  * returns the number of groups.
  *
  * Each group's prefix is split into even chunks of at most *chunk_len keys, one task per
- * chunk and KV head: chunks of CASCADE_CHUNK keys, or longer where the groups' shared
- * keys give every one of the nt threads CASCADE_TASKS tasks of them anyway. Each chunk
+ * chunk and KV head: chunks of CASCADE_CHUNK keys, or longer (up to CASCADE_CHUNK_MAX)
+ * where the groups' shared keys give every one of the nt threads CASCADE_TASKS tasks of
+ * them anyway. Each chunk
  * costs every member row a partial softmax to write and merge, so the verify rows of a
  * few requests (a group of a request's own draft rows each) take few long chunks, while
  * one prefix shared by a whole batch is still split among the threads. */
@@ -133,6 +136,7 @@ static int64_t cascade_groups(const int64_t *slots, int64_t ld, const int64_t *s
         if (gs[j].count >= 2) shared += Hkv * gs[j].prefix;
     const int64_t want = CASCADE_TASKS * (int64_t)(nt > 0 ? nt : 1);
     if ((shared + want - 1) / want > chunk) chunk = (shared + want - 1) / want;
+    if (chunk > CASCADE_CHUNK_MAX) chunk = CASCADE_CHUNK_MAX;
     *chunk_len = chunk; /* ceil(prefix / ceil(prefix / chunk)) <= chunk */
     int64_t keep[CASCADE_GROUPS], n = 0, first = 0, part = 0;
     for (int64_t j = 0; j < ng; ++j) {
