@@ -152,30 +152,18 @@ static void panel_rows(int64_t M, int64_t K, const float *x, const float *panel,
     }
 }
 
-/* Copies x[0:mn, 0:kn] (row stride ldx) into the micro-panels of `tile_rows`' balanced
- * split (at most 6 rows each), k-major at a stride of 6: micro-panel i at xp + 6 i kn
- * holds its rows r at xp[6 i kn + 6 k + r]. Balanced tiles give every tile enough
- * independent accumulators (2 per row) to cover the FMA latency: 13 rows run as 5 + 4 + 4;
- * 6 + 6 + 1 would leave a one-row tile whose two FMA chains wait on that latency. */
-static void pack_x_tiles(const float *x, int64_t ldx, int64_t mn, int64_t kn,
-                         float *restrict xp) {
-    for (int64_t m0 = 0, i = 0, mr; m0 < mn; m0 += mr, ++i) {
-        mr = tile_rows(mn - m0);
-        float *dst = xp + i * 6 * kn;
-        for (int64_t r = 0; r < mr; ++r) {
-            const float *src = x + (m0 + r) * ldx;
-            for (int64_t k = 0; k < kn; ++k) dst[k * 6 + r] = src[k];
-        }
-    }
-}
-
-/* Copies x[0:mn, 0:kn] (row stride ldx) into micro-panels of `width` rows, k-major:
- * xp[ceil(mn / width)][kn][width] (a last, shorter micro-panel keeps the stride). */
+/* Copies x[0:mn, 0:kn] (row stride ldx) into micro-panels of at most `width` rows, k-major
+ * at a stride of `width`: micro-panel i at xp + i width kn holds its row r, column k at
+ * xp[i width kn + width k + r]. Each micro-panel takes `width` rows (a last one fewer), or
+ * with `balanced` (width 6) the rows of `tile_rows`' even split: balanced tiles give every
+ * tile enough independent accumulators (2 per row) to cover the FMA latency, 13 rows
+ * running as 5 + 4 + 4 where 6 + 6 + 1 would leave a one-row tile whose two FMA chains
+ * wait on that latency. */
 static void pack_x(const float *x, int64_t ldx, int64_t mn, int64_t kn, float *restrict xp,
-                   int64_t width) {
-    for (int64_t m0 = 0; m0 < mn; m0 += width) {
-        int64_t mr = mn - m0 < width ? mn - m0 : width;
-        float *dst = xp + m0 * kn;
+                   int64_t width, int balanced) {
+    for (int64_t m0 = 0, i = 0, mr; m0 < mn; m0 += mr, ++i) {
+        mr = balanced ? tile_rows(mn - m0) : (mn - m0 < width ? mn - m0 : width);
+        float *dst = xp + i * width * kn;
         for (int64_t r = 0; r < mr; ++r) {
             const float *src = x + (m0 + r) * ldx;
             for (int64_t k = 0; k < kn; ++k) dst[k * width + r] = src[k];
@@ -214,7 +202,7 @@ static void blocked_panels(const float *x, const radixlm_wsrc *src, float *y, in
         for (int64_t k0 = 0; k0 < K; k0 += kb) {
             int64_t kn = K - k0 < kb ? K - k0 : kb;
             int64_t ntiles = (mn + 5) / 6, pstep = (64 + ntiles - 1) / ntiles;
-            pack_x_tiles(x + m0 * K + k0, K, mn, kn, xp);
+            pack_x(x + m0 * K + k0, K, mn, kn, xp, 6, 1);
             for (int64_t b = b0; b < b1; ++b) {
                 const float *w = panel_slice(src, K, b, k0, kn, wslices);
                 int64_t cols = N - b * 16 < 16 ? N - b * 16 : 16;
@@ -338,7 +326,7 @@ static AVX512 void zblocked_panels(const float *x, const radixlm_wsrc *src, floa
         int64_t pstep = (64 + ntiles - 1) / ntiles;
         for (int64_t k0 = 0; k0 < K; k0 += kb) {
             int64_t kn = K - k0 < kb ? K - k0 : kb;
-            pack_x(x + m0 * K + k0, K, mn, kn, xp, width);
+            pack_x(x + m0 * K + k0, K, mn, kn, xp, width, 0);
             for (int64_t b = b0, np; b < b1; b += np) {
                 /* Two panels when both are full (the padded last one goes alone). */
                 np = b + 1 < b1 && N - (b + 1) * 16 >= 16 ? 2 : 1;
