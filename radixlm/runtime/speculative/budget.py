@@ -82,7 +82,11 @@ class AcceptanceTracker:
 
     A request's estimate is (s + w a_g) / (n + w): its own successes s and trials n, both
     exponentially weighted, plus the engine-wide estimate a_g as a prior worth w =
-    `prior_trials` trials. A request's own counts also fade while it drafts nothing
+    `prior_trials` trials. A verify step adds about one trial per request, so a weak prior
+    lets one rejection drive a request's estimate far below its real rate, and the short
+    drafts it then gets rebuild the estimate only slowly; w = 8 moves a request off the
+    engine's rate only on a run of its own evidence (docs/speculative.md, "Draft budget",
+    has the calibration). A request's own counts also fade while it drafts nothing
     (`idle`), so an early run of rejections does not silence it for good: its estimate
     drifts back to the engine's and it drafts again where that pays. Likewise the
     engine-wide counts fade back to the starting prior over steps where no request
@@ -97,7 +101,7 @@ class AcceptanceTracker:
     """
 
     def __init__(
-        self, prior: float = 0.5, decay: float = 0.9, floor: float = 0.05, prior_trials: float = 2.0
+        self, prior: float = 0.5, decay: float = 0.9, floor: float = 0.05, prior_trials: float = 8.0
     ):
         self.decay, self.floor, self.prior_trials = decay, floor, prior_trials
         self._start = (prior * 4.0, 4.0)  # successes, trials: a prior worth 4 trials

@@ -41,7 +41,7 @@ def test_acceptance_tracker_counts_geometric_trials():
 
 
 def test_acceptance_tracker_floor_and_recovery():
-    t = AcceptanceTracker(prior=0.5, decay=0.5, floor=0.05)
+    t = AcceptanceTracker(prior=0.5, decay=0.5, floor=0.05, prior_trials=2.0)
     r, other = FakeReq(), FakeReq()
     for _ in range(20):
         t.update_step([(r, 4, 0)])
@@ -54,6 +54,31 @@ def test_acceptance_tracker_floor_and_recovery():
         t.idle(r)
     assert t.alpha(r) > 0.95 > low
     t.idle(FakeReq())  # unknown requests: nothing to fade
+
+
+def test_default_prior_keeps_one_rejection_from_silencing_a_request():
+    # Three requests accepted all 4 drafts; a fourth had its only draft rejected. The
+    # engine's rate: prior 0.9 worth 4 trials, then 12 successes, then 1 failure.
+    def tracker(**kw):
+        t = AcceptanceTracker(prior=0.9, decay=1.0, **kw)
+        t.update_step([(r, 4, 4) for r in others])
+        t.update_step([(rejected, 1, 0)])
+        return t
+
+    others, rejected = [FakeReq() for _ in range(3)], FakeReq()
+    g = 15.6 / 17
+    default = tracker()
+    assert default.alpha() == pytest.approx(g)
+    assert default.alpha(rejected) == pytest.approx(8 * g / 9)  # 0.816
+    assert default.alpha(others[0]) == pytest.approx((4 + 8 * g) / 12)  # 0.945
+    # 20 ms for 4 rows, +1 ms a row: a draft pays while alpha^k exceeds the step's rate
+    # times 1 ms, about 0.47 here. The rejected request keeps 3 drafts (0.816^3 = 0.54);
+    # with a prior of 2 trials its estimate falls to 2 g / 3 = 0.61 and it keeps one.
+    reqs, caps = [rejected, *others], [4, 4, 4, 4]
+    assert GoodputBudget(default, roofline_curve(4)).plan(reqs, caps) == [3, 4, 4, 4]
+    weak = tracker(prior_trials=2.0)
+    assert weak.alpha(rejected) == pytest.approx(2 * g / 3)
+    assert GoodputBudget(weak, roofline_curve(4)).plan(reqs, caps) == [1, 4, 4, 4]
 
 
 def test_engine_estimate_returns_to_the_prior_while_nothing_drafts():
@@ -161,7 +186,10 @@ def test_goodput_learns_from_verified_drafts():
     good, bad = FakeReq(), FakeReq()
     for _ in range(10):
         budget.observe_verify([(good, 4, 4), (bad, 4, 0)])
-    assert budget.tracker.alpha(good) > 0.8 and budget.tracker.alpha(bad) < 0.3
+    g = 42 / 54  # the prior's 2 of 4 trials, then 40 successes in 50 trials
+    assert budget.tracker.alpha() == pytest.approx(g)
+    assert budget.tracker.alpha(good) == pytest.approx((40 + 8 * g) / 48)  # 0.96
+    assert budget.tracker.alpha(bad) == pytest.approx(8 * g / 18)  # 0.35: 10 trials against 8
     reqs = [good] * 8 + [bad] * 8  # the tracker keys by object: same estimates
     plan = budget.plan(reqs, [4] * 16)
     assert sum(plan[:8]) > 0 and sum(plan[8:]) == 0
