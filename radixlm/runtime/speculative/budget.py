@@ -15,9 +15,13 @@ Decoding for Serving Large Language Models Using Goodput"):
   early run of rejections, e.g. at the start of every answer, cannot silence the
   engine for good).
 * Cost. The step time t(R) is measured online as a curve over the rows R a step verified
-  (requests + draft tokens; plain decode steps are R = B): `StepCostCurve`. A batch size
-  whose bucket holds no measurement yet runs one plain step first, so drafts are always
-  priced against a measured t(B).
+  (requests + draft tokens; plain decode steps are R = B): `StepCostCurve`. A batch of B
+  requests runs one plain step first where the curve would extrapolate t(B) (no step of
+  B rows or more measured yet), so drafts are never priced against a guessed t(B); a
+  batch smaller than a measured step is priced off the curve (below its first point,
+  that point's time: an overestimate, which favours drafts only where a batch is small
+  and its extra rows are nearly free). A batch shrinking as its requests finish thus
+  keeps drafting instead of spending a plain step on each new size.
 * Choice. With B requests and no drafts the step emits E = B tokens (one bonus each) in
   t(B). The k-th draft of request i adds alpha_i^k expected tokens and one row. Drafts
   are ranked by alpha_i^k (each request's gains fall with depth, so every prefix of the
@@ -183,6 +187,11 @@ class StepCostCurve:
         """Whether a step of about `rows` rows (the same bucket) was observed."""
         return self.bucket(max(rows, 1)) in self._buckets
 
+    def covers(self, rows: int) -> bool:
+        """Whether `predict(rows)` reads measured points rather than extrapolating: a
+        step of about `rows` rows (`has_bucket`) or of more rows was observed."""
+        return self.has_bucket(rows) or any(r >= rows for r, _ in self.points())
+
     def observe(self, rows: int, seconds: float) -> None:
         """Add one step: `rows` tokens in `seconds` (non-finite or negative ignored)."""
         if rows <= 0 or not math.isfinite(seconds) or seconds < 0:
@@ -236,8 +245,8 @@ class GoodputBudget(DraftBudget):
 
     def plan(self, reqs: list[Req], caps: list[int]) -> list[int]:
         budgets = [0] * len(reqs)
-        if not self.cost.has_bucket(len(reqs)):  # no plain step of this size measured yet:
-            return budgets  # run one, so that the rows a draft adds are priced against it
+        if not self.cost.covers(len(reqs)):  # t(B) would be extrapolated: measure it
+            return budgets  # with a plain step first
         rows, gain = len(reqs), float(len(reqs))
         candidates = []
         for i, (req, cap) in enumerate(zip(reqs, caps)):

@@ -178,7 +178,22 @@ def test_goodput_measures_a_plain_step_first_and_keeps_seeded_caps():
     seeded = FakeReq(greedy=False, seed=7)
     plan = budget.plan([*reqs, seeded], [3] * 17)
     assert plan == [0] * 16 + [3]  # the seeded request's tree may not follow timing
-    assert budget.plan(reqs[:4], [3] * 4) == [0] * 4  # batch 4 not measured yet
+
+
+def test_goodput_prices_smaller_batches_off_the_curve_and_measures_larger_ones():
+    # Steps of 4 and 8 rows measured (20 and 24 ms). A batch of 2 is priced off the
+    # curve (t(2) = t(4) = 20 ms, its first point): at alpha 0.9 every draft pays, so the
+    # batch drafts at once instead of first running a plain step of 2. A batch of 12
+    # would extrapolate t(12): it runs a plain step first, then drafts.
+    budget = GoodputBudget(AcceptanceTracker(prior=0.9, decay=1.0))
+    budget.observe_step(4, 0.020)
+    budget.observe_step(8, 0.024)
+    assert budget.cost.covers(2) and budget.cost.covers(8) and not budget.cost.covers(12)
+    assert budget.plan([FakeReq(), FakeReq()], [4, 4]) == [4, 4]
+    twelve = [FakeReq() for _ in range(12)]
+    assert budget.plan(twelve, [1] * 12) == [0] * 12
+    budget.observe_step(12, 0.028)
+    assert budget.plan(twelve, [1] * 12) == [1] * 12
 
 
 def test_goodput_learns_from_verified_drafts():
