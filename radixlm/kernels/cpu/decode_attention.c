@@ -102,10 +102,9 @@ typedef struct {
  * Each group's prefix is split into even chunks of at most *chunk_len keys, one task per
  * chunk and KV head: chunks of CASCADE_CHUNK keys, or longer (up to CASCADE_CHUNK_MAX)
  * where the groups' shared keys give every one of the nt threads CASCADE_TASKS tasks of
- * them anyway. Each chunk
- * costs every member row a partial softmax to write and merge, so the verify rows of a
- * few requests (a group of a request's own draft rows each) take few long chunks, while
- * one prefix shared by a whole batch is still split among the threads. */
+ * them anyway. Each chunk costs every member row a partial softmax to write and merge, so
+ * the verify rows of a few requests (a group of a request's own draft rows each) take few
+ * long chunks, while one prefix shared by a whole batch is still split among the threads. */
 static int64_t cascade_groups(const int64_t *slots, int64_t ld, const int64_t *seq_lens,
                               int64_t B, int64_t Hkv, int nt, int64_t *group,
                               int64_t *members, cascade_group *gs, int64_t *chunk_len) {

@@ -190,7 +190,8 @@ class StepCostCurve:
     def covers(self, rows: int) -> bool:
         """Whether `predict(rows)` reads measured points rather than extrapolating: a
         step of about `rows` rows (`has_bucket`) or of more rows was observed."""
-        return self.has_bucket(rows) or any(r >= rows for r, _ in self.points())
+        pts = self.points()  # in R order
+        return self.has_bucket(rows) or bool(pts) and pts[-1][0] >= rows
 
     def observe(self, rows: int, seconds: float) -> None:
         """Add one step: `rows` tokens in `seconds` (non-finite or negative ignored)."""

@@ -59,13 +59,14 @@ def test_acceptance_tracker_floor_and_recovery():
 def test_default_prior_keeps_one_rejection_from_silencing_a_request():
     # Three requests accepted all 4 drafts; a fourth had its only draft rejected. The
     # engine's rate: prior 0.9 worth 4 trials, then 12 successes, then 1 failure.
+    others, rejected = [FakeReq() for _ in range(3)], FakeReq()
+
     def tracker(**kw):
         t = AcceptanceTracker(prior=0.9, decay=1.0, **kw)
         t.update_step([(r, 4, 4) for r in others])
         t.update_step([(rejected, 1, 0)])
         return t
 
-    others, rejected = [FakeReq() for _ in range(3)], FakeReq()
     g = 15.6 / 17
     default = tracker()
     assert default.alpha() == pytest.approx(g)
