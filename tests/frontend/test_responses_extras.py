@@ -37,9 +37,12 @@ def test_cache_salt_separates_cached_prefixes(http):
         resp = _post(http, input=text, store=False, **GREEDY, **salt)
         return resp["usage"]["input_tokens_details"]["cached_tokens"]
 
-    text = f"{uuid.uuid4().hex} {story}"
-    # Unsalted prompts share the chat template's preamble (the system prompt) only.
-    preamble = cached(f"{uuid.uuid4().hex} {story}")
+    # Prompts whose first characters differ share no token after the chat template's
+    # preamble (the system prompt); one unsalted request caches that preamble first.
+    cached("Hello")
+    text = f"Q{uuid.uuid4().hex} {story}"
+    preamble = cached(f"Z{uuid.uuid4().hex} {story}")
+    assert preamble > 0
     assert cached(text, cache_salt="tenant-a") == 0
     assert cached(text, cache_salt="tenant-a") > preamble + 40  # the tenant shares it
     assert cached(text, cache_salt="tenant-b") == 0
