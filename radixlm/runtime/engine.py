@@ -21,12 +21,17 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 from radixlm.config import ServerArgs
 from radixlm.errors import EngineClosedError, InvalidRequestError
-from radixlm.runtime.engine_requests import Tracked, asked_per_prompt, is_token, per_prompt
+from radixlm.runtime.engine_requests import (
+    GenerateStream,
+    Tracked,
+    asked_per_prompt,
+    is_token,
+    per_prompt,
+)
 from radixlm.runtime.sampling.logprobs import LogprobOptions
 from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.request import Req, ReqOutput, SchedOptions
@@ -86,7 +91,7 @@ class Engine:
         priority: int | list[int] = 0,
         slo_ttft_ms: float | None = None,
         slo_tpot_ms: float | None = None,
-    ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
+    ) -> dict[str, Any] | list[dict[str, Any]] | GenerateStream:
         """Generate completions.
 
         Args:
@@ -124,9 +129,9 @@ class Engine:
             cached_tokens} and ``meta_info`` (the keys of ``POST /generate``'s meta_info:
             id, finish_reason, prompt_tokens, completion_tokens, cached_tokens, and with
             return_logprob the four logprob lists of `runtime/server/meta_info.py`). With
-            stream=True an iterator of chunks with ``index``, the ``text`` and
-            ``output_ids`` deltas, with return_logprob a ``meta_info`` holding this
-            chunk's logprob entries, and on the last chunk of each request
+            stream=True a `GenerateStream`: an iterator of chunks with ``index``, the
+            ``text`` and ``output_ids`` deltas, with return_logprob a ``meta_info``
+            holding this chunk's logprob entries, and on the last chunk of each request
             ``finish_reason``, ``usage`` and ``meta_info`` (its own logprob entries).
 
         Raises:
@@ -411,27 +416,11 @@ class Engine:
         while any(self._tracked[r].final is None for r in rids):
             self._step()
 
-    def _stream(
-        self, token_lists, params, cache_salt=None, lps=None, sched=None
-    ) -> Iterator[dict[str, Any]]:
-        self._check_open()
-        pending = self._submit_all(token_lists, params, cache_salt, lps, sched)
-        try:
-            while pending:
-                self._check_open()
-                if not any(self._tracked[r].chunks for r in pending):
-                    self._step()
-                for rid in list(pending):
-                    t = self._tracked[rid]
-                    # Pop before yielding: chunks that arrive while this generator is
-                    # suspended (another consumer stepped) are picked up on resume.
-                    while t.chunks:
-                        yield t.chunks.pop(0)
-                    if t.final is not None:
-                        pending.remove(rid)
-                        del self._tracked[rid]
-        finally:  # the consumer stopped early or the step failed: abort what is left
-            self._abort(pending)
+    def _stream(self, token_lists, params, cache_salt=None, lps=None, sched=None) -> GenerateStream:
+        def submit() -> list[str]:
+            return self._submit_all(token_lists, params, cache_salt, lps, sched)
+
+        return GenerateStream(self._tracked, submit, self._step, self._abort, self._check_open)
 
     def _decode_token(self, t: Tracked) -> Any:
         if not t.logprobs.return_text_in_logprobs:

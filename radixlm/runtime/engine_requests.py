@@ -61,3 +61,82 @@ def asked_per_prompt(value: Any, n: int) -> list[list[int] | None]:
     if isinstance(value, list) and value and all(v is None or isinstance(v, list) for v in value):
         return per_prompt(value, n, "token_ids_logprob")
     return [value] * n
+
+
+class GenerateStream:
+    """The chunks of one `Engine.generate(stream=True)` call, as its steps produce them.
+
+    Iterating steps the engine whenever none of the call's requests has a chunk waiting
+    (one step serves every request in flight; chunks for other streams stay queued for
+    them). `ready()` takes the waiting chunks without stepping, for a caller that steps
+    the engine itself (`Engine.step`) and serves several streams from each step. The
+    requests are queued on first use, so a stream never used never runs; `close()`, a
+    failed step and garbage collection abort those still running.
+
+    Args:
+        tracked: the engine's request id -> `Tracked` table (a finished request is
+            removed from it once its last chunk is taken).
+        submit: queues the call's requests; returns their ids.
+        step: runs one scheduler step.
+        abort: aborts and forgets the given request ids.
+        check_open: raises EngineClosedError once the engine is shut down.
+    """
+
+    def __init__(self, tracked: dict[str, Tracked], submit, step, abort, check_open):
+        self._tracked, self._submit, self._step, self._abort = tracked, submit, step, abort
+        self._check_open = check_open
+        self._pending: list[str] | None = None  # None: not submitted yet
+        self._buffer: list[dict[str, Any]] = []
+
+    @property
+    def finished(self) -> bool:
+        """True once every request's last chunk was taken (or the stream was closed)."""
+        return self._pending == [] and not self._buffer
+
+    def ready(self) -> list[dict[str, Any]]:
+        """The chunks waiting now, request by request in prompt order (no step).
+        Raises EngineClosedError after the engine's shutdown."""
+        self._check_open()
+        if self._pending is None:
+            self._pending = self._submit()
+        out, self._buffer = self._buffer, []
+        for rid in list(self._pending):
+            t = self._tracked.get(rid)
+            if t is None:  # aborted by another caller: it ends without a last chunk
+                self._pending.remove(rid)
+                continue
+            out += t.chunks
+            t.chunks = []
+            if t.final is not None:
+                self._pending.remove(rid)
+                del self._tracked[rid]
+        return out
+
+    def __iter__(self) -> GenerateStream:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        while not self._buffer:
+            self._buffer = self.ready()
+            if self._buffer:
+                break
+            if not self._pending:
+                raise StopIteration
+            try:
+                self._step()
+            except BaseException:
+                self.close()
+                raise
+        return self._buffer.pop(0)
+
+    def close(self) -> None:
+        """Abort the requests still running; idempotent."""
+        if self._pending:
+            self._abort(self._pending)
+        self._pending, self._buffer = [], []
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - an engine already shut down has nothing to abort
+            pass

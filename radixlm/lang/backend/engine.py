@@ -5,9 +5,11 @@ driver thread therefore owns every engine call; program threads queue jobs and w
 futures. Each round the driver merges every newly queued request (gens, select scoring,
 prefix commits; each with its own sampling and logprob settings) into one streamed
 `engine.generate` call, so requests that arrive together are admitted and prefilled
-together, then advances all open streams: one scheduler step serves all of them
-(continuous batching), and a request queued mid-step joins the next round. A job
-finishes as soon as its own prompts do. Other calls (server info, flush) run between
+together, then runs one scheduler step for all open calls (continuous batching) and
+hands every chunk that step produced to its job before the next step: a job finishes
+right after the step that finishes its own prompts, so a program's next call joins the
+step after that, and a request queued mid-step joins the next round. A failed step
+fails every job in flight with its error. Other calls (server info, flush) run between
 rounds. After a fork (`expect_requests`) the driver holds its next round until the
 branches' first requests have all arrived (at most `FORK_GATHER_S`): their threads start
 one after another, and without the hold the first branches would be prefilled in one
@@ -23,7 +25,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -115,34 +117,41 @@ class _Job:
 
 
 class _Merged:
-    """One streamed `engine.generate` call serving several jobs."""
+    """One streamed `engine.generate` call (a `GenerateStream`) serving several jobs."""
 
-    def __init__(self, stream: Iterator[dict[str, Any]], jobs: list[_Job]):
+    def __init__(self, stream, jobs: list[_Job]):
         self.stream = stream
         self.slots = [(job, i) for job in jobs for i in range(len(job.prompts))]
         self.jobs = jobs
 
-    def advance(self) -> bool:
-        """Take one chunk (stepping the engine when none is ready); False when done."""
+    def deliver(self) -> bool:
+        """Hand every chunk waiting for these jobs to them (no engine step); False once
+        the call is over."""
         try:
-            chunk = next(self.stream)
-        except StopIteration:
-            for job in self.jobs:  # normally all done; an aborted request ends here
-                job.fail(RuntimeError("the engine ended the request without a result"))
-            return False
+            chunks = self.stream.ready()
         except BaseException as e:  # noqa: BLE001 - fails the jobs still running
-            for job in self.jobs:
-                job.fail(e)
+            self.fail(e)
             return False
-        job, index = self.slots[chunk.get("index", 0)]
-        try:
-            job.add(index, chunk)
-        except BaseException as e:  # noqa: BLE001 - a consumer's failure ends its job only
-            job.fail(e)
-        return True
+        for chunk in chunks:
+            job, index = self.slots[chunk.get("index", 0)]
+            try:
+                job.add(index, chunk)
+            except BaseException as e:  # noqa: BLE001 - a consumer's failure ends its job only
+                job.fail(e)
+        if not self.stream.finished:
+            return True
+        for job in self.jobs:  # normally all done; an aborted request ends here
+            job.fail(RuntimeError("the engine ended the request without a result"))
+        return False
+
+    def fail(self, error: BaseException) -> None:
+        """Abort the call's requests still running and fail its unfinished jobs."""
+        self.stream.close()
+        for job in self.jobs:
+            job.fail(error)
 
 
-def _start(engine, jobs: list[_Job]) -> Iterator[dict[str, Any]]:
+def _start(engine, jobs: list[_Job]):
     """engine.generate(stream=True) over all prompts of `jobs` (validated at once)."""
     prompts, params, ret, start, top, asked, prio = [], [], [], [], [], [], []
     for job in jobs:
@@ -236,7 +245,22 @@ class _Driver:
                 group = [job for job in jobs if job.text_in_logprobs == flag]
                 if group:
                     active.extend(self._open(group))
-            active = [m for m in active if m.advance()]
+            active = self._round(active)
+
+    def _round(self, active: list[_Merged]) -> list[_Merged]:
+        """One engine step for every open call, then every chunk it produced delivered:
+        a job whose request finished gets its result before the next step, so the
+        program's next call can join that step. Returns the calls still open."""
+        active = [m for m in active if m.deliver()]  # queues new calls' requests
+        if not active:
+            return active
+        try:
+            self.engine.step()
+        except BaseException as e:  # noqa: BLE001 - the step's requests are aborted
+            for m in active:
+                m.fail(e)
+            return []
+        return [m for m in active if m.deliver()]
 
     def _gather(self) -> None:
         """Wait (the lock held) until the expected requests are queued or the deadline
