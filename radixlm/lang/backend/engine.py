@@ -13,7 +13,10 @@ fails every job in flight with its error. Other calls (server info, flush) run b
 rounds. After a fork (`expect_requests`) the driver holds its next round until the
 branches' first requests have all arrived (at most `FORK_GATHER_S`): their threads start
 one after another, and without the hold the first branches would be prefilled in one
-step and the rest in the next.
+step and the rest in the next. Likewise, after a step that finished jobs, it holds the
+next round until as many new calls have arrived (at most `NEXT_CALL_GATHER_S`): the
+programs' next calls, which otherwise reach the engine one step apart and leave their
+programs finishing a step apart, each tail step serving fewer requests.
 
 The driver thread exists only while jobs are pending. While programs run, call the
 engine only through the program API (`engine_call`, `flush_cache`, `get_server_info`).
@@ -36,6 +39,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds the driver waits at most for the branches of a fork to send their requests.
 FORK_GATHER_S = 0.05
+#: Seconds the driver waits at most, after a step that finished jobs, for their programs'
+#: next calls (one per finished job), so that they are prefilled together in the next step.
+NEXT_CALL_GATHER_S = 0.003
 
 _LOGPROB_LISTS = (
     "input_token_logprobs",
@@ -144,6 +150,11 @@ class _Merged:
             job.fail(RuntimeError("the engine ended the request without a result"))
         return False
 
+    @property
+    def open_jobs(self) -> int:
+        """Jobs of this call not finished yet."""
+        return sum(not job.future.done() for job in self.jobs)
+
     def fail(self, error: BaseException) -> None:
         """Abort the call's requests still running and fail its unfinished jobs."""
         self.stream.close()
@@ -190,12 +201,13 @@ class _Driver:
         self._expected = 0  # requests announced by `expect` and not yet queued
         self._deadline = 0.0  # time.monotonic() until which they are waited for
 
-    def expect(self, n: int) -> None:
+    def expect(self, n: int, within: float | None = None) -> None:
         """`n` requests are about to be queued: the next round waits for them (at most
-        `gather_s` seconds from now)."""
+        `within` seconds from now; default `gather_s`)."""
         with self._lock:
             self._expected += n
-            self._deadline = time.monotonic() + self.gather_s
+            wait = self.gather_s if within is None else within
+            self._deadline = max(self._deadline, time.monotonic() + wait)
 
     def call(self, fn: Callable[[Any], Any]) -> Any:
         """Run `fn(engine)` on the driver thread; returns its result or raises its error."""
@@ -260,7 +272,12 @@ class _Driver:
             for m in active:
                 m.fail(e)
             return []
-        return [m for m in active if m.deliver()]
+        before = sum(m.open_jobs for m in active)
+        active = [m for m in active if m.deliver()]
+        finished = before - sum(m.open_jobs for m in active)
+        if finished:  # a program's next call usually follows its result within a few ms
+            self.expect(finished, NEXT_CALL_GATHER_S)
+        return active
 
     def _gather(self) -> None:
         """Wait (the lock held) until the expected requests are queued or the deadline
