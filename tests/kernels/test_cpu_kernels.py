@@ -319,6 +319,85 @@ def test_decode_attention_nan_query_in_a_prefix_group(cpu_kernels, head_dim):
     torch.testing.assert_close(got[[0, 1, 3]], want[[0, 1, 3]], rtol=1e-5, atol=1e-5)
 
 
+def _dense_extend(q, k_buf, v_buf, slots, seq_lens, ext_lens, scale):
+    """Reference: each new token j of request b (prefix p) attends over b's first p + j + 1
+    slots, softmax(scale q K^T) V (GQA by repeat); q, out [T, H, D]."""
+    rows = []
+    for b, (s, n) in enumerate(zip(seq_lens.tolist(), ext_lens.tolist())):
+        for j in range(n):
+            rows.append((b, s - n + j + 1))
+    out = torch.empty_like(q)
+    group = q.shape[1] // k_buf.shape[1]
+    for t, (b, length) in enumerate(rows):
+        idx = slots[b, :length]
+        k = k_buf[idx].float().repeat_interleave(group, dim=1)
+        v = v_buf[idx].float().repeat_interleave(group, dim=1)
+        p = torch.softmax(scale * torch.einsum("hd,lhd->hl", q[t], k), dim=-1)
+        out[t] = torch.einsum("hl,lhd->hd", p, v)
+    return out
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "prefix_lens,ext_lens",
+    [
+        ([400, 410, 420, 430], [4, 4, 4, 4]),  # a verify step: one key chunk per request
+        ([900], [5]),  # one request: its keys split into chunks for the threads, merged
+        ([0, 2, 700, 31, 64], [3, 16, 7, 1, 2]),  # no prefix, a 16-token tail, a decode
+    ],
+)
+def test_extend_attention_verify_rows(cpu_kernels, gemm_isa, kv_dtype, threads, prefix_lens,
+                                      ext_lens):  # fmt: skip
+    """Requests of at most 16 new tokens each and no shared keys (a verify step) take the
+    verify-row kernel (verify_attention_kv.h): all of a request's rows per KV head and key
+    chunk, the causal tail masked; equals the dense reference on both instruction sets,
+    fp32 and fp16 pools, one and two threads."""
+    gen = torch.Generator().manual_seed(sum(prefix_lens))
+    seq_lens = torch.tensor([p + n for p, n in zip(prefix_lens, ext_lens)])
+    ext = torch.tensor(ext_lens)
+    perm = torch.randperm(6000, generator=gen)
+    slots = torch.zeros(len(ext_lens), int(seq_lens.max()), dtype=torch.int64)
+    at = 0
+    for b, s in enumerate(seq_lens.tolist()):
+        slots[b, :s] = perm[at : at + s]
+        at += s
+    k_buf = torch.randn(6000, 2, 64, generator=gen).to(kv_dtype)
+    v_buf = torch.randn(6000, 2, 64, generator=gen).to(kv_dtype)
+    q = torch.randn(int(ext.sum()), 6, 64, generator=gen)
+    want = _dense_extend(q, k_buf, v_buf, slots, seq_lens, ext, 0.125)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_kernels.extend_attention(q, k_buf, v_buf, slots, seq_lens, ext, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_extend_attention_verify_rows_of_forked_requests(cpu_kernels, gemm_isa):
+    """Verify rows of requests sharing cached keys (forked branches) keep the decode
+    kernel's cascade groups, which read the shared keys once for all of them; a NaN query
+    spoils only its own row and head."""
+    gen = torch.Generator().manual_seed(5)
+    shared = torch.randperm(3000, generator=gen)[:300]
+    own = 3000 + torch.arange(4 * 20).reshape(4, 20)
+    ext = torch.tensor([3, 5, 1, 4])
+    seq_lens = 300 + torch.tensor([12, 20, 7, 15])
+    slots = torch.cat([shared.expand(4, -1), own], dim=1)
+    k_buf = torch.randn(3100, 1, 64, generator=gen)
+    v_buf = torch.randn(3100, 1, 64, generator=gen)
+    q = torch.randn(int(ext.sum()), 3, 64, generator=gen)
+    q[4, 2, 0] = float("nan")  # request 1's second token, query head 2
+    want = _dense_extend(q, k_buf, v_buf, slots, seq_lens, ext, 0.2)
+    got = cpu_kernels.extend_attention(q, k_buf, v_buf, slots, seq_lens, ext, 0.2)
+    assert got[4, 2].isnan().all() and not got[4, :2].isnan().any()
+    keep = torch.ones(int(ext.sum()), dtype=torch.bool)
+    keep[4] = False
+    torch.testing.assert_close(got[keep], want[keep], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[4, :2], want[4, :2], rtol=1e-5, atol=1e-5)
+
+
 def test_kernel_entries_reject_bad_tables(cpu_kernels):
     k_buf, v_buf = torch.randn(20, 2, 8), torch.randn(20, 2, 8)
     q, lens = torch.randn(1, 4, 8), torch.tensor([3])

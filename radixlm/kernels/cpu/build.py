@@ -41,6 +41,7 @@ HEADERS = [
         "kernels.h",
         "fp8.h",
         "decode_attention_kv.h",
+        "verify_attention_kv.h",
         "decode_attention_mla_kv.h",
     )
 ]

@@ -31,6 +31,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "fp8.h"
 #include "kernels.h"
@@ -237,6 +238,7 @@ static ZW void softmax_cols(float *st, int64_t L, int64_t ld, int64_t R, float *
 #define KV_TO_F32(x) (x)
 #define KV_FN(name) name##_f32
 #include "decode_attention_kv.h"
+#include "verify_attention_kv.h"
 #undef KV_T
 #undef KV_LOAD
 #undef KV_LOAD16
@@ -249,6 +251,7 @@ static ZW void softmax_cols(float *st, int64_t L, int64_t ld, int64_t R, float *
 #define KV_TO_F32(x) _cvtsh_ss(x)
 #define KV_FN(name) name##_f16
 #include "decode_attention_kv.h"
+#include "verify_attention_kv.h"
 #undef KV_T
 #undef KV_LOAD
 #undef KV_LOAD16
@@ -261,6 +264,7 @@ static ZW void softmax_cols(float *st, int64_t L, int64_t ld, int64_t R, float *
 #define KV_TO_F32(x) e4m3_to_f32(x)
 #define KV_FN(name) name##_e4m3
 #include "decode_attention_kv.h"
+#include "verify_attention_kv.h"
 #undef KV_T
 #undef KV_LOAD
 #undef KV_LOAD16
@@ -273,6 +277,7 @@ static ZW void softmax_cols(float *st, int64_t L, int64_t ld, int64_t R, float *
 #define KV_TO_F32(x) e5m2_to_f32(x)
 #define KV_FN(name) name##_e5m2
 #include "decode_attention_kv.h"
+#include "verify_attention_kv.h"
 #undef KV_T
 #undef KV_LOAD
 #undef KV_LOAD16
@@ -303,5 +308,31 @@ int radixlm_decode_attention(const float *q, int64_t ldq, const void *k_buf, con
     default:
         return decode_attention_f32(q, ldq, k_buf, v_buf, slots, ld_slots, seq_lens, out, B, H,
                                     Hkv, D, scale, window, num_threads);
+    }
+}
+
+/* The few new tokens of each of B requests (ext_lens[b] <= FEW_TOKENS, at most
+ * seq_lens[b]) attending causally over their request's keys, no sliding window
+ * (verify_attention_kv.h); q [T, H, D] (token row stride ldq), out [T, H, D] contiguous,
+ * T = sum(ext_lens); other arguments as radixlm_decode_attention's. Returns 0, or -1
+ * when out of memory. */
+int radixlm_verify_attention(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
+                             int kv_fmt, const int64_t *slots, int64_t ld_slots,
+                             const int64_t *seq_lens, const int64_t *ext_lens, float *out,
+                             int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,
+                             int num_threads) {
+    switch (kv_fmt) {
+    case KV_FMT_F16:
+        return verify_attention_f16(q, ldq, k_buf, v_buf, slots, ld_slots, seq_lens, ext_lens,
+                                    out, B, H, Hkv, D, scale, num_threads);
+    case KV_FMT_E4M3:
+        return verify_attention_e4m3(q, ldq, k_buf, v_buf, slots, ld_slots, seq_lens, ext_lens,
+                                     out, B, H, Hkv, D, scale, num_threads);
+    case KV_FMT_E5M2:
+        return verify_attention_e5m2(q, ldq, k_buf, v_buf, slots, ld_slots, seq_lens, ext_lens,
+                                     out, B, H, Hkv, D, scale, num_threads);
+    default:
+        return verify_attention_f32(q, ldq, k_buf, v_buf, slots, ld_slots, seq_lens, ext_lens,
+                                    out, B, H, Hkv, D, scale, num_threads);
     }
 }

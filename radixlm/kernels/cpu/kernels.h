@@ -66,6 +66,12 @@ int radixlm_decode_attention(const float *q, int64_t ldq, const void *k_buf, con
                              const int64_t *seq_lens, float *out, int64_t B, int64_t H,
                              int64_t Hkv, int64_t D, float scale, int64_t window,
                              int num_threads);
+/* The few new tokens of each request over its own keys, causally (decode_attention.c). */
+int radixlm_verify_attention(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
+                             int kv_fmt, const int64_t *slots, int64_t ld_slots,
+                             const int64_t *seq_lens, const int64_t *ext_lens, float *out,
+                             int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,
+                             int num_threads);
 /* y = x W^T for a weight in format fmt: 0 fp32 panels (radixlm_packed_gemm), 1 Q4_1 or
  * 2 Q8_0 quantized panels (radixlm_quant_gemm, quant_gemm.c). */
 void radixlm_weight_gemm(int fmt, const float *x, const void *w, float *y, int64_t M,
