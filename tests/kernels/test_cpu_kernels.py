@@ -27,11 +27,11 @@ def test_pack_panels_layout():
 
 
 # AVX2: rows cover tiles of 1-6 rows, balanced splits above 6 and K blocking (K > 128),
-# and the packed-x path of balanced tiles of up to 6 rows from 12 rows (13: 5 + 4 + 4). AVX-512 (packed x for every row
-# count): balanced tiles of up to 12 rows over one or two panels. Both: one and several
-# 144-row blocks, a short last tile. N covers
-# exact panels (even and odd counts), a ragged last panel and N < 16; K covers one and
-# several 576-deep blocks of the packed-x path.
+# and the packed-x path of balanced tiles of up to 6 rows from 12 rows (13: 5 + 4 + 4).
+# AVX-512 (packed x for every row count): balanced tiles of up to 12 rows over one or two
+# panels. Both: one and several 144-row blocks, a short last tile. N covers exact panels
+# (even and odd counts), a ragged last panel and N < 16; K covers one and several
+# 576-deep blocks of the packed-x path.
 @pytest.mark.parametrize(
     "m,n,k",
     [
