@@ -376,17 +376,18 @@ def test_extend_attention_verify_rows(cpu_kernels, gemm_isa, kv_dtype, threads, 
 
 
 def test_extend_attention_verify_rows_of_forked_requests(cpu_kernels, gemm_isa):
-    """Verify rows of requests sharing cached keys (forked branches) keep the decode
-    kernel's cascade groups, which read the shared keys once for all of them; a NaN query
-    spoils only its own row and head."""
+    """Verify rows of requests sharing cached keys (forked branches): the shared keys are
+    scored once for every row of the group, each request's own keys for its rows (one
+    request's 700 own keys in several chunks); a NaN query spoils only its own row and
+    head."""
     gen = torch.Generator().manual_seed(5)
     shared = torch.randperm(3000, generator=gen)[:300]
-    own = 3000 + torch.arange(4 * 20).reshape(4, 20)
+    own = 3000 + torch.arange(4 * 700).reshape(4, 700)
     ext = torch.tensor([3, 5, 1, 4])
-    seq_lens = 300 + torch.tensor([12, 20, 7, 15])
+    seq_lens = 300 + torch.tensor([12, 700, 7, 15])
     slots = torch.cat([shared.expand(4, -1), own], dim=1)
-    k_buf = torch.randn(3100, 1, 64, generator=gen)
-    v_buf = torch.randn(3100, 1, 64, generator=gen)
+    k_buf = torch.randn(5800, 1, 64, generator=gen)
+    v_buf = torch.randn(5800, 1, 64, generator=gen)
     q = torch.randn(int(ext.sum()), 3, 64, generator=gen)
     q[4, 2, 0] = float("nan")  # request 1's second token, query head 2
     want = _dense_extend(q, k_buf, v_buf, slots, seq_lens, ext, 0.2)
@@ -396,6 +397,30 @@ def test_extend_attention_verify_rows_of_forked_requests(cpu_kernels, gemm_isa):
     keep[4] = False
     torch.testing.assert_close(got[keep], want[keep], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[4, :2], want[4, :2], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_extend_attention_verify_rows_over_shared_prefixes(cpu_kernels, gemm_isa, kv_dtype,
+                                                           threads):  # fmt: skip
+    """Verify rows (1-6 new tokens per request) over the prefix-sharing batch of the decode
+    kernel's cascade test: groups whose shared keys span several chunks, own parts of one
+    chunk and of several, shares too short to group, groups of one, more prefixes than the
+    16 groups looked for; equals the dense causal reference."""
+    gen = torch.Generator().manual_seed(11)
+    slots, lens = _prefix_sharing_batch(gen)
+    ext = torch.randint(1, 7, (len(lens),), generator=gen).minimum(lens)
+    k_buf = torch.randn(8000, 2, 64, generator=gen).to(kv_dtype)
+    v_buf = torch.randn(8000, 2, 64, generator=gen).to(kv_dtype)
+    q = torch.randn(int(ext.sum()), 6, 64, generator=gen)
+    want = _dense_extend(q, k_buf, v_buf, slots, lens, ext, 0.125)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_kernels.extend_attention(q, k_buf, v_buf, slots, lens, ext, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_kernel_entries_reject_bad_tables(cpu_kernels):

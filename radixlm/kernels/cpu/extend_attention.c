@@ -173,10 +173,10 @@ static void run_task(const task_t *tk, const float *q, int64_t ldq, const void *
 #define FEW_TOKENS 16
 
 /* The B requests' ext_lens[b] new tokens each (arguments as radixlm_decode_attention's,
- * slots [B, ld_slots] the requests' lists): one token each, or no two requests sharing
- * cached keys and no window, straight to the decode or the verify-row kernel; else as
- * sum(ext_lens) one-token rows of the decode kernel, row j of request b getting b's
- * first seq_lens[b] - ext_lens[b] + j + 1 slots. Returns 0, or -1 when out of memory. */
+ * slots [B, ld_slots] the requests' lists): one token each to the decode kernel; with no
+ * window to the verify-row kernel; under a sliding window as sum(ext_lens) one-token rows
+ * of the decode kernel, row j of request b getting b's first seq_lens[b] - ext_lens[b] +
+ * j + 1 slots. Returns 0, or -1 when out of memory. */
 static int few_token_rows(const float *q, int64_t ldq, const void *k_buf, const void *v_buf,
                           int kv_fmt, const int64_t *slots, int64_t ld_slots,
                           const int64_t *seq_lens, const int64_t *ext_lens, float *out,
@@ -190,15 +190,7 @@ static int few_token_rows(const float *q, int64_t ldq, const void *k_buf, const 
     if (rows == B) /* one token each: the requests' own lists */
         return radixlm_decode_attention(q, ldq, k_buf, v_buf, kv_fmt, slots, ld_slots, seq_lens,
                                         out, B, H, Hkv, D, scale, window, num_threads);
-    /* Each request's rows together over its own keys, unless requests share cached keys
-     * (their lists start with the same slot: a prefix the radix cache shares, such as
-     * forked branches), which the decode kernel's cascade groups read once for all. */
-    int shared = 0;
-    for (int64_t b = 0; b < B && !shared && window == 0; ++b)
-        for (int64_t c = b + 1; c < B && !shared; ++c)
-            shared = seq_lens[b] > ext_lens[b] && seq_lens[c] > ext_lens[c] &&
-                     slots[b * ld_slots] == slots[c * ld_slots];
-    if (window == 0 && !shared)
+    if (window == 0)
         return radixlm_verify_attention(q, ldq, k_buf, v_buf, kv_fmt, slots, ld_slots, seq_lens,
                                         ext_lens, out, B, H, Hkv, D, scale, num_threads);
     int64_t *lens = malloc((size_t)rows * (size_t)(ld + 1) * sizeof(int64_t));
@@ -229,10 +221,10 @@ int radixlm_extend_attention(const float *q, int64_t ldq, const void *k_buf, int
                              int64_t Dv, float scale, int64_t window, int num_threads) {
     /* A trailing run of few-token requests (the decodes that ride along in a mixed step,
      * a speculative step's root + draft rows) goes to the decode kernels, which read each
-     * K / V row once for all query heads of a KV head: the verify-row kernel scores all
-     * of a request's rows together, or, where requests share cached keys, the decode
-     * kernel takes token j of a request with cached prefix p as a one-token request over
-     * keys 0 .. p + j and reads the shared keys once for all (its cascade groups). Here
+     * K / V row once for all query heads of a KV head; the verify-row kernel scores all
+     * of a request's rows together and reads keys that requests share once for all of
+     * them (cascade groups). Under a sliding window, token j of a request with cached
+     * prefix p goes to the decode kernel as a one-token request over keys 0 .. p + j. Here
      * each task would pack the request's whole key range per KV head for a few query rows
      * (docs/perf-notes.md, "Extend attention"). Where K and V rows differ (latent
      * attention) only one-token requests go, to the latent decode kernel. */
