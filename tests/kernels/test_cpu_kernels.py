@@ -337,6 +337,22 @@ def _dense_extend(q, k_buf, v_buf, slots, seq_lens, ext_lens, scale):
     return out
 
 
+def _assert_verify_rows(cpu_kernels, gen, slots, seq_lens, ext_lens, kv_dtype, threads):
+    """The extend kernel on `threads` threads over random K / V (2 KV heads, 6 query heads,
+    head dim 64, a pool of slots.max() + 1 rows in kv_dtype) equals `_dense_extend`."""
+    k_buf = torch.randn(int(slots.max()) + 1, 2, 64, generator=gen).to(kv_dtype)
+    v_buf = torch.randn(int(slots.max()) + 1, 2, 64, generator=gen).to(kv_dtype)
+    q = torch.randn(int(ext_lens.sum()), 6, 64, generator=gen)
+    want = _dense_extend(q, k_buf, v_buf, slots, seq_lens, ext_lens, 0.125)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_kernels.extend_attention(q, k_buf, v_buf, slots, seq_lens, ext_lens, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(
@@ -355,24 +371,14 @@ def test_extend_attention_verify_rows(cpu_kernels, gemm_isa, kv_dtype, threads, 
     fp32 and fp16 pools, one and two threads."""
     gen = torch.Generator().manual_seed(sum(prefix_lens))
     seq_lens = torch.tensor([p + n for p, n in zip(prefix_lens, ext_lens)])
-    ext = torch.tensor(ext_lens)
     perm = torch.randperm(6000, generator=gen)
     slots = torch.zeros(len(ext_lens), int(seq_lens.max()), dtype=torch.int64)
     at = 0
     for b, s in enumerate(seq_lens.tolist()):
         slots[b, :s] = perm[at : at + s]
         at += s
-    k_buf = torch.randn(6000, 2, 64, generator=gen).to(kv_dtype)
-    v_buf = torch.randn(6000, 2, 64, generator=gen).to(kv_dtype)
-    q = torch.randn(int(ext.sum()), 6, 64, generator=gen)
-    want = _dense_extend(q, k_buf, v_buf, slots, seq_lens, ext, 0.125)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        got = cpu_kernels.extend_attention(q, k_buf, v_buf, slots, seq_lens, ext, 0.125)
-    finally:
-        torch.set_num_threads(before)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    _assert_verify_rows(cpu_kernels, gen, slots, seq_lens, torch.tensor(ext_lens), kv_dtype,
+                        threads)  # fmt: skip
 
 
 def test_extend_attention_verify_rows_of_forked_requests(cpu_kernels, gemm_isa):
@@ -410,17 +416,7 @@ def test_extend_attention_verify_rows_over_shared_prefixes(cpu_kernels, gemm_isa
     gen = torch.Generator().manual_seed(11)
     slots, lens = _prefix_sharing_batch(gen)
     ext = torch.randint(1, 7, (len(lens),), generator=gen).minimum(lens)
-    k_buf = torch.randn(8000, 2, 64, generator=gen).to(kv_dtype)
-    v_buf = torch.randn(8000, 2, 64, generator=gen).to(kv_dtype)
-    q = torch.randn(int(ext.sum()), 6, 64, generator=gen)
-    want = _dense_extend(q, k_buf, v_buf, slots, lens, ext, 0.125)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        got = cpu_kernels.extend_attention(q, k_buf, v_buf, slots, lens, ext, 0.125)
-    finally:
-        torch.set_num_threads(before)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    _assert_verify_rows(cpu_kernels, gen, slots, lens, ext, kv_dtype, threads)
 
 
 def test_kernel_entries_reject_bad_tables(cpu_kernels):
