@@ -32,10 +32,11 @@ typedef struct {
 } KV_FN(verify_buf);
 
 /* Scores rows [0, R) of buf->qg against keys [c0, c1) of KV head h through slot list sl
- * (sl[t] for key t), masks row r's keys from mask_from[r / G] on (pass NULL for none),
- * and leaves the chunk's partial softmax in buf: acc (unnormalized), rmax, rsum. */
+ * (sl[t] for key t), masks row r's keys from mask_from + r / G on (token r / G of a
+ * request whose first token sees keys below mask_from; 0: no mask), and leaves the
+ * chunk's partial softmax in buf: acc (unnormalized), rmax, rsum. */
 static void KV_FN(verify_task)(const KV_FN(verify_buf) *buf, int64_t R, int64_t G,
-                               const int64_t *sl, int64_t c0, int64_t c1, const int64_t *mask_from,
+                               const int64_t *sl, int64_t c0, int64_t c1, int64_t mask_from,
                                const KV_T *k_buf, const KV_T *v_buf, int64_t Hkv, int64_t h,
                                int64_t D, float scale, KV_FN(scores_fn) scores_of,
                                KV_FN(v_sum_fn) v_sum) {
@@ -46,7 +47,7 @@ static void KV_FN(verify_task)(const KV_FN(verify_buf) *buf, int64_t R, int64_t 
     scores_of(buf->qg, k_buf, sl, L, Hkv, h, 1, D, R, scale, scores, stride);
     if (mask_from)
         for (int64_t r = 0; r < R; ++r)
-            for (int64_t t = mask_from[r / G] - c0; t < L; ++t) scores[r * stride + t] = -INFINITY;
+            for (int64_t t = mask_from + r / G - c0; t < L; ++t) scores[r * stride + t] = -INFINITY;
     KV_FN(prefetch_first)(v_buf, sl, L, Hkv, h, 1, D);
     softmax_rows(scores, R, L, stride, buf->rmax, buf->rsum);
     v_sum(scores, stride, v_buf, sl, L, Hkv, h, 1, D, R, buf->acc);
@@ -61,6 +62,21 @@ static inline void KV_FN(verify_store)(const KV_FN(verify_buf) *buf, int64_t R, 
     memcpy(blk + R * D + R, buf->rsum, (size_t)R * sizeof(float));
 }
 
+/* Partial c of a request's merge: its own chunks first (blocks of R rows from `own`), then
+ * its group's shared chunks (blocks of Rg rows from `sh`, its rows from grow on). Returns
+ * the block; *nr gets its row count, *rr row r's index in it. */
+static inline const float *KV_FN(verify_partial)(const float *own, int64_t own_chunks, int64_t R,
+                                                 int64_t r, const float *sh, int64_t Rg,
+                                                 int64_t grow, int64_t D, int64_t c, int64_t *nr,
+                                                 int64_t *rr) {
+    if (c < own_chunks) {
+        *nr = R, *rr = r;
+        return own + c * R * (D + 2);
+    }
+    *nr = Rg, *rr = grow + r;
+    return sh + (c - own_chunks) * Rg * (D + 2);
+}
+
 /* radixlm_verify_attention (decode_attention.c) on KV_T buffers. */
 static int KV_FN(verify_attention)(const float *q, int64_t ldq, const KV_T *k_buf,
                                    const KV_T *v_buf, const int64_t *slots, int64_t ld_slots,
@@ -70,20 +86,16 @@ static int KV_FN(verify_attention)(const float *q, int64_t ldq, const KV_T *k_bu
     const int64_t G = H / Hkv, nt = num_threads > 0 ? num_threads : 1;
     /* Per request: first keys (p + 1, those every row sees), group, own-part start P,
      * own chunks, first own task, first output row, first row in its group's block,
-     * first float of its own partials (-1: one chunk and no group, written to out), and
-     * the first masked key of each row (p + j + 1); `members` as cascade_groups fills. */
-    int64_t rows = 0;
-    for (int64_t b = 0; b < B; ++b) rows += ext_lens[b];
-    int64_t *info = malloc((size_t)(10 * B + 1 + rows) * sizeof(int64_t));
+     * first float of its own partials (-1: one chunk and no group, written to out);
+     * `members` as cascade_groups fills. */
+    int64_t *info = malloc((size_t)(9 * B + 1) * sizeof(int64_t));
     if (!info) return -1;
     int64_t *first = info, *group = first + B, *members = group + B, *own0 = members + B;
     int64_t *chunks = own0 + B, *row0 = chunks + B, *grow = row0 + B, *part0 = grow + B;
-    int64_t *mask0 = part0 + B, *task0 = mask0 + B, *mask = task0 + B + 1;
+    int64_t *task0 = part0 + B;
     for (int64_t b = 0, r = 0; b < B; ++b) {
         first[b] = seq_lens[b] - ext_lens[b] + 1;
         row0[b] = r;
-        mask0[b] = r;
-        for (int64_t j = 0; j < ext_lens[b]; ++j) mask[r + j] = first[b] + j;
         r += ext_lens[b];
     }
     cascade_group gs[CASCADE_GROUPS];
@@ -176,7 +188,7 @@ static int KV_FN(verify_attention)(const float *q, int64_t ldq, const KV_T *k_bu
                 int64_t c0, c1;
                 cascade_chunk(gs[g].prefix, gs[g].chunks, c, &c0, &c1);
                 KV_FN(verify_task)(&buf, grows[g], G, slots + members[gs[g].first] * ld_slots, c0,
-                                   c1, NULL, k_buf, v_buf, Hkv, h, D, scale, scores_of, v_sum);
+                                   c1, 0, k_buf, v_buf, Hkv, h, D, scale, scores_of, v_sum);
                 KV_FN(verify_store)(&buf, grows[g], D,
                                     part + gpart[g] + (h * gs[g].chunks + c) * grows[g] * (D + 2));
                 continue;
@@ -192,7 +204,7 @@ static int KV_FN(verify_attention)(const float *q, int64_t ldq, const KV_T *k_bu
                 memcpy(buf.qg + j * G * D, q + (row0[b] + j) * ldq + h * G * D,
                        (size_t)(G * D) * sizeof(float));
             /* Only the last chunk holds keys a row must not see. */
-            const int64_t *mf = c + 1 == chunks[b] && n > 1 ? mask + mask0[b] : NULL;
+            const int64_t mf = c + 1 == chunks[b] && n > 1 ? first[b] : 0;
             KV_FN(verify_task)(&buf, R, G, slots + b * ld_slots, c0, c1, mf, k_buf, v_buf, Hkv, h,
                                D, scale, scores_of, v_sum);
             if (part0[b] >= 0) {
@@ -222,21 +234,16 @@ static int KV_FN(verify_attention)(const float *q, int64_t ldq, const KV_T *k_bu
                 const float *sh = gi < 0 ? NULL : part + gpart[gi] + h * nsh * Rg * (D + 2);
                 for (int64_t r = 0; r < R; ++r) {
                     float m = -INFINITY;
-                    for (int64_t c = 0; c < chunks[b]; ++c) {
-                        const float mc = own[c * R * (D + 2) + R * D + r];
-                        m = mc > m ? mc : m;
-                    }
-                    for (int64_t c = 0; c < nsh; ++c) {
-                        const float mc = sh[c * Rg * (D + 2) + Rg * D + grow[b] + r];
-                        m = mc > m ? mc : m;
+                    for (int64_t c = 0, nr, rr; c < chunks[b] + nsh; ++c) {
+                        const float *blk = KV_FN(verify_partial)(own, chunks[b], R, r, sh, Rg,
+                                                                 grow[b], D, c, &nr, &rr);
+                        m = blk[nr * D + rr] > m ? blk[nr * D + rr] : m;
                     }
                     float *o = out + (row0[b] + r / G) * H * D + (h * G + r % G) * D, den = 0.0f;
                     for (int64_t e = 0; e < D; ++e) o[e] = 0.0f;
-                    for (int64_t c = 0; c < chunks[b] + nsh; ++c) {
-                        const float *blk = c < chunks[b] ? own + c * R * (D + 2)
-                                                         : sh + (c - chunks[b]) * Rg * (D + 2);
-                        const int64_t rr = c < chunks[b] ? r : grow[b] + r;
-                        const int64_t nr = c < chunks[b] ? R : Rg;
+                    for (int64_t c = 0, nr, rr; c < chunks[b] + nsh; ++c) {
+                        const float *blk = KV_FN(verify_partial)(own, chunks[b], R, r, sh, Rg,
+                                                                 grow[b], D, c, &nr, &rr);
                         const float w = expf(blk[nr * D + rr] - m);
                         den += blk[nr * D + nr + rr] * w;
                         for (int64_t e = 0; e < D; ++e) o[e] += blk[rr * D + e] * w;
