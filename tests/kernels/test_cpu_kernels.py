@@ -26,8 +26,9 @@ def test_pack_panels_layout():
     assert not p[1, :, 4:].any()  # zero padding
 
 
-# AVX2: rows cover tiles of 1-6 rows, balanced splits above 6 and K blocking (K > 128),
-# and the packed-x path of balanced tiles of up to 6 rows from 12 rows (13: 5 + 4 + 4).
+# AVX2: rows cover the interleaved weight streams of 1-3 rows (1000 x 576: a ragged last
+# panel in the last stream), tiles of up to 6 rows, balanced splits above 6 and K
+# blocking (K > 128), and the packed-x path of balanced tiles of up to 6 rows from 12 rows (13: 5 + 4 + 4).
 # AVX-512 (packed x for every row count): balanced tiles of up to 12 rows over one or two
 # panels. Both: one and several 144-row blocks, a short last tile. N covers exact panels
 # (even and odd counts), a ragged last panel and N < 16; K covers one and several
@@ -36,7 +37,7 @@ def test_pack_panels_layout():
     "m,n,k",
     [
         (m, n, k)
-        for m in (1, 2, 5, 6, 7, 13, 40)
+        for m in (1, 2, 3, 5, 6, 7, 13, 40)
         for n, k in ((64, 32), (200, 300), (7, 129), (1000, 576))
     ]
     + [

@@ -60,6 +60,16 @@
  * omp_policy.py) and be woken for the next product. From 4 rows the extra calls cost more
  * than they save, so more rows keep the even split (docs/perf-notes.md, "Packed GEMM"). */
 #define TAIL_SHARE 8
+/* Rows up to which (AVX2) a thread reads its share of the panels as STREAMS parts at once,
+ * SCHUNK k rows (1 KiB) of each in turn, with no software prefetch. One core keeps more
+ * lines in flight over several sequential streams, each with its own hardware prefetch,
+ * than over one: a plain read reaches about 1.5x the bandwidth from four streams a
+ * thread. With more rows each line takes more instructions, the out-of-order window
+ * holds fewer lines, and the one-stream tiles with software prefetch keep up as well
+ * (docs/perf-notes.md, "Packed GEMM"). */
+#define STREAM_ROWS 3
+#define STREAMS 4
+#define SCHUNK 16
 
 /* Accumulators are named variables, not an array: GCC keeps an array of vectors on the
  * stack and stores it every k step. */
@@ -150,6 +160,29 @@ static void panel_rows(int64_t M, int64_t K, const float *x, const float *panel,
         PFTILES[mr](k0 > 0, x + m * K + k0, K, w, kn, y16 + m * ldy, ldy,
                     next + i * kn * 64 / ntiles, pstep);
     }
+}
+
+/* Panels [b0, b1) of y for M <= STREAM_ROWS rows (one thread's share): the range in
+ * STREAMS equal parts, panel i of every part in turn, SCHUNK k rows at a time. */
+static void stream_panels(const float *x, const float *panels, float *y, int64_t M, int64_t K,
+                          int64_t N, int64_t b0, int64_t b1) {
+    const int64_t n = b1 - b0, L = (n + STREAMS - 1) / STREAMS;
+    float tail[STREAM_ROWS * 16];
+    for (int64_t i = 0; i < L; ++i)
+        for (int64_t k0 = 0; k0 < K; k0 += SCHUNK) {
+            const int64_t kn = K - k0 < SCHUNK ? K - k0 : SCHUNK;
+            for (int64_t s = 0; s < STREAMS && s * L + i < n; ++s) {
+                /* The zero-padded last panel accumulates in tail; its real columns are
+                 * copied out after its last chunk. */
+                const int64_t b = b0 + s * L + i, cols = N - b * 16 < 16 ? N - b * 16 : 16;
+                float *dst = cols == 16 ? y + b * 16 : tail;
+                const int64_t ldy = cols == 16 ? N : 16;
+                TILES[M](k0 > 0, x + k0, K, panels + (b * K + k0) * 16, kn, dst, ldy);
+                if (cols < 16 && k0 + kn == K)
+                    for (int64_t r = 0; r < M; ++r)
+                        memcpy(y + r * N + b * 16, tail + r * 16, cols * sizeof(float));
+            }
+        }
 }
 
 /* Copies x[0:mn, 0:kn] (row stride ldx) into micro-panels of at most `width` rows, k-major
@@ -427,6 +460,14 @@ void radixlm_packed_gemm(const float *x, const float *panels, float *y, int64_t 
             } else {
                 radixlm_gemm_blocked(x, &src, y, M, K, N, NB * t / nt, NB * (t + 1) / nt);
             }
+        }
+        return;
+    }
+    if (M <= STREAM_ROWS) {
+#pragma omp parallel num_threads(num_threads)
+        {
+            int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+            stream_panels(x, panels, y, M, K, N, NB * t / nt, NB * (t + 1) / nt);
         }
         return;
     }
