@@ -26,7 +26,7 @@ def test_pack_panels_layout():
     assert not p[1, :, 4:].any()  # zero padding
 
 
-# AVX2: rows cover the interleaved weight streams of 1-3 rows (1000 x 576: a ragged last
+# AVX2: rows cover the interleaved weight streams of 1-6 rows (1000 x 576: a ragged last
 # panel in the last stream), tiles of up to 6 rows, balanced splits above 6 and K
 # blocking (K > 128), and the packed-x path of balanced tiles of up to 6 rows from 12 rows (13: 5 + 4 + 4).
 # AVX-512 (packed x for every row count): balanced tiles of up to 12 rows over one or two

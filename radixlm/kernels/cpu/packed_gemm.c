@@ -5,7 +5,8 @@
  * panel b holds columns 16b..16b+15 of W^T; the last panel is zero-padded). Each panel
  * is one contiguous stream, so a decode step (M of 1 to a few rows) reads the weights
  * sequentially at memory bandwidth; the OpenMP threads split the panels
- * (prefill-sized products: the rows, SPLIT_ROWS below).
+ * (prefill-sized products: the rows, SPLIT_ROWS below). Up to STREAM_ROWS rows a thread
+ * reads its panels as several streams at once, a chunk of each in turn (stream_panels).
  *
  * Register tile: MR <= 6 rows x 16 columns (12 accumulators, 2 weight registers,
  * 1 broadcast), the usual AVX2 micro-kernel shape (Goto & van de Geijn 2008). Up to
@@ -34,7 +35,7 @@
  * L2 with the panel slice (KC x 16 floats, 36 KB); K up to KC is one block, so y is written
  * once. Sizes picked by measurement (docs/perf-notes.md, "Packed GEMM"). */
 #define BLOCKED_ROWS 12
-/* How far ahead (bytes) a single row tile fetches its weight stream, into L2 (T1 hint):
+/* How far ahead (bytes) a lone row tile fetches its weight stream, into L2 (T1 hint):
  * far enough to cover the memory latency, near enough to stay in L2; it beat fetching the
  * next panel into L1 (docs/perf-notes.md, "Packed GEMM"). */
 #define PF_AHEAD 8192
@@ -60,16 +61,18 @@
  * omp_policy.py) and be woken for the next product. From 4 rows the extra calls cost more
  * than they save, so more rows keep the even split (docs/perf-notes.md, "Packed GEMM"). */
 #define TAIL_SHARE 8
-/* Rows up to which (AVX2) a thread reads its share of the panels as STREAMS parts at once,
- * SCHUNK k rows (1 KiB) of each in turn, with no software prefetch. One core keeps more
- * lines in flight over several sequential streams, each with its own hardware prefetch,
- * than over one: a plain read reaches about 1.5x the bandwidth from four streams a
- * thread. With more rows each line takes more instructions, the out-of-order window
- * holds fewer lines, and the one-stream tiles with software prefetch keep up as well
+/* Rows up to which (AVX2) a thread reads its share of the panels as several parts at once,
+ * a chunk of k rows of each in turn (stream_panels): up to FEW_STREAM_ROWS rows four
+ * streams of 16 k rows (1 KiB) with no software prefetch, up to STREAM_ROWS two streams of
+ * 32 k rows whose tiles fetch PF_AHEAD bytes ahead in their own stream. One core keeps
+ * more lines in flight over several sequential streams, each with its own hardware
+ * prefetch, than over one: a plain read reaches about 1.5x the bandwidth from four streams
+ * a thread. With more rows each line takes more instructions, the out-of-order window
+ * holds fewer lines, and the software prefetch has to cover the distance; from 7 rows
+ * (two row tiles) one stream with a shared next-block prefetch does as well
  * (docs/perf-notes.md, "Packed GEMM"). */
-#define STREAM_ROWS 3
-#define STREAMS 4
-#define SCHUNK 16
+#define FEW_STREAM_ROWS 3
+#define STREAM_ROWS 6
 
 /* Accumulators are named variables, not an array: GCC keeps an array of vectors on the
  * stack and stores it every k step. */
@@ -148,8 +151,8 @@ static inline int64_t tile_rows(int64_t left) {
 }
 
 /* Rows m of one panel's k range [k0, k0 + kn), into y16 (row stride ldy), fetching weights
- * ahead meanwhile: one row tile (up to 6 rows, K unblocked) fetches the line PF_AHEAD bytes
- * ahead of each it reads; several tiles (K blocked) share out the next block's kn lines. */
+ * ahead meanwhile: one row tile fetches the line PF_AHEAD bytes ahead of each it reads;
+ * several tiles share out the next block's kn lines. */
 static void panel_rows(int64_t M, int64_t K, const float *x, const float *panel, int64_t k0,
                        int64_t kn, float *y16, int64_t ldy) {
     const float *w = panel + k0 * 16;
@@ -162,22 +165,28 @@ static void panel_rows(int64_t M, int64_t K, const float *x, const float *panel,
     }
 }
 
-/* Panels [b0, b1) of y for M <= STREAM_ROWS rows (one thread's share): the range in
- * STREAMS equal parts, panel i of every part in turn, SCHUNK k rows at a time. */
+/* Panels [b0, b1) of y for M <= STREAM_ROWS rows (one thread's share, one row tile): the
+ * range in `streams` equal parts, panel i of every part in turn, `chunk` k rows at a time;
+ * with `ahead` > 0 each chunk's tile fetches the lines `ahead` bytes on in its stream. */
 static void stream_panels(const float *x, const float *panels, float *y, int64_t M, int64_t K,
-                          int64_t N, int64_t b0, int64_t b1) {
-    const int64_t n = b1 - b0, L = (n + STREAMS - 1) / STREAMS;
+                          int64_t N, int64_t b0, int64_t b1, int64_t streams, int64_t chunk,
+                          int64_t ahead) {
+    const int64_t n = b1 - b0, L = (n + streams - 1) / streams;
     float tail[STREAM_ROWS * 16];
     for (int64_t i = 0; i < L; ++i)
-        for (int64_t k0 = 0; k0 < K; k0 += SCHUNK) {
-            const int64_t kn = K - k0 < SCHUNK ? K - k0 : SCHUNK;
-            for (int64_t s = 0; s < STREAMS && s * L + i < n; ++s) {
-                /* The zero-padded last panel accumulates in tail; its real columns are
+        for (int64_t k0 = 0; k0 < K; k0 += chunk) {
+            const int64_t kn = K - k0 < chunk ? K - k0 : chunk;
+            for (int64_t s = 0; s < streams && s * L + i < n; ++s) {
+                /* The zero-padded last panel accumulates in `tail`; its real columns are
                  * copied out after its last chunk. */
                 const int64_t b = b0 + s * L + i, cols = N - b * 16 < 16 ? N - b * 16 : 16;
                 float *dst = cols == 16 ? y + b * 16 : tail;
                 const int64_t ldy = cols == 16 ? N : 16;
-                TILES[M](k0 > 0, x + k0, K, panels + (b * K + k0) * 16, kn, dst, ldy);
+                const float *w = panels + (b * K + k0) * 16;
+                if (ahead)
+                    PFTILES[M](k0 > 0, x + k0, K, w, kn, dst, ldy, (const char *)w + ahead, 64);
+                else
+                    TILES[M](k0 > 0, x + k0, K, w, kn, dst, ldy);
                 if (cols < 16 && k0 + kn == K)
                     for (int64_t r = 0; r < M; ++r)
                         memcpy(y + r * N + b * 16, tail + r * 16, cols * sizeof(float));
@@ -467,11 +476,12 @@ void radixlm_packed_gemm(const float *x, const float *panels, float *y, int64_t 
 #pragma omp parallel num_threads(num_threads)
         {
             int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-            stream_panels(x, panels, y, M, K, N, NB * t / nt, NB * (t + 1) / nt);
+            const int few = M <= FEW_STREAM_ROWS;
+            stream_panels(x, panels, y, M, K, N, NB * t / nt, NB * (t + 1) / nt, few ? 4 : 2,
+                          few ? 16 : 32, few ? 0 : PF_AHEAD);
         }
         return;
     }
-    const int64_t kb = M > 6 ? KBLOCK : K;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t b = 0; b < NB; ++b) {
         const float *panel = panels + b * K * 16;
@@ -484,8 +494,8 @@ void radixlm_packed_gemm(const float *x, const float *panels, float *y, int64_t 
             float *dst = cols == 16 ? y + b * 16 : tail;
             int64_t ldy = cols == 16 ? N : 16;
             const float *xm = x + m0 * K;
-            for (int64_t k0 = 0; k0 < K; k0 += kb) {
-                int64_t kn = K - k0 < kb ? K - k0 : kb;
+            for (int64_t k0 = 0; k0 < K; k0 += KBLOCK) {
+                int64_t kn = K - k0 < KBLOCK ? K - k0 : KBLOCK;
                 panel_rows(mn, K, xm, panel, k0, kn, dst, ldy);
             }
             if (cols < 16)
