@@ -13,7 +13,7 @@ longest common prefix with any earlier prompt of the run (a radix cache keeps it
 a turn that resends its history, everything up to the previous turn's last output token.
 The bound ignores attention, sampling and scheduling, so real engines sit below it as far
 as the probes measure the machine's real peak and bandwidth: a row above 100% means they
-did not (a noisy neighbour during the probe, or an engine reading faster than torch).
+did not (a noisy neighbour during the probe, or an engine reading faster than the probes).
 """
 
 from __future__ import annotations
@@ -41,19 +41,31 @@ def _best_time(fn, tries: int) -> float:
 
 
 def memory_bandwidth(threads: int, mib: int = 256, tries: int = 5) -> float:
-    """Memory bandwidth in bytes/s on `threads` torch threads: the better of a read (sum of
-    a `mib` MiB float32 tensor, counting its bytes) and a copy (counting read + write
-    bytes), each the best of `tries`. A decode step is almost all reads, and a copy alone
-    understates them."""
+    """Memory bandwidth in bytes/s on `threads` torch threads: the best of a read (sum of a
+    `mib` MiB float32 tensor, counting its bytes), a copy (counting read + write bytes) and
+    radixlm's one-row packed GEMM over `mib` MiB of fp32 weights in huge pages (counting
+    the weight bytes; where its kernels build), each the best of `tries`. A decode step is
+    almost all reads and a copy alone understates them; torch's sum reads one stream per
+    thread, where the GEMM reads several at once and gets more out of the same memory."""
     import torch
+
+    from radixlm.kernels.cpu import CpuKernels
+    from radixlm.kernels.cpu.weights import into_huge_pages, pack_panels
 
     torch.set_num_threads(threads)
     src = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
     nbytes = src.numel() * 4
-    read_s = _best_time(src.sum, tries)
-    copy_s = _best_time(lambda: dst.copy_(src), tries)
-    return max(nbytes / read_s, 2 * nbytes / copy_s)
+    read = nbytes / _best_time(src.sum, tries)
+    best = max(read, 2 * nbytes / _best_time(lambda: dst.copy_(src), tries))
+    kernels = CpuKernels.load()
+    if kernels is not None:
+        k = 1024
+        n = src.numel() // k
+        _arena, (panels,) = into_huge_pages([pack_panels(src.view(n, k))])
+        x = torch.ones(1, k)
+        best = max(best, n * k * 4 / _best_time(lambda: kernels.mm(x, panels, n), tries))
+    return best
 
 
 def peak_flops(threads: int, n: int = 2048, tries: int = 5) -> float:
