@@ -448,6 +448,7 @@ int radixlm_gemm_isa(int request) {
 /* y [M, N] row-major; x [M, K] row-major; panels [NB, K, 16]. */
 void radixlm_packed_gemm(const float *x, const float *panels, float *y, int64_t M, int64_t K,
                          int64_t N, int num_threads) {
+    if (M == 0) return;
     const int64_t NB = (N + 15) / 16;
     int z = use_avx512 < 0 ? radixlm_gemm_isa(-1) : use_avx512;
     if (z || M >= BLOCKED_ROWS) {
