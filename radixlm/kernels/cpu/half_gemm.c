@@ -43,28 +43,36 @@ static AVX512 void ztile_half(int mr, const float *x, int64_t K, const uint16_t 
                                                     _mm512_add_ps(a[r][2], a[r][3])));
 }
 
-/* The AVX2 + F16C form of ztile_half: each 16-column row in two 8-lane halves, two partial
- * sums per half (k mod 2). */
-static void tile_half(int mr, const float *x, int64_t K, const uint16_t *w, float *y,
-                      int64_t ldy) {
+/* The AVX2 + F16C form of ztile_half over K k rows of x (row stride ldx): each 16-column
+ * row in two 8-lane halves, two partial sums per half (k mod 2); with `acc` the first
+ * starts from y; with `pf` the line 32 k bytes on from pf is fetched at k (k even). */
+static inline __attribute__((always_inline)) void tile_half(int mr, int acc, const float *x,
+                                                            int64_t ldx, int64_t K,
+                                                            const uint16_t *w, float *y,
+                                                            int64_t ldy, const char *pf) {
     __m256 a[2][2][2];
     for (int r = 0; r < 2; ++r)
-        for (int h = 0; h < 2; ++h) a[r][h][0] = a[r][h][1] = _mm256_setzero_ps();
+        for (int h = 0; h < 2; ++h) {
+            a[r][h][0] = acc && r < mr ? _mm256_loadu_ps(y + r * ldy + 8 * h) : _mm256_setzero_ps();
+            a[r][h][1] = _mm256_setzero_ps();
+        }
     int64_t k = 0;
-    for (; k + 2 <= K; k += 2)
+    for (; k + 2 <= K; k += 2) {
+        if (pf) _mm_prefetch(pf + k * 32, _MM_HINT_T1);
         for (int j = 0; j < 2; ++j)
             for (int h = 0; h < 2; ++h) {
                 __m256 wk = _mm256_cvtph_ps(
                     _mm_loadu_si128((const __m128i *)(w + (k + j) * 16 + 8 * h)));
                 a[0][h][j] = _mm256_fmadd_ps(_mm256_set1_ps(x[k + j]), wk, a[0][h][j]);
                 if (mr > 1)
-                    a[1][h][j] = _mm256_fmadd_ps(_mm256_set1_ps(x[K + k + j]), wk, a[1][h][j]);
+                    a[1][h][j] = _mm256_fmadd_ps(_mm256_set1_ps(x[ldx + k + j]), wk, a[1][h][j]);
             }
+    }
     for (; k < K; ++k)
         for (int h = 0; h < 2; ++h) {
             __m256 wk = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + k * 16 + 8 * h)));
             a[0][h][0] = _mm256_fmadd_ps(_mm256_set1_ps(x[k]), wk, a[0][h][0]);
-            if (mr > 1) a[1][h][0] = _mm256_fmadd_ps(_mm256_set1_ps(x[K + k]), wk, a[1][h][0]);
+            if (mr > 1) a[1][h][0] = _mm256_fmadd_ps(_mm256_set1_ps(x[ldx + k]), wk, a[1][h][0]);
         }
     for (int r = 0; r < mr; ++r)
         for (int h = 0; h < 2; ++h)
@@ -93,29 +101,40 @@ static AVX512 void ztile_half_rows(int mr, const float *x, int64_t K, const uint
     for (int r = 0; r < mr; ++r) _mm512_storeu_ps(y + r * ldy, acc[r]);
 }
 
-/* The AVX2 + F16C form of ztile_half_rows for 3 <= mr <= 4 rows. */
-static void tile_half_rows(int mr, const float *x, int64_t K, const uint16_t *w, float *y,
-                           int64_t ldy) {
+/* The AVX2 + F16C form of ztile_half_rows for 3 <= mr <= 4 rows, `ldx`, `acc` and `pf` as
+ * tile_half's. */
+static inline __attribute__((always_inline)) void tile_half_rows(int mr, int acc,
+                                                                 const float *x, int64_t ldx,
+                                                                 int64_t K, const uint16_t *w,
+                                                                 float *y, int64_t ldy,
+                                                                 const char *pf) {
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
            a30 = a00, a31 = a00;
+    if (acc) {
+        a00 = _mm256_loadu_ps(y), a01 = _mm256_loadu_ps(y + 8);
+        a10 = _mm256_loadu_ps(y + ldy), a11 = _mm256_loadu_ps(y + ldy + 8);
+        a20 = _mm256_loadu_ps(y + 2 * ldy), a21 = _mm256_loadu_ps(y + 2 * ldy + 8);
+        if (mr > 3) a30 = _mm256_loadu_ps(y + 3 * ldy), a31 = _mm256_loadu_ps(y + 3 * ldy + 8);
+    }
     for (int64_t k = 0; k < K; ++k) {
+        if (pf && !(k & 1)) _mm_prefetch(pf + k * 32, _MM_HINT_T1);
         __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + k * 16)));
         __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + k * 16 + 8)));
         const float *xk = x + k;
-        __m256 x0 = _mm256_set1_ps(xk[0]), x1 = _mm256_set1_ps(xk[K]);
-        __m256 x2 = _mm256_set1_ps(xk[2 * K]);
+        __m256 x0 = _mm256_set1_ps(xk[0]), x1 = _mm256_set1_ps(xk[ldx]);
+        __m256 x2 = _mm256_set1_ps(xk[2 * ldx]);
         a00 = _mm256_fmadd_ps(x0, w0, a00), a01 = _mm256_fmadd_ps(x0, w1, a01);
         a10 = _mm256_fmadd_ps(x1, w0, a10), a11 = _mm256_fmadd_ps(x1, w1, a11);
         a20 = _mm256_fmadd_ps(x2, w0, a20), a21 = _mm256_fmadd_ps(x2, w1, a21);
         if (mr > 3) {
-            __m256 x3 = _mm256_set1_ps(xk[3 * K]);
+            __m256 x3 = _mm256_set1_ps(xk[3 * ldx]);
             a30 = _mm256_fmadd_ps(x3, w0, a30), a31 = _mm256_fmadd_ps(x3, w1, a31);
         }
     }
-    __m256 acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+    __m256 out[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
     for (int r = 0; r < mr; ++r) {
-        _mm256_storeu_ps(y + r * ldy, acc[r][0]);
-        _mm256_storeu_ps(y + r * ldy + 8, acc[r][1]);
+        _mm256_storeu_ps(y + r * ldy, out[r][0]);
+        _mm256_storeu_ps(y + r * ldy + 8, out[r][1]);
     }
 }
 
@@ -145,14 +164,66 @@ static inline void tail_out(float *y, int64_t N, int64_t m, int64_t b, int64_t w
 /* Rows of x one pass over a panel serves: two (with split sums) for one or two rows, else
  * up to ZROWS (AVX-512) or 4 (AVX2). */
 #define ZROWS 8
+/* How far ahead (bytes) a 3- or 4-row AVX2 tile fetches in its stream (half_streams). */
+#define HALF_AHEAD 8192
+
+/* One AVX2 row tile over kn k rows, fetching from `pf` on (0: none) meanwhile; `mr` a
+ * constant in each call site, so the tiles specialise. */
+static void half_tile(int64_t mr, int acc, const float *x, int64_t ldx, int64_t kn,
+                      const uint16_t *w, float *y, int64_t ldy, const char *pf) {
+    switch (mr) {
+    case 1: tile_half(1, acc, x, ldx, kn, w, y, ldy, pf); break;
+    case 2: tile_half(2, acc, x, ldx, kn, w, y, ldy, pf); break;
+    case 3: tile_half_rows(3, acc, x, ldx, kn, w, y, ldy, pf); break;
+    default: tile_half_rows(4, acc, x, ldx, kn, w, y, ldy, pf);
+    }
+}
+
+/* Panels [b0, b1) of y for M <= 4 rows on AVX2 (one thread's share, one row tile), read
+ * as packed_gemm.c's stream_panels reads fp32 panels: the range in `streams` equal parts,
+ * panel i of every part in turn, `chunk` k rows at a time, with `ahead` > 0 each chunk's
+ * tile fetching the lines `ahead` bytes on in its part. One or two rows take four parts
+ * of 16 k rows without prefetch, three or four two parts of 32 with it (each the faster
+ * measured; docs/perf-notes.md, "The LM head's greedy screen"). */
+static void half_streams(const float *x, const uint16_t *panels, float *y, int64_t M,
+                         int64_t K, int64_t N, int64_t b0, int64_t b1, int64_t streams,
+                         int64_t chunk, int64_t ahead) {
+    const int64_t n = b1 - b0, L = (n + streams - 1) / streams;
+    float tail[4 * 16];
+    for (int64_t i = 0; i < L; ++i)
+        for (int64_t k0 = 0; k0 < K; k0 += chunk) {
+            const int64_t kn = K - k0 < chunk ? K - k0 : chunk;
+            for (int64_t s = 0; s < streams && s * L + i < n; ++s) {
+                const int64_t b = b0 + s * L + i, cols = N - b * 16 < 16 ? N - b * 16 : 16;
+                int64_t ldy;
+                float *dst = tile_dst(y, N, 0, b, 16, cols, tail, &ldy);
+                const uint16_t *w = panels + (b * K + k0) * 16;
+                half_tile(M, k0 > 0, x + k0, K, kn, w, dst, ldy,
+                          ahead ? (const char *)w + ahead : 0);
+                if (k0 + kn == K) tail_out(y, N, 0, b, 16, cols, tail, M);
+            }
+        }
+}
 
 /* x [M, K] row-major; panels fp16 [ceil(N / 16), K, 16]; y [M, N] row-major. Each panel
  * is widened once per tile of rows (the panel stays in L1 / L2 for the next tile); the
- * threads split the panels evenly. */
+ * threads split the panels evenly, and on AVX2 up to 4 rows read their share as several
+ * streams (half_streams). */
 void radixlm_half_gemm(const float *x, const uint16_t *panels, float *y, int64_t M, int64_t K,
                        int64_t N, int num_threads) {
     const int64_t NB = (N + 15) / 16;
     const int z = radixlm_gemm_isa(-1), most = M <= 2 ? 2 : z ? ZROWS : 4;
+    if (M == 0) return;
+    if (!z && M <= 4) {
+#pragma omp parallel num_threads(num_threads)
+        {
+            const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+            const int few = M <= 2;
+            half_streams(x, panels, y, M, K, N, NB * t / nt, NB * (t + 1) / nt, few ? 4 : 2,
+                         few ? 16 : 32, few ? 0 : HALF_AHEAD);
+        }
+        return;
+    }
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t b = 0; b < NB; ++b) {
         const uint16_t *w = panels + b * K * 16;
@@ -163,10 +234,10 @@ void radixlm_half_gemm(const float *x, const uint16_t *panels, float *y, int64_t
             int64_t ldy;
             float *dst = tile_dst(y, N, m, b, 16, cols, tail, &ldy);
             const float *xm = x + m * K;
-            if (mr <= 2)
-                (z ? ztile_half : tile_half)((int)mr, xm, K, w, dst, ldy);
+            if (z)
+                (mr <= 2 ? ztile_half : ztile_half_rows)((int)mr, xm, K, w, dst, ldy);
             else
-                (z ? ztile_half_rows : tile_half_rows)((int)mr, xm, K, w, dst, ldy);
+                half_tile(mr, 0, xm, K, K, w, dst, ldy, 0);
             tail_out(y, N, m, b, 16, cols, tail, mr);
         }
     }
