@@ -27,8 +27,8 @@ def test_pack_panels_layout():
 
 
 # AVX2: rows cover the interleaved weight streams of 1-6 rows (1000 x 576: a ragged last
-# panel in the last stream), tiles of up to 6 rows, balanced splits above 6 and K
-# blocking (K > 128), and the packed-x path of balanced tiles of up to 6 rows from 12 rows (13: 5 + 4 + 4).
+# panel in the last stream), balanced splits of 7-11 rows with K blocking (K > 128), and
+# the packed-x path of balanced tiles of up to 6 rows from 12 rows (13: 5 + 4 + 4).
 # AVX-512 (packed x for every row count): balanced tiles of up to 12 rows over one or two
 # panels. Both: one and several 144-row blocks, a short last tile. N covers exact panels
 # (even and odd counts), a ragged last panel and N < 16; K covers one and several
