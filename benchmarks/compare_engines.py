@@ -5,7 +5,7 @@ Method
 * Weights: SmolLM2-135M-Instruct, fp32, from the bundled GGUF dequantized once into a
   safetensors directory (`radixlm.runtime.executor.model_registry.local_hf_dir`, cached under
   ~/.cache/radixlm/converted); every engine loads that directory (llama-server: an f32
-  GGUF converted from it, see benchmarks/README.md).
+  GGUF converted from it, see docs/benchmarks.md).
 * Engines (`ENGINES`): in-process -- radixlm.Engine and transformers `generate`, each in
   a fresh subprocess running `engine_harness.py` (same harness, same timing); HTTP --
   `radixlm serve`, vLLM CPU and llama.cpp's llama-server, each started here and driven by

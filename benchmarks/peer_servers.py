@@ -72,7 +72,8 @@ class EngineSpec:
         """None when runnable, else why not ("not installed: ...")."""
         missing = [str(p) for p in self.needs if not p.exists()]
         if missing:
-            return f"not installed ({', '.join(missing)} missing; see benchmarks/README.md)"
+            where = "docs/benchmarks.md, 'Installing the peers'"
+            return f"not installed ({', '.join(missing)} missing; see {where})"
         return None
 
 

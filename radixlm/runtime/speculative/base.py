@@ -157,6 +157,13 @@ class Drafter(abc.ABC):
     def draft(self, ctx: DraftContext) -> list[DraftTree]:
         """One tree per request with at most ctx.budgets[i] nodes (root excluded)."""
 
+    def available(self, req: Req) -> int | None:
+        """The most draft nodes `draft` can propose for `req` this step, or None where it
+        fills any budget (the default: a drafter that runs a model). Called just before
+        `draft` in the same step; the budget is planned within it, so rows that a
+        request cannot fill (no n-gram match) go to the requests that can."""
+        return None
+
     def observe(  # noqa: B027 - optional hook
         self, fb: ForwardBatch, reqs: list[Req], next_ids: dict[Req, int], hidden
     ) -> None:

@@ -10,7 +10,7 @@ from radixlm.config import ServerArgs
 from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.request import Req
 from radixlm.runtime.speculative.accept import accept_greedy, accept_sampled, target_probs
-from radixlm.runtime.speculative.base import DraftTree
+from radixlm.runtime.speculative.base import DraftContext, DraftTree
 from radixlm.runtime.speculative.ngram import NgramDrafter
 
 
@@ -42,6 +42,19 @@ def test_ngram_continues_a_repeating_tail_periodically():
     assert d.candidates(Req("t", [4, 5, 6, 7, 8, 9, 1, 4, 5], SamplingParams())) == [
         [6, 7, 8, 9, 1]
     ]
+
+
+def test_ngram_available_counts_the_trie_that_draft_then_takes():
+    d = NgramDrafter(num_steps=3, topk=2)
+    req = Req("r", [1, 2, 3, 4, 9, 2, 3, 5, 7, 2, 3], SamplingParams())
+    none = Req("s", [8, 9], SamplingParams())
+    assert d.available(req) == 6 and d.available(none) == 0  # [5, 7, 2] + [4, 9, 2]
+    trees = d.draft(DraftContext([req, none], [4, 3], None))
+    want = DraftTree.from_sequences([[5, 7, 2], [4, 9, 2]], 4)
+    assert (trees[0].tokens, trees[0].parents) == (want.tokens, want.parents)
+    assert len(trees[1]) == 0
+    req.output_ids.append(5)  # a later step looks up afresh
+    assert d.draft(DraftContext([req], [3], None))[0].tokens == [7, 2, 3]
 
 
 def test_greedy_accepts_longest_matching_path_plus_bonus():

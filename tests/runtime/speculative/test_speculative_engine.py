@@ -14,8 +14,11 @@ import dataclasses
 import pytest
 
 from radixlm import Engine
+from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.decode import NormalDecode
+from radixlm.runtime.sched.request import Req
 from radixlm.runtime.speculative import make_speculative_decode
+from radixlm.runtime.speculative.ngram import NgramDrafter
 from tests.runtime.conftest import MAX_NEW, MODEL, greedy
 from tests.runtime.sched_helpers import check_pool, make_req, run_all, step, tokens
 from tests.tiny_models import save_random_eagle_head
@@ -103,6 +106,34 @@ def test_greedy_equals_reference(name, engine, eagle_dir, prompts, reference):
         assert stats["spec_accept_length"] > 3.0
     if name == "eagle-bundled":  # the trained head drafts better than chance
         assert stats["spec_accept_length"] > 1.1  # 1.19 measured
+    check_pool(engine.scheduler, idle=True)
+
+
+def test_ngram_verifies_only_where_its_lookup_found_a_continuation(engine):
+    """Under the fixed budget a request drafts only what its n-gram lookup has
+    (`Drafter.available`): a step where it found nothing runs plain. Replays the greedy
+    output: a step without a match emits one token; a step with one verifies the
+    continuation, emitting its matching prefix and the bonus token."""
+    use(engine, "ngram")
+    prompt = [(7919 * i) % 40000 + 100 for i in range(1, 41)]  # 40 distinct ids
+    params = {**greedy(24), "ignore_eos": True}
+    ids = prompt + engine.generate(input_ids=prompt, sampling_params=params)["output_ids"]
+    lookup = NgramDrafter(num_steps=4, topk=1)
+    pos, plain, verify = len(prompt) + 1, 0, 0  # the prefill emitted the first token
+    while pos < len(ids):
+        cap = min(4, len(ids) - pos - 1)  # --speculative-num-draft-tokens, tokens left
+        found = lookup.candidates(Req("replay", ids[:pos], SamplingParams())) if cap else []
+        if not found:
+            plain, pos = plain + 1, pos + 1
+            continue
+        draft, k = found[0][:cap], 0
+        while k < len(draft) and draft[k] == ids[pos + k]:
+            k += 1
+        verify, pos = verify + 1, pos + k + 1
+    assert plain >= 2 and verify >= 1  # the prompt has steps of both kinds
+    stats = spec_stats(engine)
+    assert stats["spec_plain_decode_steps_total"] == plain
+    assert stats["spec_verify_steps_total"] == verify
     check_pool(engine.scheduler, idle=True)
 
 
