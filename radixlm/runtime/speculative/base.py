@@ -160,8 +160,8 @@ class Drafter(abc.ABC):
     def available(self, req: Req) -> int | None:
         """The most draft nodes `draft` can propose for `req` this step, or None where it
         fills any budget (the default: a drafter that runs a model). Called just before
-        `draft` in the same step; the budget is planned within it, so rows that a
-        request cannot fill (no n-gram match) go to the requests that can."""
+        `draft` in the same step where the budget plans `within_available`, so that rows
+        a request cannot fill (no n-gram match) go to the requests that can."""
         return None
 
     def observe(  # noqa: B027 - optional hook

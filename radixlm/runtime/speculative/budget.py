@@ -59,6 +59,10 @@ _LOG_STEP = math.log(1.4)  # StepCostCurve's buckets are 1.4x apart
 class DraftBudget(abc.ABC):
     """Chooses per-request draft counts and learns from each step's outcome."""
 
+    #: Whether the caps `plan` gets are cut to what the drafter has for each request
+    #: (`Drafter.available`), so that rows a request cannot fill go to the others.
+    within_available: bool = True
+
     @abc.abstractmethod
     def plan(self, reqs: list[Req], caps: list[int]) -> list[int]:
         """Draft tokens per request, each in [0, caps[i]]."""
@@ -75,7 +79,10 @@ class DraftBudget(abc.ABC):
 
 
 class FixedBudget(DraftBudget):
-    """Every request drafts its cap."""
+    """Every request drafts its cap, whatever the drafter has for it: every step where a
+    request may draft verifies, an empty tree included (for tests and measurements)."""
+
+    within_available = False
 
     def plan(self, reqs: list[Req], caps: list[int]) -> list[int]:
         return list(caps)

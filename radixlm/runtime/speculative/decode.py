@@ -218,18 +218,19 @@ class SpeculativeDecode:
     # ---- steps -------------------------------------------------------------------------
 
     def _budgets(self, kv: KVLedger, reqs: list[Req]) -> list[int]:
-        """Draft tokens per request: capped by max_new_tokens, the context and what the
-        drafter has for it (`Drafter.available`), and 0 for requests whose extra slots the
-        pool cannot supply (one slot each is reserved)."""
+        """Draft tokens per request: capped by max_new_tokens, the context and, where the
+        budget plans `within_available`, what the drafter has for it; 0 for requests whose
+        extra slots the pool cannot supply (one slot each is reserved)."""
         ps = kv.page_size
         context = self.runner.context_len
         room = kv.room() - kv.decode_tokens(reqs)
+        within = self.budget.within_available
         budgets = []
         for req in reqs:
             seq = req.seq_len
             n = min(self.num_draft, req.remaining_new_tokens() - 1, context - seq - 1)
             n = max(n, 0)
-            if n and (have := self.drafter.available(req)) is not None:
+            if n and within and (have := self.drafter.available(req)) is not None:
                 n = min(n, have)
             extra = (kv.pages(req.kv_len, n + 1) - kv.pages(req.kv_len, 1)) * ps
             if extra > room:

@@ -18,6 +18,7 @@ from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.decode import NormalDecode
 from radixlm.runtime.sched.request import Req
 from radixlm.runtime.speculative import make_speculative_decode
+from radixlm.runtime.speculative.budget import DraftBudget
 from radixlm.runtime.speculative.ngram import NgramDrafter
 from tests.runtime.conftest import MAX_NEW, MODEL, greedy
 from tests.runtime.sched_helpers import check_pool, make_req, run_all, step, tokens
@@ -109,12 +110,21 @@ def test_greedy_equals_reference(name, engine, eagle_dir, prompts, reference):
     check_pool(engine.scheduler, idle=True)
 
 
+class _CapBudget(DraftBudget):
+    """Drafts every cap, cut to what the drafter has (as the goodput budget plans, but
+    independent of timing)."""
+
+    def plan(self, reqs, caps):
+        return list(caps)
+
+
 def test_ngram_verifies_only_where_its_lookup_found_a_continuation(engine):
-    """Under the fixed budget a request drafts only what its n-gram lookup has
+    """A budget planning `within_available` drafts only what the n-gram lookup has
     (`Drafter.available`): a step where it found nothing runs plain. Replays the greedy
     output: a step without a match emits one token; a step with one verifies the
     continuation, emitting its matching prefix and the bonus token."""
     use(engine, "ngram")
+    engine.scheduler.decoder.budget = _CapBudget()
     prompt = [(7919 * i) % 40000 + 100 for i in range(1, 41)]  # 40 distinct ids
     params = {**greedy(24), "ignore_eos": True}
     ids = prompt + engine.generate(input_ids=prompt, sampling_params=params)["output_ids"]
@@ -245,7 +255,7 @@ def test_sampled_requests_are_seeded_and_complete(engine, prompts):
     check_pool(engine.scheduler, idle=True)
 
 
-class _GreedyOnlyBudget:
+class _GreedyOnlyBudget(DraftBudget):
     """Drafts the cap for greedy requests only (or for nobody): what a timing-driven
     budget may do to a seeded request's neighbours."""
 
@@ -254,15 +264,6 @@ class _GreedyOnlyBudget:
 
     def plan(self, reqs, caps):
         return [c if self.draft and r.params.is_greedy else 0 for r, c in zip(reqs, caps)]
-
-    def observe_step(self, rows, seconds):
-        pass
-
-    def observe_verify(self, verified):
-        pass
-
-    def stats(self):
-        return {}
 
 
 def test_seeded_output_does_not_depend_on_neighbours_drafts(engine, prompts):
