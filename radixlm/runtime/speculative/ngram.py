@@ -54,24 +54,17 @@ class NgramDrafter(Drafter):
         self.topk = topk
         self.ks = range(max_ngram, min_ngram - 1, -1)
         self._index: weakref.WeakKeyDictionary[Req, _Index] = weakref.WeakKeyDictionary()
-        # `available`'s candidates, which the same step's `draft` takes (and drops).
-        self._found: weakref.WeakKeyDictionary[Req, list[list[int]]] = weakref.WeakKeyDictionary()
 
     def available(self, req: Req) -> int:
-        """Nodes of the trie of req's candidates (0: no match)."""
-        found = self._found[req] = self.candidates(req)
-        return len(DraftTree.from_sequences(found, self.topk * self.num_steps))
+        """Nodes of the trie of req's candidates (0: no match). `draft` looks them up
+        again: the index is already current then, so that costs a few dict lookups."""
+        return len(DraftTree.from_sequences(self.candidates(req), self.topk * self.num_steps))
 
     def draft(self, ctx: DraftContext) -> list[DraftTree]:
-        trees = []
-        for req, n in zip(ctx.reqs, ctx.budgets):
-            found = self._found.pop(req, None)
-            if n:
-                found = self.candidates(req) if found is None else found
-                trees.append(DraftTree.from_sequences(found, n))
-            else:
-                trees.append(DraftTree())
-        return trees
+        return [
+            DraftTree.from_sequences(self.candidates(req), n) if n else DraftTree()
+            for req, n in zip(ctx.reqs, ctx.budgets)
+        ]
 
     def lookup(self, req: Req) -> list[int]:
         """The best continuation (`candidates`' first), or []."""

@@ -18,7 +18,7 @@ from radixlm.runtime.sampling.sampler import SamplingParams
 from radixlm.runtime.sched.decode import NormalDecode
 from radixlm.runtime.sched.request import Req
 from radixlm.runtime.speculative import make_speculative_decode
-from radixlm.runtime.speculative.budget import DraftBudget
+from radixlm.runtime.speculative.budget import DraftBudget, FixedBudget
 from radixlm.runtime.speculative.ngram import NgramDrafter
 from tests.runtime.conftest import MAX_NEW, MODEL, greedy
 from tests.runtime.sched_helpers import check_pool, make_req, run_all, step, tokens
@@ -110,12 +110,11 @@ def test_greedy_equals_reference(name, engine, eagle_dir, prompts, reference):
     check_pool(engine.scheduler, idle=True)
 
 
-class _CapBudget(DraftBudget):
+class _CapBudget(FixedBudget):
     """Drafts every cap, cut to what the drafter has (as the goodput budget plans, but
     independent of timing)."""
 
-    def plan(self, reqs, caps):
-        return list(caps)
+    within_available = True
 
 
 def test_ngram_verifies_only_where_its_lookup_found_a_continuation(engine):
