@@ -6,7 +6,8 @@ Routes:
                              (`runtime/server/dispatcher.py` over `router_pool.request_key`)
     GET  /health             200 while a worker is healthy, else 503
     GET  /get_server_info    the policy and each worker's url, health, in-flight and routed
-    GET  /v1/models, /get_model_info   a healthy worker's answer
+    GET  /v1/models, /get_model_info, POST /tokenize, /detokenize
+                             a healthy worker's answer
     POST /flush_cache        every healthy worker's cache (and the policy's trees)
     POST /abort_request      sent to every healthy worker; 200 when one aborted something
 
@@ -175,14 +176,19 @@ class Proxy:
 
 
 def add_model_routes(app: FastAPI, pool: WorkerPool) -> None:
-    """GET /v1/models and /get_model_info, answered by the first healthy worker of `pool`
-    (a worker that fails to answer is marked failed and the next one asked); 503
-    no_healthy_worker when none answers."""
+    """Routes whose answer depends only on the model, answered by the first healthy worker
+    of `pool` (a worker that cannot be reached is marked failed and the next one asked;
+    503 no_healthy_worker when none answers): GET /v1/models and /get_model_info, and
+    POST /tokenize and /detokenize with the client's body (a worker's 4xx is the answer,
+    so a prompt too long gets its 400 as from the worker)."""
 
     async def from_any(request: Request) -> Response:
+        raw = await request.body() if request.method == "POST" else None
+        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED_HEADERS}
         for rank in pool.healthy_ranks():
+            url = pool.workers[rank].url + request.url.path
             try:
-                resp = await pool.client.get(pool.workers[rank].url + request.url.path)
+                resp = await pool.client.request(request.method, url, content=raw, headers=headers)
             except httpx.HTTPError as e:
                 pool.mark_failed(rank, e)
                 continue
@@ -191,6 +197,8 @@ def add_model_routes(app: FastAPI, pool: WorkerPool) -> None:
 
     app.add_api_route("/v1/models", from_any, methods=["GET"])
     app.add_api_route("/get_model_info", from_any, methods=["GET"])
+    app.add_api_route("/tokenize", from_any, methods=["POST"])
+    app.add_api_route("/detokenize", from_any, methods=["POST"])
 
 
 def _is_stream(body: Any) -> bool:

@@ -213,6 +213,12 @@ def test_bad_bootstrap_fields_are_refused(pd):
     assert resp.status_code == 400 and resp.json()["error"]["code"] == "unsupported_route"
 
 
+def test_router_tokenizes_on_a_decode_worker(pd):
+    via = pd["router"].post("/tokenize", json={"prompt": "The capital of France is"})
+    direct = httpx.post(pd["decode"] + "/tokenize", json={"prompt": "The capital of France is"})
+    assert via.status_code == 200 and via.json() == direct.json()
+
+
 def test_router_refuses_workers_in_the_wrong_mode(pd):
     router = _router("--prefill-urls", pd["decode"], "--decode-urls", pd["decode"])
     _, err = router.communicate(timeout=60)

@@ -1,5 +1,6 @@
 """`radixlm router` in front of two `radixlm serve` workers on loopback: streaming
-pass-through, abort forwarding on client disconnect, a worker killed mid-run (every
+pass-through, abort forwarding on client disconnect, /tokenize and /detokenize (and so
+`select`'s exact-id scoring) from a worker, a worker killed mid-run (every
 request completes or gets an error, survivors keep serving, the dead worker is removed
 and re-admitted after a restart), 503 with no healthy worker, and refusal of a URL that is
 not a radixlm worker. Also the real `sglang-router` (PyPI) in front of the same workers,
@@ -19,7 +20,9 @@ import time
 import httpx
 import pytest
 
+import radixlm as rl
 from radixlm.lang.backend.runtime import ready_url
+from radixlm.lang.backend.runtime_endpoint import RuntimeEndpoint
 
 from .conftest import start_server, stop_server
 
@@ -101,6 +104,33 @@ def test_client_disconnect_aborts_on_the_worker(fleet):
         _wait(lambda url=url: httpx.get(url + "/get_server_info").json()["num_running"] == 0)
     aborted = [httpx.get(u + "/get_server_info").json()["scheduler"] for u in fleet["urls"]]
     assert sum(s["num_aborted_total"] for s in aborted) == 1
+
+
+def test_tokenize_and_select_through_the_router_use_the_workers_ids(fleet):
+    http, worker = fleet["http"], fleet["urls"][0]
+    text = "The capital of France is"
+    via = http.post("/tokenize", json={"prompt": text})
+    assert via.status_code == 200
+    assert via.json() == httpx.post(worker + "/tokenize", json={"prompt": text}).json()
+    back = http.post("/detokenize", json={"tokens": via.json()["tokens"]})
+    assert back.status_code == 200 and back.json()["prompt"] == text
+    both = {"prompt": text, "messages": [{"role": "user", "content": "Hi"}]}
+    refused = http.post("/tokenize", json=both)
+    assert refused.status_code == 400
+    assert refused.json() == httpx.post(worker + "/tokenize", json=both).json()
+
+    @rl.function
+    def pick(s):
+        s += "Q: Is Paris in France?\nA:"
+        s += rl.select("answer", choices=[" yes", " no", " maybe not"])
+
+    routed, direct = RuntimeEndpoint(str(http.base_url)), RuntimeEndpoint(worker)
+    got, want = pick.run(backend=routed), pick.run(backend=direct)
+    # The router answers /tokenize, so select scored from exact ids (no lookback plan).
+    assert routed._has_tokenize
+    assert got["answer"] == want["answer"]
+    meta = "normalized_prompt_logprobs"
+    assert got.get_meta_info("answer")[meta] == want.get_meta_info("answer")[meta]
 
 
 def test_sglang_router_serves_radixlm_workers_unchanged(fleet):

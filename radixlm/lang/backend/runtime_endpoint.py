@@ -107,8 +107,8 @@ class RuntimeEndpoint(NativeBackend):
     def token_ids(self, texts: list[str]) -> list[list[int]] | None:
         """Each text's ids from the server's /tokenize (as /generate tokenizes text); None
         where the server refuses one. A 400 (a prompt too long) is left to the scoring
-        request that follows, which reports it; any other refusal (a router has no
-        /tokenize, a proxy may answer 401-405 or 5xx) means it is never asked again."""
+        request that follows, which reports it; any other refusal (a server
+        without /tokenize, a proxy answering 401-405 or 5xx) means it is never asked again."""
         if not self._has_tokenize:
             return None
         try:
