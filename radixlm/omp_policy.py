@@ -24,10 +24,16 @@ loads (import radixlm before torch, or export the variables before Python starts
 setting holds for the whole process and its children, radixlm used as a client included.
 `describe()` says which policy is in effect; the engine reports it as
 ``resolved.omp_wait_policy`` in `get_server_info()`.
+
+libgomp also stops spinning altogether (its "throttled" count) once its worker threads
+outnumber the CPUs, counting every pool: one per thread that has started parallel
+regions. `release_thread_pool()` frees the calling thread's pool, for an engine built on
+one thread and stepped on another.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import sys
@@ -40,6 +46,8 @@ MARKER = "RADIXLM_OMP_DEFAULTS"
 SHORT_SPIN = 1000
 #: libgomp's spin count without either variable.
 LIBGOMP_DEFAULT_SPIN = 300_000
+#: `omp_pause_resource_t`'s omp_pause_hard (OpenMP 5.0): free the threads, not only idle them.
+OMP_PAUSE_HARD = 2
 
 _state: str | None = None  # what apply_default found, for describe()
 _SPIN = re.compile(r"\s*(-?)\s*(\d+)\s*([kmgt]?)\s*", re.IGNORECASE)
@@ -137,3 +145,41 @@ def set_by_radixlm() -> dict[str, str]:
 def spins() -> bool:
     """Whether libgomp's threads spin long at barriers before sleeping."""
     return describe().startswith("spin")
+
+
+def _libgomp() -> ctypes.CDLL | None:
+    """The libgomp this process has loaded (Linux: found in /proc/self/maps), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libgomp" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
+def release_thread_pool() -> bool:
+    """Stop the OpenMP worker threads that the calling thread's parallel regions started.
+
+    libgomp keeps one pool of workers per thread that starts parallel regions, and once
+    the threads of all pools (plus the main thread) outnumber the CPUs it stops spinning
+    at barriers altogether under ``OMP_WAIT_POLICY=PASSIVE`` (its "throttled" spin count,
+    0 unless the policy is ACTIVE): every barrier of a step then sleeps and wakes. An
+    engine built on one thread and stepped on another (`EngineBackend`'s driver thread)
+    would leave the first thread's idle pool counted, so the thread that built it calls
+    this when it hands the compute on. A later parallel region on this thread starts a
+    new pool.
+
+    Calls ``omp_pause_resource_all`` (OpenMP 5.0; libgomp frees only the calling
+    thread's pool). Returns True when libgomp did so, False where it is not loaded, too
+    old to have the call, or the caller is inside a parallel region.
+    """
+    lib = _libgomp()
+    pause = getattr(lib, "omp_pause_resource_all", None) if lib is not None else None
+    if pause is None:
+        return False
+    return pause(OMP_PAUSE_HARD) == 0

@@ -147,3 +147,48 @@ def test_spin_count_agrees_with_what_libgomp_read(env):
     read = int(re.search(r"GOMP_SPINCOUNT = '(\d+)'", out.stderr).group(1))
     ours = omp_policy.spin_count(env)
     assert ours == read or (ours == float("inf") and read >= 2**63), (ours, read)
+
+
+# Threads of this process, and a wait until their count reaches `n` (a freed OpenMP worker
+# leaves /proc/self/task once it has exited).
+TASKS = """
+import os, time
+def tasks():
+    return len(os.listdir('/proc/self/task'))
+def settle(n):
+    end = time.monotonic() + 10
+    while tasks() != n and time.monotonic() < end:
+        time.sleep(0.01)
+    return tasks()
+"""
+
+
+def test_release_thread_pool_stops_this_threads_openmp_workers():
+    code = TASKS + (
+        "import radixlm.omp_policy as p, torch\n"
+        "torch.set_num_threads(2)\n"
+        "x = torch.rand(1 << 22)\n"
+        "base = tasks(); x.exp(); grown = tasks() - base\n"  # this thread's pool: 1 worker
+        "freed = p.release_thread_pool()\n"
+        "print(grown, freed, settle(base) - base)\n"
+        "x.exp(); print(tasks() - base)\n"  # a later region starts a new pool
+    )
+    lines = _run(code).stdout.splitlines()
+    assert lines == ["1 True 0", "1"]
+
+
+def test_an_engine_leaves_no_openmp_pool_on_the_thread_that_built_it():
+    # Its steps may run on another thread (EngineBackend's driver): a pool left here
+    # would push libgomp past its thread limit, where barriers stop spinning. Built, it
+    # leaves none; run here, it starts one (its one worker), which an EngineBackend over it
+    # stops.
+    code = TASKS + (
+        "import radixlm, radixlm.omp_policy as p\n"
+        "from radixlm.lang.backend.engine import EngineBackend\n"
+        "e = radixlm.Engine(model='smollm2-135m', num_threads=2, max_total_tokens=1024)\n"
+        "base = tasks(); p.release_thread_pool(); time.sleep(0.5); print(tasks() - base)\n"
+        "e.generate('Hi', {'max_new_tokens': 2}); ran = tasks()\n"
+        "EngineBackend(e); time.sleep(0.5); print(ran - tasks())\n"
+        "e.shutdown()\n"
+    )
+    assert _run(code).stdout.split() == ["0", "1"]

@@ -23,6 +23,7 @@ import itertools
 import logging
 from typing import Any
 
+from radixlm import omp_policy
 from radixlm.config import ServerArgs
 from radixlm.errors import EngineClosedError, InvalidRequestError
 from radixlm.runtime.engine_requests import (
@@ -73,6 +74,9 @@ class Engine:
         self._tracked: dict[str, Tracked] = {}
         self._stepped: dict[str, None] = {}  # add_request's requests, in arrival order
         self._rid_counter = itertools.count()
+        # Steps may run on another thread (EngineBackend's driver); an idle OpenMP pool
+        # left here would make libgomp's barriers stop spinning there (omp_policy).
+        omp_policy.release_thread_pool()
 
     # ---- public API -------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from radixlm import omp_policy
 from radixlm.lang import chat_template as templates
 from radixlm.lang.backend.base import NativeBackend, OnDelta
 
@@ -312,6 +313,9 @@ class EngineBackend(NativeBackend):
     def __init__(self, engine, chat_template: templates.ChatTemplate | None = None):
         self.engine = engine
         self._driver = _Driver(engine)
+        # The driver thread runs the steps from now on; this thread's OpenMP pool, if the
+        # engine ran here since it was built, would stop libgomp spinning (omp_policy).
+        omp_policy.release_thread_pool()
         self._chat_template = chat_template
 
     @classmethod
