@@ -166,9 +166,9 @@ def release_thread_pool() -> bool:
     """Stop the OpenMP worker threads that the calling thread's parallel regions started.
 
     libgomp keeps one pool of workers per thread that starts parallel regions, and once
-    the threads of all pools (plus the main thread) outnumber the CPUs it stops spinning
-    at barriers altogether under ``OMP_WAIT_POLICY=PASSIVE`` (its "throttled" spin count,
-    0 unless the policy is ACTIVE): every barrier of a step then sleeps and wakes. An
+    the workers of all pools plus the main thread outnumber the CPUs it uses its
+    "throttled" spin count: 0 under ``OMP_WAIT_POLICY=PASSIVE`` (100 with no policy, 1000
+    under ACTIVE), so every barrier of a step then sleeps and wakes. An
     engine built on one thread and stepped on another (`EngineBackend`'s driver thread)
     would leave the first thread's idle pool counted, so the thread that built it calls
     this when it hands the compute on. A later parallel region on this thread starts a
