@@ -53,14 +53,21 @@ _state: str | None = None  # what apply_default found, for describe()
 _SPIN = re.compile(r"\s*(-?)\s*(\d+)\s*([kmgt]?)\s*", re.IGNORECASE)
 
 
+def _libgomp_paths() -> list[str] | None:
+    """The files of the libgomp this process has mapped (/proc/self/maps; None where that
+    cannot be read)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return sorted({line.split()[-1] for line in maps if "libgomp" in line})
+    except OSError:
+        return None
+
+
 def libgomp_loaded() -> bool:
     """Whether this process has already mapped libgomp (Linux: /proc/self/maps; elsewhere
     whether torch is imported, which loads it)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            return any("libgomp" in line for line in maps)
-    except OSError:
-        return "torch" in sys.modules
+    paths = _libgomp_paths()
+    return "torch" in sys.modules if paths is None else bool(paths)
 
 
 def _initial_environ() -> dict[str, str]:
@@ -148,13 +155,8 @@ def spins() -> bool:
 
 
 def _libgomp() -> ctypes.CDLL | None:
-    """The libgomp this process has loaded (Linux: found in /proc/self/maps), or None."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libgomp" in line}
-    except OSError:
-        return None
-    for path in sorted(paths):
+    """The libgomp this process has loaded, opened with ctypes, or None."""
+    for path in _libgomp_paths() or []:
         try:
             return ctypes.CDLL(path)
         except OSError:
