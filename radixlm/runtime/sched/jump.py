@@ -81,7 +81,7 @@ class Drafts:
         if req.grammar is None or req.return_logprob:
             return
         room = self._room(req)
-        draft = self.jumper.draft(req.grammar, req.output_ids[-1], room) if self.jumper else []
+        draft = self.jumper.draft(req.grammar, req.output_ids, room, req) if self.jumper else []
         from_lookup = False
         # Lookup drafts only for greedy rows: a sampled row's token at a free position is
         # drawn by inverse CDF from an extend row's logits, which may differ from a decode

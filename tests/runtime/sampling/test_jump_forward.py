@@ -119,21 +119,106 @@ def test_draft_at_the_token_boundary(tokenizer_and_compiler):
     # last token ' "' is a strict prefix of longer tokens (' "a', ...) and is left out.
     matcher = xgr.GrammarMatcher(grammar)
     assert len(pair) == 1 and matcher.accept_token(pair[0])
-    draft = jumper.draft(matcher, pair[0], room=100)
+    draft = jumper.draft(matcher, pair, room=100)
     assert draft == tok.encode('name":', add_special_tokens=False)
     assert matcher.find_jump_forward_string() == 'name": "'  # the matcher is unchanged
-    assert jumper.draft(matcher, pair[0], room=1) == draft[:1]
-    assert jumper.draft(matcher, pair[0], room=0) == []
+    assert jumper.draft(matcher, pair, room=1) == draft[:1]
+    assert jumper.draft(matcher, pair, room=0) == []
     # After '{' the joint encoding '{"', 'name', ... re-spells '{': the forced text is
     # encoded alone instead.
     matcher = xgr.GrammarMatcher(grammar)
     assert len(brace) == 1 and matcher.accept_token(brace[0])
-    assert jumper.draft(matcher, brace[0], room=100) == tok.encode(
+    assert jumper.draft(matcher, brace, room=100) == tok.encode(
         '"name":', add_special_tokens=False
     )
     assert jumper.drafted == len(draft) + 1 + len(tok.encode('"name":', add_special_tokens=False))
     free = xgr.GrammarMatcher(compiler.compile("regex", r"[a-z]+"))
-    assert jumper.draft(free, brace[0], room=10) == []
+    assert jumper.draft(free, brace, room=10) == []
+
+
+class _Request:
+    """A stand-in for the scheduler's request as a spelling's owner (weakly referable)."""
+
+
+def test_drafts_the_models_own_spelling_once_seen(tokenizer_and_compiler):
+    import xgrammar as xgr
+
+    tok, compiler = tokenizer_and_compiler
+    grammar = compiler.compile("regex", r'\{"name": "[a-z]{1,5}"\}')
+    pair = tok.encode('{"', add_special_tokens=False)
+    # the model's spelling of the forced 'name": "', then free text 'ab'
+    spelled = tok.convert_tokens_to_ids(["n", "ame", '"', ":", 'Ġ"'])
+    free = tok.convert_tokens_to_ids(["ab"])
+    by_tokenizer = tok.encode('name":', add_special_tokens=False)
+    assert by_tokenizer != spelled[:-1]
+
+    def emit(jumper, owner, tokens, out, matcher):
+        drafts = []
+        for t in tokens:
+            assert matcher.accept_token(t)
+            out.append(t)
+            drafts.append(jumper.draft(matcher, out, room=100, owner=owner))
+        return drafts
+
+    jumper = JumpForward(tok)
+    first, out = xgr.GrammarMatcher(grammar), list(pair)
+    assert first.accept_token(pair[0])
+    # nothing seen yet: the tokenizer's spelling (and its remainders after each token)
+    assert jumper.draft(first, out, room=100, owner=(o := _Request())) == by_tokenizer
+    emit(jumper, o, spelled + free, out, first)
+    # a second request at the same point drafts the first one's tokens, to the end of
+    # the forced text (the trailing ' "' included: the model chose it), and after each
+    # of them the rest
+    owner, second, out = _Request(), xgr.GrammarMatcher(grammar), list(pair)
+    assert second.accept_token(pair[0])
+    assert jumper.draft(second, out, room=100, owner=owner) == spelled
+    assert second.find_jump_forward_string() == 'name": "'  # the matcher is unchanged
+    assert jumper.draft(second, out, room=2, owner=owner) == spelled[:2]
+    drafts = emit(jumper, owner, spelled[:3], out, second)
+    assert drafts == [spelled[1:], spelled[2:], spelled[3:]]
+    # a bounded memory: with room for one key only the last boundary's is kept
+    small = JumpForward(tok, spellings=1)
+    third, out = xgr.GrammarMatcher(grammar), list(pair)
+    assert third.accept_token(pair[0])
+    assert small.draft(third, out, room=100, owner=(o := _Request())) == by_tokenizer
+    emit(small, o, spelled + free, out, third)
+    fourth, out = xgr.GrammarMatcher(grammar), list(pair)
+    assert fourth.accept_token(pair[0])
+    assert small.draft(fourth, out, room=100, owner=_Request()) == by_tokenizer
+    assert fourth.accept_token(spelled[0]) and fourth.accept_token(spelled[1])
+    assert fourth.accept_token(spelled[2]) and fourth.accept_token(spelled[3])
+    assert small.draft(fourth, out + spelled[:4], room=100, owner=_Request()) == spelled[4:]
+
+
+ORDER = {
+    "type": "object",
+    "properties": {
+        "customer_reference_code": {"type": "string", "maxLength": 12},
+        "delivery_priority_level": {"enum": ["standard shipping", "express overnight"]},
+        "requires_signature_on_delivery": {"type": "boolean"},
+    },
+    "required": [
+        "customer_reference_code",
+        "delivery_priority_level",
+        "requires_signature_on_delivery",
+    ],
+    "additionalProperties": False,
+}
+
+
+def test_a_repeated_schema_drafts_the_spelling_seen_before(engines):
+    """The second request of a schema drafts the forced text as the model spelled it in
+    the first: fewer forwards, the same tokens as constrained decoding without drafts."""
+    plain, jump = engines
+    prompt = "Give me a JSON record of a fictional order.\n"
+    params = _params("json_schema", ORDER)
+    ref = plain.generate(prompt, params)
+    first, first_steps = _run(jump, prompt, params)
+    second, second_steps = _run(jump, prompt, params)
+    assert first["output_ids"] == second["output_ids"] == ref["output_ids"]
+    jsonschema.validate(json.loads(second["text"]), ORDER)
+    assert second_steps < first_steps
+    check_pool(jump.scheduler, idle=True)
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
