@@ -128,9 +128,7 @@ def test_draft_at_the_token_boundary(tokenizer_and_compiler):
     # encoded alone instead.
     matcher = xgr.GrammarMatcher(grammar)
     assert len(brace) == 1 and matcher.accept_token(brace[0])
-    assert jumper.draft(matcher, brace, room=100) == tok.encode(
-        '"name":', add_special_tokens=False
-    )
+    assert jumper.draft(matcher, brace, room=100) == tok.encode('"name":', add_special_tokens=False)
     assert jumper.drafted == len(draft) + 1 + len(tok.encode('"name":', add_special_tokens=False))
     free = xgr.GrammarMatcher(compiler.compile("regex", r"[a-z]+"))
     assert jumper.draft(free, brace, room=10) == []
