@@ -27,8 +27,9 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def run_figures(w: dict[str, Any], reference_texts: list[str | None] | None) -> dict[str, Any]:
-    """One workload of one harness report as table figures. reference_texts: the
-    reference engine's program texts of the same repetition (None: not compared)."""
+    """One workload of one harness report as table figures (with the failed programs'
+    messages, kept in the result file's runs). reference_texts: the reference engine's
+    program texts of the same repetition (None: not compared)."""
     wall = w["wall_s"]
     cached = w.get("cached_tokens")
     same = None
@@ -42,6 +43,7 @@ def run_figures(w: dict[str, Any], reference_texts: list[str | None] | None) -> 
         "latency_p99_s": percentile(w["latency_s"], 99),
         "cache_hit_rate": None if cached is None else cached / max(1, w["prompt_tokens"]),
         "failures": len(w["failures"]),
+        "failure_messages": w["failures"],
         "same_text_as_reference": same,
         "wall_s": wall,
     }

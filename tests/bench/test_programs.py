@@ -105,8 +105,10 @@ def test_percentile_and_paired_ratio():
 def test_run_figures_and_summary():
     w = {"programs": 4, "wall_s": 2.0, "latency_s": [1.0, 2.0, 1.5, 0.5],
          "prompt_tokens": 400, "completion_tokens": 100, "cached_tokens": 300,
-         "failures": [], "texts": ["a", "b", None, "d"]}  # fmt: skip
+         "failures": ["program 2: ServerError: down"],
+         "texts": ["a", "b", None, "d"]}  # fmt: skip
     f = run_figures(w, ["a", "x", None, "d"])
+    assert f["failures"] == 1 and f["failure_messages"] == ["program 2: ServerError: down"]
     assert f["programs_per_s"] == 2.0 and f["output_tps"] == 50.0
     assert f["latency_p50_s"] == 1.25 and f["cache_hit_rate"] == 0.75
     assert f["same_text_as_reference"] == 0.5  # a and d; a failed program never matches
