@@ -26,7 +26,7 @@ extended by the free text after the string; xgrammar's rule in
 
 Spellings. Where the model spells forced text its own way, the tokenizer's draft loses
 a forward at every token where the spellings part, and they part the same way on every
-request of a schema (SmolLM2-135M spells ``"employed": `` as ``em`` ``p`` ``lo`` ``ye``
+request of a schema (SmolLM2-135M spells ``employed":`` as ``em`` ``p`` ``lo`` ``ye``
 ``d`` ``"`` ``:``). So each request's chosen tokens for a forced text are remembered,
 keyed by the token before them and the text (and, for every token boundary inside it,
 by the token before and the rest of the text), and the next request at the same key
@@ -82,9 +82,9 @@ class JumpForward:
         self._capacity = spellings
         # (token before, forced text) -> the tokens the model chose for a prefix of it
         self._spellings: OrderedDict[tuple[int, str], tuple[int, ...]] = OrderedDict()
-        # owner -> (len(output_ids), token before, forced text, texts of the tokens chosen
-        # so far) of the forced text it has not finished; weak keys: a finished
-        # request's entry goes with it.
+        # owner -> (len(output_ids), token before, forced text, covered) of the forced
+        # text it has not finished; covered[k] is the text of its first k + 1 chosen
+        # tokens. Weak keys: a finished request's entry goes with it.
         self._open: weakref.WeakKeyDictionary[Any, tuple[int, int, str, list[str]]] = (
             weakref.WeakKeyDictionary()
         )
@@ -124,8 +124,9 @@ class JumpForward:
 
     def _observe(self, owner: Any, output_ids: list[int]) -> None:
         """Remember the tokens `owner` chose for its open forced text once they reach its
-        end, part from it or number SPELLING_TOKENS: for each token boundary inside,
-        (token before, rest of the text) -> the chosen tokens from there."""
+        end, part from it (a token past its end, or one holding part of a UTF-8
+        character, is left out) or number SPELLING_TOKENS: for each token boundary
+        inside, (token before, rest of the text) -> the chosen tokens from there."""
         entry = self._open.get(owner)
         if entry is None:
             return

@@ -174,6 +174,15 @@ def test_drafts_the_models_own_spelling_once_seen(tokenizer_and_compiler):
     assert jumper.draft(second, out, room=2, owner=owner) == spelled[:2]
     drafts = emit(jumper, owner, spelled[:3], out, second)
     assert drafts == [spelled[1:], spelled[2:], spelled[3:]]
+    # tokens emitted several at once (a verified draft) teach the same spelling
+    at_once, third, out = JumpForward(tok), xgr.GrammarMatcher(grammar), list(pair)
+    assert third.accept_token(pair[0])
+    at_once.draft(third, out, room=100, owner=(o := _Request()))
+    assert all(third.accept_token(t) for t in spelled + free)
+    at_once.draft(third, out + spelled + free, room=100, owner=o)
+    fourth = xgr.GrammarMatcher(grammar)
+    assert fourth.accept_token(pair[0])
+    assert at_once.draft(fourth, list(pair), room=100, owner=_Request()) == spelled
     # a bounded memory: with room for one key only the last boundary's is kept
     small = JumpForward(tok, spellings=1)
     third, out = xgr.GrammarMatcher(grammar), list(pair)
