@@ -132,6 +132,8 @@ class JumpForward:
             return
         start, last, forced, covered = entry  # covered[k]: the text of the first k + 1
         new = output_ids[start : start + SPELLING_TOKENS]
+        if len(new) == len(covered) < SPELLING_TOKENS:
+            return  # nothing emitted since the last look
         tok = self.tokenizer
         head = tok.decode([last])
         for k in range(len(covered), len(new)):  # only the tokens not yet looked at
