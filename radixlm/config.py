@@ -232,6 +232,11 @@ class ServerArgs:
         "grammar forces is drafted as tokens and verified in one forward, giving exactly "
         "the tokens of token-by-token decoding in fewer forwards; docs/serving.md)",
     )
+    grammar_compile_timeout: float = _opt(
+        60.0,
+        "seconds a request waits for its grammar (JSON schema, regex, EBNF) to compile "
+        "before it is refused (HTTP 400, code grammar_compile_timeout); 0: no limit",
+    )
     max_queued_requests: int = _opt(
         4096,
         "requests allowed to wait beyond the free running rows; more are refused (HTTP 503)",

@@ -167,7 +167,9 @@ class SamplingFields(_Strict):
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     repetition_penalty: float | None = Field(None, gt=0)
-    # Grammar extensions (SGLang names; frontend/structured.py).
+    # Structured output (frontend/structured.py): OpenAI's response_format, on completions
+    # too (as vLLM and SGLang accept it), and the regex / ebnf extensions (SGLang names).
+    response_format: ResponseFormat | None = None
     regex: str | None = None
     ebnf: str | None = None
     min_tokens: int | None = Field(None, ge=0, le=_MAX_TOKENS_LIMIT)
@@ -232,7 +234,6 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1, le=_MAX_TOKENS_LIMIT)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

@@ -15,6 +15,8 @@ import jsonschema
 import openai
 import pytest
 
+from radixlm.runtime.sampling.grammar import MAX_SPEC_CHARS
+
 from .conftest import MODEL
 
 PERSON = {
@@ -125,6 +127,29 @@ def test_completions_regex_extension(client):
     assert resp.choices[0].finish_reason == "stop"
 
 
+def test_completions_response_format(client):
+    """response_format on /v1/completions (as vLLM and SGLang accept it): json_schema and
+    json_object constrain the text, "text" leaves it as without the field."""
+
+    def complete(prompt, **extra):
+        return client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=160, temperature=0, extra_body=extra
+        ).choices[0]
+
+    person = complete("A person as JSON:", response_format=PERSON_FORMAT)
+    assert person.finish_reason == "stop"
+    _valid_person(person.text)
+    anything = complete("A JSON object:", response_format={"type": "json_object"})
+    assert isinstance(json.loads(anything.text), dict)
+    plain = complete("A JSON object:")
+    assert complete("A JSON object:", response_format={"type": "text"}).text == plain.text
+    assert plain.text != anything.text
+    with pytest.raises(openai.BadRequestError) as err:
+        bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}
+        complete("x", response_format=bad)
+    assert err.value.body["param"] == "response_format.json_schema.schema"
+
+
 def test_native_regex_and_ebnf(http):
     date = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9])"
     body = {
@@ -183,7 +208,21 @@ def test_native_regex_and_ebnf(http):
             "name",
         ),
         ({"response_format": {"type": "yaml"}}, "response_format.type", "'json_object'"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"properties": {"a": {"$ref": "http://example.com/a.json"}}},
+                    },
+                }
+            },
+            "response_format.json_schema.schema",
+            "only references inside the schema",
+        ),
         ({"extra_body": {"regex": "[a-"}}, "regex", "invalid regex"),
+        ({"extra_body": {"regex": "a" * (MAX_SPEC_CHARS + 1)}}, "regex", "characters; at most"),
         ({"extra_body": {"ebnf": "root ::= nothing"}}, "ebnf", "invalid ebnf"),
         (
             {"response_format": {"type": "json_object"}, "extra_body": {"regex": "a"}},
@@ -204,6 +243,7 @@ def test_chat_grammar_errors(client, extra, param, message):
     "params, message",
     [
         ({"regex": "(("}, "invalid regex"),
+        ({"regex": "a" * (MAX_SPEC_CHARS + 1)}, "characters; at most"),
         ({"json_schema": "{oops"}, "json_schema is not valid JSON"),
         ({"json_schema": '{"type": "object", "minProperties": "2"}'}, "not a valid JSON schema"),
         ({"ebnf": "root ::= ", "regex": "a"}, "at most one"),

@@ -11,6 +11,13 @@ matcher with each sampled token. Requests without a grammar cost one attribute c
 per step. A grammar not yet in the cache compiles on a worker thread
 (`GrammarBackend.start`), so the scheduler keeps stepping the running requests meanwhile.
 
+Limits: a spec longer than `MAX_SPEC_CHARS` is refused before compiling, and the
+admission check (`GrammarCompiler.validate`, run by the HTTP process and `Engine` before a
+request is queued) gives up on a compile after `compile_timeout` seconds
+(``--grammar-compile-timeout``), so a grammar that compiles for minutes is a 400 instead
+of a request that waits for minutes, and the scheduler only ever compiles specs that
+compiled within that time.
+
 Invariant: a request's matcher has accepted exactly its ``output_ids``. A retracted
 request keeps its matcher and re-prefills prompt + output without sampling, so the
 invariant holds when it resumes; an aborted request simply drops its matcher.
@@ -24,6 +31,7 @@ import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import torch
@@ -35,6 +43,14 @@ logger = logging.getLogger(__name__)
 
 # A xgrammar error message starts with "[hh:mm:ss] /path/file.cc:line: ".
 _XGR_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
+
+#: Longest grammar spec (characters) compiled. Compile time grows with the spec: a
+#: literal regex of a million characters keeps a core busy for minutes.
+MAX_SPEC_CHARS = 256 * 1024
+
+#: Scheduler threads compiling grammars at once, so one slow compile does not hold back
+#: the grammars of the requests behind it.
+COMPILE_WORKERS = 4
 
 
 def grammar_spec(params: SamplingParams) -> tuple[str, str] | None:
@@ -53,8 +69,10 @@ def check_json_schema(spec: str, field: str = "json_schema") -> dict[str, Any] |
     """Parse a JSON schema string and check it against its metaschema (jsonschema).
 
     Returns the schema. Raises InvalidRequestError (param `field`, which the message
-    names too) when `spec` is not JSON, not an object or boolean, or not a valid schema
-    of its declared draft (default 2020-12).
+    names too) when `spec` is not JSON, not an object or boolean, not a valid schema
+    of its declared draft (default 2020-12), or has a ``$ref`` outside the schema (one
+    not starting with ``#``): nothing is fetched, and xgrammar would leave such a value
+    unconstrained.
     """
     import jsonschema
 
@@ -72,7 +90,29 @@ def check_json_schema(spec: str, field: str = "json_schema") -> dict[str, Any] |
     except jsonschema.SchemaError as e:
         path = "/".join(str(p) for p in e.absolute_path) or "(root)"
         raise invalid(f"is not a valid JSON schema at {path}: {e.message}") from None
+    ref = _remote_ref(schema)
+    if ref is not None:
+        raise invalid(f"has $ref {ref!r}; only references inside the schema (#/...) are used")
     return schema
+
+
+# Keywords whose values are data, not subschemas: a "$ref" key inside them is not a reference.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+
+
+def _remote_ref(node: Any) -> str | None:
+    """The first ``$ref`` string in a schema tree that does not start with ``#``, or None."""
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and not ref.startswith("#"):
+                return ref
+            stack.extend(v for k, v in node.items() if k not in _DATA_KEYWORDS)
+        elif isinstance(node, list):
+            stack.extend(node)
+    return None
 
 
 class GrammarCompiler:
@@ -87,6 +127,7 @@ class GrammarCompiler:
         max_threads: xgrammar compiler threads.
         tokenizer_info: a ready `xgrammar.TokenizerInfo` to use instead of building one
             from `tokenizer` (tests use raw vocabularies).
+        compile_timeout: seconds `validate` waits for a compile (None or <= 0: no limit).
 
     The xgrammar `TokenizerInfo` is built on the first
     compile, so a process that never sees a grammar never pays for it. Thread-safe.
@@ -100,6 +141,7 @@ class GrammarCompiler:
         max_entries: int = 256,
         max_threads: int = 1,
         tokenizer_info=None,
+        compile_timeout: float | None = None,
     ):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -107,19 +149,29 @@ class GrammarCompiler:
         self.max_entries = max_entries
         self.max_threads = max_threads
         self._info = tokenizer_info
+        self.compile_timeout = compile_timeout if compile_timeout and compile_timeout > 0 else None
         self._compiler = None
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._inflight: dict[tuple[str, str], Future] = {}  # compiles under way
         self._lock = threading.Lock()  # guards the two dictionaries and _get_compiler
 
-    def compile(self, kind: str, spec: str):
+    def compile(self, kind: str, spec: str, timeout: float | None = None):
         """The `xgrammar.CompiledGrammar` of `spec`.
 
         kind: "json_schema" (a JSON schema as a string), "regex", "ebnf" (GBNF, root rule
         ``root``) or "structural_tag" (xgrammar's structural-tag JSON).
-        Raises InvalidRequestError (param `kind`) when the spec is invalid or not
-        supported by xgrammar (the error is cached too).
+        timeout: seconds to wait for a compile this call starts or joins (None: no limit);
+        the compile itself goes on and its result is cached for later calls.
+        Raises InvalidRequestError (param `kind`) when the spec is longer than
+        `MAX_SPEC_CHARS`, invalid or not supported by xgrammar (that error is cached too),
+        or (code ``grammar_compile_timeout``) when it did not compile within `timeout`.
         """
+        if len(spec) > MAX_SPEC_CHARS:
+            raise InvalidRequestError(
+                f"{kind} is {len(spec)} characters; at most {MAX_SPEC_CHARS} are compiled",
+                param=kind,
+                code="invalid_value",
+            )
         key = (kind, spec)
         # The lock guards only the dictionaries: compiles of different specs run at once
         # (xgrammar's compiler is thread-safe), a cache lookup never waits for one, and
@@ -134,25 +186,41 @@ class GrammarCompiler:
                 if pending is None:
                     pending = self._inflight[key] = Future()
                     owner = True
-        if hit is None and owner:
+        if hit is None:
+            if owner and timeout is None:
+                self._run(key, pending)
+            elif owner:  # on a thread of its own, which a timed-out wait leaves running
+                threading.Thread(
+                    target=self._run, args=(key, pending), name="grammar-compile", daemon=True
+                ).start()
             try:
-                hit = self._compile(kind, spec)
-            except BaseException as e:
-                with self._lock:
-                    del self._inflight[key]
-                pending.set_exception(e)
-                raise
-            with self._lock:
-                self._cache[key] = hit
-                if len(self._cache) > self.max_entries:
-                    self._cache.popitem(last=False)
-                del self._inflight[key]
-            pending.set_result(hit)
-        elif hit is None:
-            hit = pending.result()
+                hit = pending.result(timeout)
+            except FutureTimeout:
+                raise InvalidRequestError(
+                    f"{kind} did not compile within {timeout:g} s "
+                    "(--grammar-compile-timeout); simplify it",
+                    param=kind,
+                    code="grammar_compile_timeout",
+                ) from None
         if isinstance(hit, InvalidRequestError):
             raise hit.copy()
         return hit
+
+    def _run(self, key: tuple[str, str], pending: Future) -> None:
+        """Compile `key`, cache the result, settle `pending` (its result or exception)."""
+        try:
+            hit = self._compile(*key)
+        except BaseException as e:
+            with self._lock:
+                del self._inflight[key]
+            pending.set_exception(e)
+            return
+        with self._lock:
+            self._cache[key] = hit
+            if len(self._cache) > self.max_entries:
+                self._cache.popitem(last=False)
+            del self._inflight[key]
+        pending.set_result(hit)
 
     def cached(self, kind: str, spec: str):
         """The compiled grammar of `spec` if it is in the cache (raises its cached
@@ -164,10 +232,11 @@ class GrammarCompiler:
         return hit
 
     def validate(self, params: SamplingParams) -> None:
-        """Compile the request's grammar, if any. Raises InvalidRequestError."""
+        """Compile the request's grammar, if any, waiting at most `compile_timeout`.
+        Raises InvalidRequestError (see `compile`)."""
         spec = grammar_spec(params)
         if spec is not None:
-            self.compile(*spec)
+            self.compile(*spec, timeout=self.compile_timeout)
 
     def _compile(self, kind: str, spec: str):
         """Compile once; returns the grammar, or the InvalidRequestError to raise."""
@@ -246,7 +315,7 @@ class GrammarBackend:
             req.grammar = _matcher(compiled)
             return None
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
+            self._pool = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="grammar")
         return self._pool.submit(self.compiler.compile, *spec)
 
     def finish(self, req, done: Future) -> None:

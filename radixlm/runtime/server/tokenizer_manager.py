@@ -107,7 +107,10 @@ class TokenizerManager:
         # Grammars are compiled here too (cached), so a bad one is a 400 before queuing.
         eos = self.tokenizer.eos_token_id
         self.grammars = GrammarCompiler(
-            self.tokenizer, self.vocab_size, [] if eos is None else [eos]
+            self.tokenizer,
+            self.vocab_size,
+            [] if eos is None else [eos],
+            compile_timeout=args.grammar_compile_timeout,
         )
         self._ctx = zmq.asyncio.Context()
         self._ipc = ipc

@@ -193,3 +193,83 @@ def test_a_compile_blocks_no_other_spec_and_is_shared(compiler, monkeypatch):
         t.join(30)
     assert len(results) == 2 and results[0] is results[1]
     assert calls.count("a+") == 1
+
+
+def test_validate_gives_up_after_the_timeout_and_caches_the_late_result(compiler, monkeypatch):
+    """A compile longer than `compile_timeout` is refused (code grammar_compile_timeout)
+    while it goes on; once done it is cached, and the next request gets it at once."""
+    import threading
+
+    gate, calls = threading.Event(), []
+    real = compiler._compile
+
+    def slow(kind, spec):
+        calls.append(spec)
+        assert gate.wait(30)
+        return real(kind, spec)
+
+    monkeypatch.setattr(compiler, "_compile", slow)
+    compiler.compile_timeout = 0.05
+    for _ in range(2):  # the second request joins the compile under way
+        with pytest.raises(InvalidRequestError, match="did not compile within 0.05 s") as err:
+            compiler.validate(SamplingParams(regex="a+"))
+        assert err.value.param == "regex" and err.value.code == "grammar_compile_timeout"
+    gate.set()
+    done = threading.Event()
+    threading.Thread(target=lambda: (compiler.compile("regex", "a+"), done.set())).start()
+    assert done.wait(30)
+    compiler.validate(SamplingParams(regex="a+"))  # cached: no wait, no timeout
+    assert calls == ["a+"]
+
+
+def test_a_spec_over_the_size_limit_is_refused_before_compiling(compiler, monkeypatch):
+    from radixlm.runtime.sampling.grammar import MAX_SPEC_CHARS
+
+    monkeypatch.setattr(compiler, "_compile", lambda kind, spec: pytest.fail("compiled"))
+    with pytest.raises(InvalidRequestError, match=f"at most {MAX_SPEC_CHARS}") as err:
+        compiler.compile("regex", "a" * (MAX_SPEC_CHARS + 1))
+    assert err.value.param == "regex"
+    assert not compiler._cache and not compiler._inflight
+
+
+def test_a_slow_scheduler_compile_holds_back_no_other_request(compiler, monkeypatch):
+    """The scheduler's compile pool runs several compiles at once: a request whose
+    grammar is new gets its matcher while an earlier one's grammar still compiles."""
+    import threading
+
+    gate = threading.Event()
+    real = compiler._compile
+    monkeypatch.setattr(
+        compiler,
+        "_compile",
+        lambda kind, spec: (spec != "a+" or gate.wait(30), real(kind, spec))[1],
+    )
+    backend = GrammarBackend(compiler)
+    slow, quick = _req(regex="a+"), _req(regex="b+")
+    slow_job, quick_job = backend.start(slow), backend.start(quick)
+    quick_job.result(timeout=10)  # one worker would still be on "a+"
+    backend.finish(quick, quick_job)
+    assert quick.grammar is not None and not slow_job.done()
+    gate.set()
+    backend.finish(slow, slow_job)
+    assert slow.grammar is not None
+
+
+@pytest.mark.parametrize(
+    "schema, remote",
+    [
+        ({"properties": {"a": {"$ref": "http://example.com/int.json"}}}, True),
+        ({"prefixItems": [{"$ref": "other.json#/x"}]}, True),
+        ({"$defs": {"n": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/n"}}}, False),
+        ({"properties": {"$ref": {"type": "string"}}}, False),  # a property named "$ref"
+        ({"enum": [{"$ref": "http://example.com"}]}, False),  # data, not a reference
+    ],
+)
+def test_only_references_inside_the_schema_are_accepted(schema, remote):
+    from radixlm.runtime.sampling.grammar import check_json_schema
+
+    if remote:
+        with pytest.raises(InvalidRequestError, match=r"has \$ref .*only references inside"):
+            check_json_schema(json.dumps(schema))
+    else:
+        assert check_json_schema(json.dumps(schema)) == schema
