@@ -66,7 +66,7 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
         "context_length": runner.context_len,
         "memory": scheduler.memory_accounting(),
         "num_running": len(scheduler.running),
-        "num_waiting": len(scheduler.waiting),
+        "num_waiting": len(scheduler.waiting) + len(scheduler.compiling),  # as stats()
         "scheduler": scheduler.stats(),
         "sessions": scheduler.sessions.info(),
         "moe": runner.expert_stats.report(),
