@@ -136,6 +136,11 @@ def check_ranges(self: ServerArgs) -> None:
         raise ValueError(f"health_timeout must be >= 1 (seconds), got {self.health_timeout}")
     if self.request_timeout is not None and self.request_timeout <= 0:
         raise ValueError(f"request_timeout must be > 0 (seconds), got {self.request_timeout}")
+    if not 0 <= self.grammar_compile_timeout <= 86400:  # also refuses nan and inf
+        raise ValueError(
+            "grammar_compile_timeout must be 0 (no limit) to 86400 seconds, "
+            f"got {self.grammar_compile_timeout}"
+        )
     if self.hicache_size is not None:
         parse_size(self.hicache_size)
     if self.hicache_tier is not None and self.disable_radix_cache:

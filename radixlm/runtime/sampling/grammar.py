@@ -11,12 +11,14 @@ matcher with each sampled token. Requests without a grammar cost one attribute c
 per step. A grammar not yet in the cache compiles on a worker thread
 (`GrammarBackend.start`), so the scheduler keeps stepping the running requests meanwhile.
 
-Limits: a spec longer than `MAX_SPEC_CHARS` is refused before compiling, and the
-admission check (`GrammarCompiler.validate`, run by the HTTP process and `Engine` before a
-request is queued) gives up on a compile after `compile_timeout` seconds
-(``--grammar-compile-timeout``), so a grammar that compiles for minutes is a 400 instead
-of a request that waits for minutes, and the scheduler only ever compiles specs that
-compiled within that time.
+Limits: a spec longer than `MAX_SPEC_CHARS` is refused before compiling. The admission
+check (`GrammarCompiler.validate`, run by the HTTP process and `Engine` before a request
+is queued) waits at most `compile_timeout` seconds (``--grammar-compile-timeout``) for a
+compile, which runs on a thread of its own (at most `TIMED_COMPILES` at once), and
+refuses the request when it has not finished. A compile that outlasts the timeout is
+cached as that refusal, so the spec is refused at once when sent again and the scheduler
+never compiles it: a grammar that takes minutes to compile is a 400, not minutes of
+waiting for every request behind it.
 
 Invariant: a request's matcher has accepted exactly its ``output_ids``. A retracted
 request keeps its matcher and re-prefills prompt + output without sampling, so the
@@ -29,6 +31,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -38,6 +41,7 @@ import torch
 
 from radixlm.errors import InvalidRequestError
 from radixlm.runtime.sampling.sampler import GRAMMAR_FIELDS, SamplingParams
+from radixlm.runtime.sampling.schema_refs import unresolvable_ref
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +55,9 @@ MAX_SPEC_CHARS = 256 * 1024
 #: Scheduler threads compiling grammars at once, so one slow compile does not hold back
 #: the grammars of the requests behind it.
 COMPILE_WORKERS = 4
+
+#: `GrammarCompiler.validate` compiles running at once (module doc).
+TIMED_COMPILES = 4
 
 
 def grammar_spec(params: SamplingParams) -> tuple[str, str] | None:
@@ -69,10 +76,8 @@ def check_json_schema(spec: str, field: str = "json_schema") -> dict[str, Any] |
     """Parse a JSON schema string and check it against its metaschema (jsonschema).
 
     Returns the schema. Raises InvalidRequestError (param `field`, which the message
-    names too) when `spec` is not JSON, not an object or boolean, not a valid schema
-    of its declared draft (default 2020-12), or has a ``$ref`` outside the schema (one
-    not starting with ``#``): nothing is fetched, and xgrammar would leave such a value
-    unconstrained.
+    names too) when `spec` is not JSON, not an object or boolean, or not a valid schema
+    of its declared draft (default 2020-12).
     """
     import jsonschema
 
@@ -90,29 +95,7 @@ def check_json_schema(spec: str, field: str = "json_schema") -> dict[str, Any] |
     except jsonschema.SchemaError as e:
         path = "/".join(str(p) for p in e.absolute_path) or "(root)"
         raise invalid(f"is not a valid JSON schema at {path}: {e.message}") from None
-    ref = _remote_ref(schema)
-    if ref is not None:
-        raise invalid(f"has $ref {ref!r}; only references inside the schema (#/...) are used")
     return schema
-
-
-# Keywords whose values are data, not subschemas: a "$ref" key inside them is not a reference.
-_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
-
-
-def _remote_ref(node: Any) -> str | None:
-    """The first ``$ref`` string in a schema tree that does not start with ``#``, or None."""
-    stack = [node]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and not ref.startswith("#"):
-                return ref
-            stack.extend(v for k, v in node.items() if k not in _DATA_KEYWORDS)
-        elif isinstance(node, list):
-            stack.extend(node)
-    return None
 
 
 class GrammarCompiler:
@@ -127,10 +110,14 @@ class GrammarCompiler:
         max_threads: xgrammar compiler threads.
         tokenizer_info: a ready `xgrammar.TokenizerInfo` to use instead of building one
             from `tokenizer` (tests use raw vocabularies).
-        compile_timeout: seconds `validate` waits for a compile (None or <= 0: no limit).
+        compile_timeout: seconds `validate` waits for a compile (None or 0: no limit;
+            module doc).
 
     The xgrammar `TokenizerInfo` is built on the first
-    compile, so a process that never sees a grammar never pays for it. Thread-safe.
+    compile, so a process that never sees a grammar never pays for it. Thread-safe:
+    compiles of different specs run at once (xgrammar's compiler is thread-safe), a cache
+    lookup never waits for one, and callers asking for a spec that is compiling share
+    that compile's result.
     """
 
     def __init__(
@@ -149,72 +136,118 @@ class GrammarCompiler:
         self.max_entries = max_entries
         self.max_threads = max_threads
         self._info = tokenizer_info
-        self.compile_timeout = compile_timeout if compile_timeout and compile_timeout > 0 else None
+        self.compile_timeout = compile_timeout or None
         self._compiler = None
+        # (kind, spec) -> CompiledGrammar or the InvalidRequestError to raise for it.
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._inflight: dict[tuple[str, str], Future] = {}  # compiles under way
         self._lock = threading.Lock()  # guards the two dictionaries and _get_compiler
+        self._timed = threading.BoundedSemaphore(TIMED_COMPILES)
 
-    def compile(self, kind: str, spec: str, timeout: float | None = None):
-        """The `xgrammar.CompiledGrammar` of `spec`.
+    def compile(self, kind: str, spec: str):
+        """The `xgrammar.CompiledGrammar` of `spec`, compiled on this thread unless cached
+        or under way (then its result is awaited, without a time limit).
 
         kind: "json_schema" (a JSON schema as a string), "regex", "ebnf" (GBNF, root rule
         ``root``) or "structural_tag" (xgrammar's structural-tag JSON).
-        timeout: seconds to wait for a compile this call starts or joins (None: no limit);
-        the compile itself goes on and its result is cached for later calls.
         Raises InvalidRequestError (param `kind`) when the spec is longer than
-        `MAX_SPEC_CHARS`, invalid or not supported by xgrammar (that error is cached too),
-        or (code ``grammar_compile_timeout``) when it did not compile within `timeout`.
+        `MAX_SPEC_CHARS`, invalid, not supported by xgrammar, or (code
+        ``grammar_compile_timeout``) cached as too slow by `validate`.
         """
+        return _unwrap(self._future(kind, spec, None).result())
+
+    def submit(self, kind: str, spec: str, executor: ThreadPoolExecutor) -> Future:
+        """A future of `spec`'s compile: done when cached, the compile under way when
+        there is one, else a new compile on `executor` (so no worker ever waits for
+        another's compile). Its value is a CompiledGrammar or an InvalidRequestError
+        (`GrammarBackend.finish` raises it). Raises InvalidRequestError for a spec over
+        `MAX_SPEC_CHARS`."""
+        return self._future(kind, spec, executor.submit)
+
+    def cached(self, kind: str, spec: str):
+        """The compiled grammar of `spec` if it is in the cache (raises its cached
+        InvalidRequestError), else None; never compiles."""
+        with self._lock:
+            hit = self._cache.get((kind, spec))
+        return None if hit is None else _unwrap(hit)
+
+    def validate(self, params: SamplingParams) -> None:
+        """Compile the request's grammar, if any, waiting at most `compile_timeout`
+        (module doc). Raises InvalidRequestError (see `compile`; code
+        ``grammar_compile_timeout`` when the wait ran out)."""
+        spec = grammar_spec(params)
+        if spec is None:
+            return
+        if self.compile_timeout is None:
+            self.compile(*spec)
+            return
+        pending = self._future(*spec, self._start_timed)
+        try:
+            hit = pending.result(self.compile_timeout)
+        except FutureTimeout:
+            raise _too_slow(spec[0], self.compile_timeout) from None
+        _unwrap(hit)
+
+    def _future(self, kind: str, spec: str, run) -> Future:
+        """The future of `spec`'s compile (see `submit`); a new compile is started with
+        ``run(self._run, key, future)`` (None: `_run` on this thread)."""
         if len(spec) > MAX_SPEC_CHARS:
             raise InvalidRequestError(
-                f"{kind} is {len(spec)} characters; at most {MAX_SPEC_CHARS} are compiled",
+                f"the {kind} grammar is {len(spec)} characters; at most {MAX_SPEC_CHARS} "
+                "are compiled",
                 param=kind,
                 code="invalid_value",
             )
         key = (kind, spec)
-        # The lock guards only the dictionaries: compiles of different specs run at once
-        # (xgrammar's compiler is thread-safe), a cache lookup never waits for one, and
-        # threads asking for a spec that is compiling share that compile's result.
         with self._lock:
             hit = self._cache.get(key)
-            owner = False
             if hit is not None:
                 self._cache.move_to_end(key)
-            else:
-                pending = self._inflight.get(key)
-                if pending is None:
-                    pending = self._inflight[key] = Future()
-                    owner = True
-        if hit is None:
-            if owner and timeout is None:
+                done: Future = Future()
+                done.set_result(hit)
+                return done
+            pending = self._inflight.get(key)
+            if pending is not None:
+                return pending
+            pending = self._inflight[key] = Future()
+        try:
+            if run is None:
                 self._run(key, pending)
-            elif owner:  # on a thread of its own, which a timed-out wait leaves running
-                threading.Thread(
-                    target=self._run, args=(key, pending), name="grammar-compile", daemon=True
-                ).start()
-            try:
-                hit = pending.result(timeout)
-            except FutureTimeout:
-                raise InvalidRequestError(
-                    f"{kind} did not compile within {timeout:g} s "
-                    "(--grammar-compile-timeout); simplify it",
-                    param=kind,
-                    code="grammar_compile_timeout",
-                ) from None
-        if isinstance(hit, InvalidRequestError):
-            raise hit.copy()
-        return hit
+            else:
+                run(self._run, key, pending)
+        except BaseException as e:  # could not start: nobody would ever settle it
+            self._fail(key, pending, e)
+            raise
+        return pending
 
-    def _run(self, key: tuple[str, str], pending: Future) -> None:
-        """Compile `key`, cache the result, settle `pending` (its result or exception)."""
+    def _start_timed(self, run, key: tuple[str, str], pending: Future) -> None:
+        """Run `validate`'s compile of `key` on a daemon thread of its own (a timed-out
+        wait leaves it running; a daemon does not hold up the process's exit)."""
+
+        def body() -> None:
+            # At most TIMED_COMPILES run at once; one that gets no turn within the
+            # timeout is dropped, uncached, since its requests have been refused.
+            if not self._timed.acquire(timeout=self.compile_timeout):
+                self._fail(key, pending, _too_slow(key[0], self.compile_timeout))
+                return
+            try:
+                run(key, pending, late_after=self.compile_timeout)
+            finally:
+                self._timed.release()
+
+        threading.Thread(target=body, name="grammar-compile", daemon=True).start()
+
+    def _run(self, key: tuple[str, str], pending: Future, late_after: float | None = None):
+        """Compile `key`, cache the result (as the ``grammar_compile_timeout`` refusal
+        when it took over `late_after` seconds) and settle `pending` with it."""
+        start = time.monotonic()
         try:
             hit = self._compile(*key)
         except BaseException as e:
-            with self._lock:
-                del self._inflight[key]
-            pending.set_exception(e)
+            self._fail(key, pending, e)
             return
+        if late_after is not None and time.monotonic() - start > late_after:
+            hit = _too_slow(key[0], late_after)
         with self._lock:
             self._cache[key] = hit
             if len(self._cache) > self.max_entries:
@@ -222,21 +255,12 @@ class GrammarCompiler:
             del self._inflight[key]
         pending.set_result(hit)
 
-    def cached(self, kind: str, spec: str):
-        """The compiled grammar of `spec` if it is in the cache (raises its cached
-        InvalidRequestError), else None; never compiles."""
+    def _fail(self, key: tuple[str, str], pending: Future, error: BaseException) -> None:
+        """Settle `pending` with `error`, uncached, and forget it as under way."""
         with self._lock:
-            hit = self._cache.get((kind, spec))
-        if isinstance(hit, InvalidRequestError):
-            raise hit.copy()
-        return hit
-
-    def validate(self, params: SamplingParams) -> None:
-        """Compile the request's grammar, if any, waiting at most `compile_timeout`.
-        Raises InvalidRequestError (see `compile`)."""
-        spec = grammar_spec(params)
-        if spec is not None:
-            self.compile(*spec, timeout=self.compile_timeout)
+            if self._inflight.get(key) is pending:
+                del self._inflight[key]
+        pending.set_exception(error)
 
     def _compile(self, kind: str, spec: str):
         """Compile once; returns the grammar, or the InvalidRequestError to raise."""
@@ -244,7 +268,14 @@ class GrammarCompiler:
             raise ValueError(f"unknown grammar kind {kind!r}")
         try:
             if kind == "json_schema":
-                check_json_schema(spec)
+                ref = unresolvable_ref(check_json_schema(spec))
+                if ref is not None:
+                    raise InvalidRequestError(
+                        f"json_schema has $ref {ref!r}; only references inside the schema "
+                        "('#' or '#/...') are followed, nothing is fetched",
+                        param=kind,
+                        code="invalid_value",
+                    )
             compiler = self._get_compiler()
             if kind == "json_schema":
                 # One-line JSON (", " and ": " separators): weak models otherwise tend to
@@ -274,7 +305,10 @@ class GrammarCompiler:
                         vocab_size=self.vocab_size,
                         stop_token_ids=self.stop_token_ids,
                     )
-                self._compiler = xgr.GrammarCompiler(self._info, max_threads=self.max_threads)
+                # No xgrammar cache: it is unbounded; `_cache` is the bounded one.
+                self._compiler = xgr.GrammarCompiler(
+                    self._info, max_threads=self.max_threads, cache_enabled=False
+                )
             return self._compiler
 
 
@@ -316,12 +350,12 @@ class GrammarBackend:
             return None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="grammar")
-        return self._pool.submit(self.compiler.compile, *spec)
+        return self.compiler.submit(*spec, self._pool)
 
     def finish(self, req, done: Future) -> None:
         """Give `req` the matcher of its compiled grammar (`done` from `start`, finished).
         Raises InvalidRequestError when it did not compile."""
-        req.grammar = _matcher(done.result())
+        req.grammar = _matcher(_unwrap(done.result()))
 
     def apply(self, logits: torch.Tensor, reqs: list) -> None:
         """Set to -inf, in place, the logits of tokens each constrained request's grammar
@@ -380,3 +414,19 @@ def _matcher(compiled):
     import xgrammar as xgr
 
     return xgr.GrammarMatcher(compiled)
+
+
+def _unwrap(hit):
+    """A cache value as the compiled grammar, or its InvalidRequestError raised."""
+    if isinstance(hit, InvalidRequestError):
+        raise hit.copy()
+    return hit
+
+
+def _too_slow(kind: str, timeout: float) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"the {kind} grammar did not compile within {timeout:g} s "
+        "(--grammar-compile-timeout); simplify it",
+        param=kind,
+        code="grammar_compile_timeout",
+    )

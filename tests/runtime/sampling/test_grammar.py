@@ -10,6 +10,7 @@ import torch
 from radixlm.errors import InvalidRequestError
 from radixlm.runtime.sampling.grammar import GrammarBackend, GrammarCompiler, grammar_spec
 from radixlm.runtime.sampling.sampler import SamplingParams
+from radixlm.runtime.sampling.schema_refs import unresolvable_ref
 from radixlm.runtime.sched.request import Req
 
 EOS = 0
@@ -197,7 +198,8 @@ def test_a_compile_blocks_no_other_spec_and_is_shared(compiler, monkeypatch):
 
 def test_validate_gives_up_after_the_timeout_and_caches_the_late_result(compiler, monkeypatch):
     """A compile longer than `compile_timeout` is refused (code grammar_compile_timeout)
-    while it goes on; once done it is cached, and the next request gets it at once."""
+    while it goes on, and its late result is cached as that refusal: the spec is refused
+    at once when sent again, and never reaches the scheduler."""
     import threading
 
     gate, calls = threading.Event(), []
@@ -205,7 +207,8 @@ def test_validate_gives_up_after_the_timeout_and_caches_the_late_result(compiler
 
     def slow(kind, spec):
         calls.append(spec)
-        assert gate.wait(30)
+        if spec == "a+":
+            assert gate.wait(30)
         return real(kind, spec)
 
     monkeypatch.setattr(compiler, "_compile", slow)
@@ -214,12 +217,71 @@ def test_validate_gives_up_after_the_timeout_and_caches_the_late_result(compiler
         with pytest.raises(InvalidRequestError, match="did not compile within 0.05 s") as err:
             compiler.validate(SamplingParams(regex="a+"))
         assert err.value.param == "regex" and err.value.code == "grammar_compile_timeout"
+    compiler.validate(SamplingParams(regex="b+"))  # a quick spec is unaffected
     gate.set()
-    done = threading.Event()
-    threading.Thread(target=lambda: (compiler.compile("regex", "a+"), done.set())).start()
-    assert done.wait(30)
-    compiler.validate(SamplingParams(regex="a+"))  # cached: no wait, no timeout
-    assert calls == ["a+"]
+    for _ in range(200):  # until the late compile is cached
+        if ("regex", "a+") in compiler._cache:
+            break
+        threading.Event().wait(0.05)
+    with pytest.raises(InvalidRequestError, match="did not compile within") as err:
+        compiler.cached("regex", "a+")
+    assert err.value.code == "grammar_compile_timeout"
+    with pytest.raises(InvalidRequestError, match="did not compile within"):
+        compiler.validate(SamplingParams(regex="a+"))
+    assert calls == ["a+", "b+"]
+
+
+def test_timed_compiles_run_a_bounded_few_at_once(compiler, monkeypatch):
+    """`validate`'s compiles hold at most TIMED_COMPILES threads compiling; a spec that
+    gets no turn within the timeout is refused without being compiled or cached."""
+    import threading
+
+    gate, calls = threading.Event(), []
+    real = compiler._compile
+
+    def slow(kind, spec):
+        calls.append(spec)
+        if spec == "a+":
+            assert gate.wait(30)
+        return real(kind, spec)
+
+    monkeypatch.setattr(compiler, "_compile", slow)
+    compiler._timed = threading.BoundedSemaphore(1)
+    compiler.compile_timeout = 0.05
+    for spec in ("a+", "b+"):
+        with pytest.raises(InvalidRequestError, match="did not compile within"):
+            compiler.validate(SamplingParams(regex=spec))
+    threading.Event().wait(0.2)  # "b+" has given up waiting for the only slot
+    assert calls == ["a+"] and ("regex", "b+") not in compiler._cache
+    assert not compiler._inflight.get(("regex", "b+"))
+    gate.set()
+    compiler.compile_timeout = 10
+    compiler.validate(SamplingParams(regex="b+"))
+    assert calls == ["a+", "b+"]
+
+
+def test_no_time_limit_compiles_on_the_callers_thread(compiler):
+    import threading
+
+    compiler.compile_timeout = None
+    seen = []
+    real = compiler._compile
+    compiler._compile = lambda kind, spec: (
+        seen.append(threading.current_thread()),
+        real(kind, spec),
+    )[1]
+    compiler.validate(SamplingParams(regex="ab"))
+    assert seen == [threading.current_thread()]
+    assert GrammarCompiler(None, 2, [0], compile_timeout=0).compile_timeout is None
+
+
+@pytest.mark.parametrize("value", [-1, float("inf"), float("nan"), 1e10])
+def test_grammar_compile_timeout_flag_range(value):
+    from radixlm.config import ServerArgs
+
+    with pytest.raises(ValueError, match="grammar_compile_timeout"):
+        ServerArgs(grammar_compile_timeout=value)
+    assert ServerArgs(grammar_compile_timeout=0).grammar_compile_timeout == 0
 
 
 def test_a_spec_over_the_size_limit_is_refused_before_compiling(compiler, monkeypatch):
@@ -233,43 +295,62 @@ def test_a_spec_over_the_size_limit_is_refused_before_compiling(compiler, monkey
 
 
 def test_a_slow_scheduler_compile_holds_back_no_other_request(compiler, monkeypatch):
-    """The scheduler's compile pool runs several compiles at once: a request whose
-    grammar is new gets its matcher while an earlier one's grammar still compiles."""
+    """The scheduler's compile pool never has a worker wait for another's compile: many
+    requests of one slow new spec, then one of another spec, which gets its matcher
+    while the slow one still compiles (once)."""
     import threading
 
-    gate = threading.Event()
+    gate, calls = threading.Event(), []
     real = compiler._compile
-    monkeypatch.setattr(
-        compiler,
-        "_compile",
-        lambda kind, spec: (spec != "a+" or gate.wait(30), real(kind, spec))[1],
-    )
+
+    def slow(kind, spec):
+        calls.append(spec)
+        if spec == "a+":
+            assert gate.wait(30)
+        return real(kind, spec)
+
+    monkeypatch.setattr(compiler, "_compile", slow)
     backend = GrammarBackend(compiler)
-    slow, quick = _req(regex="a+"), _req(regex="b+")
-    slow_job, quick_job = backend.start(slow), backend.start(quick)
-    quick_job.result(timeout=10)  # one worker would still be on "a+"
+    slow_reqs = [_req(regex="a+") for _ in range(8)]
+    slow_jobs = [backend.start(r) for r in slow_reqs]
+    quick = _req(regex="b+")
+    quick_job = backend.start(quick)
+    quick_job.result(timeout=10)  # no worker is tied up waiting for "a+"
     backend.finish(quick, quick_job)
-    assert quick.grammar is not None and not slow_job.done()
+    assert quick.grammar is not None and not any(j.done() for j in slow_jobs)
     gate.set()
-    backend.finish(slow, slow_job)
-    assert slow.grammar is not None
+    for r, j in zip(slow_reqs, slow_jobs, strict=True):
+        backend.finish(r, j)
+        assert r.grammar is not None
+    assert calls == ["a+", "b+"]
 
 
 @pytest.mark.parametrize(
-    "schema, remote",
+    "schema, ref",
     [
-        ({"properties": {"a": {"$ref": "http://example.com/int.json"}}}, True),
-        ({"prefixItems": [{"$ref": "other.json#/x"}]}, True),
-        ({"$defs": {"n": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/n"}}}, False),
-        ({"properties": {"$ref": {"type": "string"}}}, False),  # a property named "$ref"
-        ({"enum": [{"$ref": "http://example.com"}]}, False),  # data, not a reference
+        (
+            {"properties": {"a": {"$ref": "http://example.com/int.json"}}},
+            "http://example.com/int.json",
+        ),
+        ({"prefixItems": [{"$ref": "other.json#/x"}]}, "other.json#/x"),
+        ({"$defs": {"n": {"$anchor": "n", "type": "integer"}}, "items": {"$ref": "#n"}}, "#n"),
+        ({"anyOf": [{"type": "null"}, {"not": {"$ref": "n.json"}}]}, "n.json"),
+        ({"properties": {"default": {"$ref": "http://x/d.json"}}}, "http://x/d.json"),
+        ({"$defs": {"n": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/n"}}}, None),
+        ({"type": "array", "items": {"$ref": "#"}}, None),
+        ({"properties": {"$ref": {"type": "string"}}}, None),  # a property named "$ref"
+        ({"enum": [{"$ref": "http://example.com"}]}, None),  # data, not a reference
+        ({"x-vendor": {"$ref": "http://example.com"}, "examples": [{"$ref": "y"}]}, None),
     ],
 )
-def test_only_references_inside_the_schema_are_accepted(schema, remote):
-    from radixlm.runtime.sampling.grammar import check_json_schema
+def test_references_a_grammar_cannot_follow(schema, ref):
+    assert unresolvable_ref(schema) == ref
 
-    if remote:
-        with pytest.raises(InvalidRequestError, match=r"has \$ref .*only references inside"):
-            check_json_schema(json.dumps(schema))
-    else:
-        assert check_json_schema(json.dumps(schema)) == schema
+
+def test_a_schema_with_an_unresolvable_reference_is_refused(compiler):
+    schema = {"type": "object", "properties": {"a": {"$ref": "http://example.com/a.json"}}}
+    with pytest.raises(InvalidRequestError, match="only references inside the schema") as err:
+        compiler.compile("json_schema", json.dumps(schema))
+    assert err.value.param == "json_schema"
+    local = {"$defs": {"n": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/n"}}}
+    assert compiler.compile("json_schema", json.dumps(local)) is not None

@@ -122,14 +122,14 @@ def test_compiling_grammar_does_not_hold_up_the_running_requests(engine, prompts
 
     sched = engine.scheduler
     gate = threading.Event()
-    compile_ = sched.grammars.compiler.compile
+    compile_ = sched.grammars.compiler._compile
 
     def gated(kind, spec):
         assert gate.wait(60)
         return compile_(kind, spec)
 
     schema = {**SMALL_SCHEMA, "title": "gated"}  # not in the compiler's cache
-    engine.scheduler.grammars.compiler.compile = gated
+    engine.scheduler.grammars.compiler._compile = gated
     try:
         plain = make_req(prompts[0], MAX_NEW)
         constrained = make_req(prompts[6], 48, json_schema=json.dumps(schema))
@@ -148,7 +148,7 @@ def test_compiling_grammar_does_not_hold_up_the_running_requests(engine, prompts
             step(sched, outs)
         run_all(sched, outs)
     finally:
-        engine.scheduler.grammars.compiler.compile = compile_
+        engine.scheduler.grammars.compiler._compile = compile_
         gate.set()
     assert [o.finish_reason for o in outs[dropped.rid]] == ["abort"]
     text = engine.tokenizer.decode(tokens(outs[constrained.rid]), skip_special_tokens=True)
