@@ -235,7 +235,7 @@ class ServerArgs:
     grammar_compile_timeout: float = _opt(
         60.0,
         "seconds a request waits for its grammar (JSON schema, regex, EBNF) to compile "
-        "before it is refused (HTTP 400, code grammar_compile_timeout); 0: no limit",
+        "before it is refused (HTTP 400, code grammar_compile_timeout); 0-86400, 0: no limit",
     )
     max_queued_requests: int = _opt(
         4096,

@@ -140,7 +140,7 @@ class Engine:
 
         Raises:
             InvalidRequestError: empty prompt, bad sampling values, a grammar that does
-                not compile (or not within ``grammar_compile_timeout`` seconds); its subclass
+                not compile; its subclass
                 RequestTooLargeError: prompt beyond the context or prompt +
                 max_new_tokens beyond the KV pool. Nothing is queued when any prompt of a
                 batch is bad.
@@ -198,8 +198,7 @@ class Engine:
 
         Raises:
             InvalidRequestError: a batch of prompts, an empty prompt, bad sampling values,
-                a grammar that does not compile (or not within
-                ``grammar_compile_timeout`` seconds); RequestTooLargeError (its subclass):
+                a grammar that does not compile; RequestTooLargeError (its subclass):
                 prompt beyond the context or the KV pool.
             QueueFullError: the scheduler's waiting queue is full.
             Nothing is queued when it raises.

@@ -219,7 +219,23 @@ def test_native_regex_and_ebnf(http):
                 }
             },
             "response_format.json_schema.schema",
-            "only references inside the schema",
+            "only references inside a schema",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {"properties": {"a": {"$ref": "http://e/a.json"}}},
+                        },
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
+            "only references inside a schema",
         ),
         ({"extra_body": {"regex": "[a-"}}, "regex", "invalid regex"),
         ({"extra_body": {"regex": "a" * (MAX_SPEC_CHARS + 1)}}, "regex", "characters; at most"),

@@ -11,14 +11,16 @@ matcher with each sampled token. Requests without a grammar cost one attribute c
 per step. A grammar not yet in the cache compiles on a worker thread
 (`GrammarBackend.start`), so the scheduler keeps stepping the running requests meanwhile.
 
-Limits: a spec longer than `MAX_SPEC_CHARS` is refused before compiling. The admission
-check (`GrammarCompiler.validate`, run by the HTTP process and `Engine` before a request
-is queued) waits at most `compile_timeout` seconds (``--grammar-compile-timeout``) for a
-compile, which runs on a thread of its own (at most `TIMED_COMPILES` at once), and
-refuses the request when it has not finished. A compile that outlasts the timeout is
-cached as that refusal, so the spec is refused at once when sent again and the scheduler
-never compiles it: a grammar that takes minutes to compile is a 400, not minutes of
-waiting for every request behind it.
+Limits: a spec longer than `MAX_SPEC_CHARS` is refused before compiling. With a
+`compile_timeout` (the HTTP process's, ``--grammar-compile-timeout``; `Engine` sets none),
+the admission check `GrammarCompiler.validate` waits at most that long and then refuses
+the request. Its compiles run on threads of their own, at most `TIMED_COMPILES` at once:
+xgrammar cannot stop a compile, so one keeps its thread until it ends even after its
+request was refused, and a spec that gets no thread within the timeout is refused
+without being compiled. A compile that itself took longer than the timeout is cached as
+that refusal (while it stays in the LRU), so the spec is refused at once when sent
+again and never reaches the scheduler. The scheduler compiles on `COMPILE_WORKERS`
+threads, none of which waits for another's compile.
 
 Invariant: a request's matcher has accepted exactly its ``output_ids``. A retracted
 request keeps its matcher and re-prefills prompt + output without sampling, so the
@@ -41,7 +43,7 @@ import torch
 
 from radixlm.errors import InvalidRequestError
 from radixlm.runtime.sampling.sampler import GRAMMAR_FIELDS, SamplingParams
-from radixlm.runtime.sampling.schema_refs import unresolvable_ref
+from radixlm.runtime.sampling.schema_refs import structural_tag_ref, unresolvable_ref
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,9 @@ COMPILE_WORKERS = 4
 
 #: `GrammarCompiler.validate` compiles running at once (module doc).
 TIMED_COMPILES = 4
+
+#: Bytes of xgrammar's compiler cache (compiled rules and token masks shared across specs).
+XGR_CACHE_BYTES = 64 * 1024 * 1024
 
 
 def grammar_spec(params: SamplingParams) -> tuple[str, str] | None:
@@ -154,7 +159,7 @@ class GrammarCompiler:
         `MAX_SPEC_CHARS`, invalid, not supported by xgrammar, or (code
         ``grammar_compile_timeout``) cached as too slow by `validate`.
         """
-        return _unwrap(self._future(kind, spec, None).result())
+        return _unwrap(_result(self._future(kind, spec, None)))
 
     def submit(self, kind: str, spec: str, executor: ThreadPoolExecutor) -> Future:
         """A future of `spec`'s compile: done when cached, the compile under way when
@@ -171,22 +176,21 @@ class GrammarCompiler:
             hit = self._cache.get((kind, spec))
         return None if hit is None else _unwrap(hit)
 
-    def validate(self, params: SamplingParams) -> None:
+    def validate(self, params: SamplingParams, wait: bool = True) -> None:
         """Compile the request's grammar, if any, waiting at most `compile_timeout`
-        (module doc). Raises InvalidRequestError (see `compile`; code
+        (module doc); with `wait` False only look it up (a cached refusal raises, a
+        grammar not cached passes). Raises InvalidRequestError (see `compile`; code
         ``grammar_compile_timeout`` when the wait ran out)."""
         spec = grammar_spec(params)
         if spec is None:
             return
-        if self.compile_timeout is None:
+        if not wait:
+            self.cached(*spec)
+        elif self.compile_timeout is None:
             self.compile(*spec)
-            return
-        pending = self._future(*spec, self._start_timed)
-        try:
-            hit = pending.result(self.compile_timeout)
-        except FutureTimeout:
-            raise _too_slow(spec[0], self.compile_timeout) from None
-        _unwrap(hit)
+        else:
+            pending = self._future(*spec, self._start_timed)
+            _unwrap(_result(pending, self.compile_timeout, spec[0]))
 
     def _future(self, kind: str, spec: str, run) -> Future:
         """The future of `spec`'s compile (see `submit`); a new compile is started with
@@ -260,22 +264,22 @@ class GrammarCompiler:
         with self._lock:
             if self._inflight.get(key) is pending:
                 del self._inflight[key]
-        pending.set_exception(error)
+        if not pending.done():  # set already when an interrupt came after the result
+            pending.set_exception(error)
 
     def _compile(self, kind: str, spec: str):
         """Compile once; returns the grammar, or the InvalidRequestError to raise."""
         if kind not in GRAMMAR_FIELDS:
             raise ValueError(f"unknown grammar kind {kind!r}")
         try:
-            if kind == "json_schema":
-                ref = unresolvable_ref(check_json_schema(spec))
-                if ref is not None:
-                    raise InvalidRequestError(
-                        f"json_schema has $ref {ref!r}; only references inside the schema "
-                        "('#' or '#/...') are followed, nothing is fetched",
-                        param=kind,
-                        code="invalid_value",
-                    )
+            ref = _outside_ref(kind, spec)
+            if ref is not None:
+                raise InvalidRequestError(
+                    f"the {kind} grammar has $ref {ref!r}; only references inside a schema "
+                    "('#' or '#/...') are followed, nothing is fetched",
+                    param=kind,
+                    code="invalid_value",
+                )
             compiler = self._get_compiler()
             if kind == "json_schema":
                 # One-line JSON (", " and ": " separators): weak models otherwise tend to
@@ -305,9 +309,10 @@ class GrammarCompiler:
                         vocab_size=self.vocab_size,
                         stop_token_ids=self.stop_token_ids,
                     )
-                # No xgrammar cache: it is unbounded; `_cache` is the bounded one.
+                # xgrammar's own cache (it reuses token masks across specs) is unbounded
+                # by default.
                 self._compiler = xgr.GrammarCompiler(
-                    self._info, max_threads=self.max_threads, cache_enabled=False
+                    self._info, max_threads=self.max_threads, cache_limit_bytes=XGR_CACHE_BYTES
                 )
             return self._compiler
 
@@ -416,11 +421,35 @@ def _matcher(compiled):
     return xgr.GrammarMatcher(compiled)
 
 
+def _outside_ref(kind: str, spec: str) -> str | None:
+    """The first reference in a JSON schema or structural tag that xgrammar cannot follow
+    (schema_refs.py), or None. Raises InvalidRequestError for an invalid JSON schema."""
+    if kind == "json_schema":
+        return unresolvable_ref(check_json_schema(spec))
+    if kind == "structural_tag":
+        try:
+            return structural_tag_ref(json.loads(spec))
+        except json.JSONDecodeError:  # xgrammar names the error
+            return None
+    return None
+
+
 def _unwrap(hit):
     """A cache value as the compiled grammar, or its InvalidRequestError raised."""
     if isinstance(hit, InvalidRequestError):
         raise hit.copy()
     return hit
+
+
+def _result(pending: Future, timeout: float | None = None, kind: str = ""):
+    """`pending`'s value; its InvalidRequestError raised as a copy (one exception object
+    is shared by every caller that joined the compile), a timeout as `_too_slow(kind)`."""
+    try:
+        return pending.result(timeout)
+    except InvalidRequestError as e:
+        raise e.copy() from None
+    except FutureTimeout:
+        raise _too_slow(kind, timeout) from None
 
 
 def _too_slow(kind: str, timeout: float) -> InvalidRequestError:

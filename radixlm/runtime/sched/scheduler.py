@@ -129,11 +129,7 @@ class Scheduler:
         self.stop = StopChecker(eos_token_ids, runner.context_len, tokenizer)
         self.sampler = Sampler(eos_token_ids)
         vocab = runner.config.vocab_size
-        self.grammars = GrammarBackend(
-            GrammarCompiler(
-                tokenizer, vocab, eos_token_ids, compile_timeout=args.grammar_compile_timeout
-            )
-        )
+        self.grammars = GrammarBackend(GrammarCompiler(tokenizer, vocab, eos_token_ids))
         self.decoder: DecodeStrategy = decoder if decoder is not None else NormalDecode()
         self._decode_ctx = DecodeContext(self.kv, self.stop, self._plain_decode)
         # Jump-forward drafts, and lookup drafts of requests riding along in mixed steps,

@@ -198,12 +198,12 @@ class TokenizerManager:
             )
 
     def validate(
-        self, input_ids: list[int], params: SamplingParams, logprobs: LogprobOptions | None = None
+        self, input_ids: list[int], params: SamplingParams, logprobs=None, wait: bool = True
     ) -> None:
         """Raise InvalidRequestError for a request that can never run (see check_request;
         prompt + max_new_tokens beyond the context is refused, not capped: the server's
-        rule, docs/serving.md "Limits"), bad logprob options, or a grammar that does not
-        compile."""
+        rule, docs/serving.md "Limits"), bad logprob options (a LogprobOptions), or a
+        grammar that does not compile (`wait` False: is cached as not compiling)."""
         if logprobs is not None:
             logprobs.validate(self.vocab_size, len(input_ids))
         check_request(
@@ -215,7 +215,7 @@ class TokenizerManager:
             page_size=self.args.page_size,
             cap_to_context=False,
         )
-        self.grammars.validate(params)
+        self.grammars.validate(params, wait)
 
     async def generate(
         self,
@@ -252,7 +252,8 @@ class TokenizerManager:
         Closing the iterator before the last chunk aborts the request.
         """
         lp = logprobs or LogprobOptions()
-        self.validate(input_ids, params, lp)
+        # On the event loop: a grammar is looked up, not compiled (routes compiled it first).
+        self.validate(input_ids, params, lp, wait=False)
         rid = rid or uuid.uuid4().hex
         if rid in self._states:
             raise InvalidRequestError(

@@ -10,7 +10,7 @@ import torch
 from radixlm.errors import InvalidRequestError
 from radixlm.runtime.sampling.grammar import GrammarBackend, GrammarCompiler, grammar_spec
 from radixlm.runtime.sampling.sampler import SamplingParams
-from radixlm.runtime.sampling.schema_refs import unresolvable_ref
+from radixlm.runtime.sampling.schema_refs import structural_tag_ref, unresolvable_ref
 from radixlm.runtime.sched.request import Req
 
 EOS = 0
@@ -236,24 +236,30 @@ def test_timed_compiles_run_a_bounded_few_at_once(compiler, monkeypatch):
     gets no turn within the timeout is refused without being compiled or cached."""
     import threading
 
-    gate, calls = threading.Event(), []
+    gate, started, calls = threading.Event(), threading.Event(), []
     real = compiler._compile
 
     def slow(kind, spec):
         calls.append(spec)
         if spec == "a+":
+            started.set()
             assert gate.wait(30)
         return real(kind, spec)
 
     monkeypatch.setattr(compiler, "_compile", slow)
     compiler._timed = threading.BoundedSemaphore(1)
     compiler.compile_timeout = 0.05
-    for spec in ("a+", "b+"):
-        with pytest.raises(InvalidRequestError, match="did not compile within"):
-            compiler.validate(SamplingParams(regex=spec))
-    threading.Event().wait(0.2)  # "b+" has given up waiting for the only slot
+    with pytest.raises(InvalidRequestError, match="did not compile within"):
+        compiler.validate(SamplingParams(regex="a+"))
+    assert started.wait(30)  # "a+" holds the only slot
+    with pytest.raises(InvalidRequestError, match="did not compile within"):
+        compiler.validate(SamplingParams(regex="b+"))
+    for _ in range(200):  # until "b+" gives up waiting for the slot
+        if ("regex", "b+") not in compiler._inflight:
+            break
+        threading.Event().wait(0.05)
     assert calls == ["a+"] and ("regex", "b+") not in compiler._cache
-    assert not compiler._inflight.get(("regex", "b+"))
+    assert ("regex", "b+") not in compiler._inflight
     gate.set()
     compiler.compile_timeout = 10
     compiler.validate(SamplingParams(regex="b+"))
@@ -335,6 +341,15 @@ def test_a_slow_scheduler_compile_holds_back_no_other_request(compiler, monkeypa
         ({"prefixItems": [{"$ref": "other.json#/x"}]}, "other.json#/x"),
         ({"$defs": {"n": {"$anchor": "n", "type": "integer"}}, "items": {"$ref": "#n"}}, "#n"),
         ({"anyOf": [{"type": "null"}, {"not": {"$ref": "n.json"}}]}, "n.json"),
+        (  # a local pointer's target is walked, wherever it is
+            {
+                "components": {"schemas": {"X": {"properties": {"b": {"$ref": "http://e/b"}}}}},
+                "properties": {"a": {"$ref": "#/components/schemas/X"}},
+            },
+            "http://e/b",
+        ),
+        ({"$defs": {"u": {"$ref": "http://e/u"}}, "type": "integer"}, None),  # never reached
+        ({"$defs": {"n": {"items": {"$ref": "#/$defs/n"}}}, "$ref": "#/$defs/n"}, None),
         ({"properties": {"default": {"$ref": "http://x/d.json"}}}, "http://x/d.json"),
         ({"$defs": {"n": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/n"}}}, None),
         ({"type": "array", "items": {"$ref": "#"}}, None),
@@ -349,8 +364,40 @@ def test_references_a_grammar_cannot_follow(schema, ref):
 
 def test_a_schema_with_an_unresolvable_reference_is_refused(compiler):
     schema = {"type": "object", "properties": {"a": {"$ref": "http://example.com/a.json"}}}
-    with pytest.raises(InvalidRequestError, match="only references inside the schema") as err:
+    with pytest.raises(InvalidRequestError, match="only references inside a schema") as err:
         compiler.compile("json_schema", json.dumps(schema))
     assert err.value.param == "json_schema"
     local = {"$defs": {"n": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/n"}}}
     assert compiler.compile("json_schema", json.dumps(local)) is not None
+
+
+def test_a_structural_tag_with_an_unresolvable_reference_is_refused(compiler):
+    fmt = {"type": "json_schema", "json_schema": {"properties": {"a": {"$ref": "http://e/a"}}}}
+    tag = {"type": "structural_tag", "format": {"type": "sequence", "elements": [fmt]}}
+    with pytest.raises(InvalidRequestError, match="'http://e/a'") as err:
+        compiler.compile("structural_tag", json.dumps(tag))
+    assert err.value.param == "structural_tag"
+    assert structural_tag_ref(tag) == "http://e/a"
+    fmt["json_schema"] = {"properties": {"a": {"type": "integer"}}}
+    assert structural_tag_ref(tag) is None
+
+
+def test_a_compile_that_cannot_start_leaves_nothing_in_flight(compiler):
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1)
+    pool.shutdown()
+    with pytest.raises(RuntimeError):
+        compiler.submit("regex", "ab", pool)
+    assert not compiler._inflight
+    assert compiler.compile("regex", "ab") is not None
+
+
+def test_validate_without_wait_only_looks_up(compiler, monkeypatch):
+    """The tokenizer manager's check on its event loop: a cached refusal raises, a spec
+    not cached passes without compiling."""
+    monkeypatch.setattr(compiler, "_compile", lambda kind, spec: pytest.fail("compiled"))
+    compiler.validate(SamplingParams(regex="a+"), wait=False)
+    compiler._cache[("regex", "((")] = InvalidRequestError("invalid regex", param="regex")
+    with pytest.raises(InvalidRequestError, match="invalid regex"):
+        compiler.validate(SamplingParams(regex="(("), wait=False)
