@@ -26,6 +26,30 @@ def compiler() -> GrammarCompiler:
     return GrammarCompiler(None, LOGITS_WIDTH, [EOS], max_entries=2, tokenizer_info=info)
 
 
+class _Gated:
+    """The compiler's compiles recorded (`calls`), "a+" held at `gate` once `started`."""
+
+    def __init__(self, compiler, monkeypatch):
+        import threading
+
+        self.gate, self.started, self.calls = threading.Event(), threading.Event(), []
+        real = compiler._compile
+
+        def slow(kind, spec):
+            self.calls.append(spec)
+            if spec == "a+":
+                self.started.set()
+                assert self.gate.wait(30)
+            return real(kind, spec)
+
+        monkeypatch.setattr(compiler, "_compile", slow)
+
+
+@pytest.fixture
+def gated(compiler, monkeypatch) -> _Gated:
+    return _Gated(compiler, monkeypatch)
+
+
 def _req(**grammar) -> Req:
     params = SamplingParams.from_any({"temperature": 0, **grammar})
     return Req(rid="r", input_ids=[1], params=params)
@@ -162,22 +186,12 @@ def test_at_most_one_grammar_field():
     assert grammar_spec(SamplingParams()) is None
 
 
-def test_a_compile_blocks_no_other_spec_and_is_shared(compiler, monkeypatch):
+def test_a_compile_blocks_no_other_spec_and_is_shared(compiler, gated):
     """While one spec compiles, another compiles and a cache lookup answers at once; a
     second caller of the compiling spec waits for that compile instead of repeating it."""
     import threading
 
-    gate, started, calls = threading.Event(), threading.Event(), []
-    real = compiler._compile
-
-    def slow(kind, spec):
-        calls.append(spec)
-        if spec == "a+":
-            started.set()
-            assert gate.wait(30)
-        return real(kind, spec)
-
-    monkeypatch.setattr(compiler, "_compile", slow)
+    gate, started, calls = gated.gate, gated.started, gated.calls
     results = []
     threads = [
         threading.Thread(target=lambda: results.append(compiler.compile("regex", "a+")))
@@ -196,22 +210,13 @@ def test_a_compile_blocks_no_other_spec_and_is_shared(compiler, monkeypatch):
     assert calls.count("a+") == 1
 
 
-def test_validate_gives_up_after_the_timeout_and_caches_the_late_result(compiler, monkeypatch):
+def test_validate_gives_up_after_the_timeout_and_caches_the_late_result(compiler, gated):
     """A compile longer than `compile_timeout` is refused (code grammar_compile_timeout)
     while it goes on, and its late result is cached as that refusal: the spec is refused
     at once when sent again, and never reaches the scheduler."""
     import threading
 
-    gate, calls = threading.Event(), []
-    real = compiler._compile
-
-    def slow(kind, spec):
-        calls.append(spec)
-        if spec == "a+":
-            assert gate.wait(30)
-        return real(kind, spec)
-
-    monkeypatch.setattr(compiler, "_compile", slow)
+    gate, calls = gated.gate, gated.calls
     compiler.compile_timeout = 0.05
     for _ in range(2):  # the second request joins the compile under way
         with pytest.raises(InvalidRequestError, match="did not compile within 0.05 s") as err:
@@ -231,22 +236,12 @@ def test_validate_gives_up_after_the_timeout_and_caches_the_late_result(compiler
     assert calls == ["a+", "b+"]
 
 
-def test_timed_compiles_run_a_bounded_few_at_once(compiler, monkeypatch):
+def test_timed_compiles_run_a_bounded_few_at_once(compiler, gated):
     """`validate`'s compiles hold at most TIMED_COMPILES threads compiling; a spec that
     gets no turn within the timeout is refused without being compiled or cached."""
     import threading
 
-    gate, started, calls = threading.Event(), threading.Event(), []
-    real = compiler._compile
-
-    def slow(kind, spec):
-        calls.append(spec)
-        if spec == "a+":
-            started.set()
-            assert gate.wait(30)
-        return real(kind, spec)
-
-    monkeypatch.setattr(compiler, "_compile", slow)
+    gate, started, calls = gated.gate, gated.started, gated.calls
     compiler._timed = threading.BoundedSemaphore(1)
     compiler.compile_timeout = 0.05
     with pytest.raises(InvalidRequestError, match="did not compile within"):
@@ -300,22 +295,12 @@ def test_a_spec_over_the_size_limit_is_refused_before_compiling(compiler, monkey
     assert not compiler._cache and not compiler._inflight
 
 
-def test_a_slow_scheduler_compile_holds_back_no_other_request(compiler, monkeypatch):
+def test_a_slow_scheduler_compile_holds_back_no_other_request(compiler, gated):
     """The scheduler's compile pool never has a worker wait for another's compile: many
     requests of one slow new spec, then one of another spec, which gets its matcher
     while the slow one still compiles (once)."""
-    import threading
 
-    gate, calls = threading.Event(), []
-    real = compiler._compile
-
-    def slow(kind, spec):
-        calls.append(spec)
-        if spec == "a+":
-            assert gate.wait(30)
-        return real(kind, spec)
-
-    monkeypatch.setattr(compiler, "_compile", slow)
+    gate, calls = gated.gate, gated.calls
     backend = GrammarBackend(compiler)
     slow_reqs = [_req(regex="a+") for _ in range(8)]
     slow_jobs = [backend.start(r) for r in slow_reqs]
