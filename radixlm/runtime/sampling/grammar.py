@@ -16,11 +16,11 @@ Limits: a spec longer than `MAX_SPEC_CHARS` is refused before compiling. With a
 the admission check `GrammarCompiler.validate` waits at most that long and then refuses
 the request. Its compiles run on threads of their own, at most `TIMED_COMPILES` at once:
 xgrammar cannot stop a compile, so one keeps its thread until it ends even after its
-request was refused, and a spec that gets no thread within the timeout is refused
-without being compiled. A compile that itself took longer than the timeout is cached as
-that refusal (while it stays in the LRU), so the spec is refused at once when sent
-again and never reaches the scheduler. The scheduler compiles on `COMPILE_WORKERS`
-threads, none of which waits for another's compile.
+request was refused, and a spec that gets no thread within the timeout is refused as a
+busy server (ServerError) without being compiled. A compile that itself took longer
+than the timeout is cached as that refusal (while it stays in the LRU), so the spec is
+refused at once when sent again and never reaches the scheduler. The scheduler
+compiles on `COMPILE_WORKERS` threads, none of which waits for another's compile.
 
 Invariant: a request's matcher has accepted exactly its ``output_ids``. A retracted
 request keeps its matcher and re-prefills prompt + output without sampling, so the
@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from radixlm.errors import InvalidRequestError
+from radixlm.errors import InvalidRequestError, ServerError
 from radixlm.runtime.sampling.sampler import GRAMMAR_FIELDS, SamplingParams
 from radixlm.runtime.sampling.schema_refs import structural_tag_ref, unresolvable_ref
 
@@ -148,6 +148,7 @@ class GrammarCompiler:
         self._inflight: dict[tuple[str, str], Future] = {}  # compiles under way
         self._lock = threading.Lock()  # guards the two dictionaries and _get_compiler
         self._timed = threading.BoundedSemaphore(TIMED_COMPILES)
+        self._started: set[tuple[str, str]] = set()  # timed compiles holding a thread
 
     def compile(self, kind: str, spec: str):
         """The `xgrammar.CompiledGrammar` of `spec`, compiled on this thread unless cached
@@ -180,7 +181,9 @@ class GrammarCompiler:
         """Compile the request's grammar, if any, waiting at most `compile_timeout`
         (module doc); with `wait` False only look it up (a cached refusal raises, a
         grammar not cached passes). Raises InvalidRequestError (see `compile`; code
-        ``grammar_compile_timeout`` when the wait ran out)."""
+        ``grammar_compile_timeout`` when its compile ran out of time), ServerError when
+        it never got a compile thread (all `TIMED_COMPILES` busy with other specs).
+        """
         spec = grammar_spec(params)
         if spec is None:
             return
@@ -189,8 +192,12 @@ class GrammarCompiler:
         elif self.compile_timeout is None:
             self.compile(*spec)
         else:
-            pending = self._future(*spec, self._start_timed)
-            _unwrap(_result(pending, self.compile_timeout, spec[0]))
+            try:
+                _unwrap(_result(self._future(*spec, self._start_timed), self.compile_timeout))
+            except FutureTimeout:
+                with self._lock:
+                    started = spec in self._started
+                raise (_too_slow(spec[0], self.compile_timeout) if started else _busy()) from None
 
     def _future(self, kind: str, spec: str, run) -> Future:
         """The future of `spec`'s compile (see `submit`); a new compile is started with
@@ -232,11 +239,15 @@ class GrammarCompiler:
             # At most TIMED_COMPILES run at once; one that gets no turn within the
             # timeout is dropped, uncached, since its requests have been refused.
             if not self._timed.acquire(timeout=self.compile_timeout):
-                self._fail(key, pending, _too_slow(key[0], self.compile_timeout))
+                self._fail(key, pending, _busy())
                 return
+            with self._lock:
+                self._started.add(key)
             try:
                 run(key, pending, late_after=self.compile_timeout)
             finally:
+                with self._lock:
+                    self._started.discard(key)
                 self._timed.release()
 
         threading.Thread(target=body, name="grammar-compile", daemon=True).start()
@@ -441,15 +452,20 @@ def _unwrap(hit):
     return hit
 
 
-def _result(pending: Future, timeout: float | None = None, kind: str = ""):
+def _result(pending: Future, timeout: float | None = None):
     """`pending`'s value; its InvalidRequestError raised as a copy (one exception object
-    is shared by every caller that joined the compile), a timeout as `_too_slow(kind)`."""
+    is shared by every caller that joined the compile). Raises FutureTimeout."""
     try:
         return pending.result(timeout)
     except InvalidRequestError as e:
         raise e.copy() from None
-    except FutureTimeout:
-        raise _too_slow(kind, timeout) from None
+
+
+def _busy() -> ServerError:
+    return ServerError(
+        f"no grammar compile thread came free in time ({TIMED_COMPILES} other grammars "
+        "are compiling); retry later"
+    )
 
 
 def _too_slow(kind: str, timeout: float) -> InvalidRequestError:
