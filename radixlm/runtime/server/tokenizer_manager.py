@@ -105,12 +105,9 @@ class TokenizerManager:
         self.max_total_tokens = facts["max_total_tokens"]
         self.max_prompt_chars = self.context_len * _longest_token_chars(self.tokenizer)
         # Grammars are compiled here too (cached), so a bad one is a 400 before queuing.
-        eos = self.tokenizer.eos_token_id
+        stops = [] if self.tokenizer.eos_token_id is None else [self.tokenizer.eos_token_id]
         self.grammars = GrammarCompiler(
-            self.tokenizer,
-            self.vocab_size,
-            [] if eos is None else [eos],
-            compile_timeout=args.grammar_compile_timeout,
+            self.tokenizer, self.vocab_size, stops, compile_timeout=args.grammar_compile_timeout
         )
         self._ctx = zmq.asyncio.Context()
         self._ipc = ipc
@@ -198,12 +195,16 @@ class TokenizerManager:
             )
 
     def validate(
-        self, input_ids: list[int], params: SamplingParams, logprobs=None, wait: bool = True
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        logprobs: LogprobOptions | None = None,
+        wait: bool = True,
     ) -> None:
-        """Raise InvalidRequestError for a request that can never run (see check_request;
-        prompt + max_new_tokens beyond the context is refused, not capped: the server's
-        rule, docs/serving.md "Limits"), bad logprob options (a LogprobOptions), or a
-        grammar that does not compile (`wait` False: is cached as not compiling)."""
+        """Raise InvalidRequestError for a request that can never run (check_request:
+        prompt + max_new_tokens beyond the context is refused, not capped, docs/serving.md
+        "Limits"), bad logprob options, or a grammar that does not compile (`wait` False:
+        that is cached as not compiling; GrammarCompiler.validate)."""
         if logprobs is not None:
             logprobs.validate(self.vocab_size, len(input_ids))
         check_request(
@@ -252,8 +253,7 @@ class TokenizerManager:
         Closing the iterator before the last chunk aborts the request.
         """
         lp = logprobs or LogprobOptions()
-        # On the event loop: a grammar is looked up, not compiled (routes compiled it first).
-        self.validate(input_ids, params, lp, wait=False)
+        self.validate(input_ids, params, lp, wait=False)  # on the loop: routes compiled it
         rid = rid or uuid.uuid4().hex
         if rid in self._states:
             raise InvalidRequestError(
