@@ -44,6 +44,7 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
     `kv_bytes_per_token_all_ranks` their sum, and `max_total_tokens` the group's token
     capacity (every rank holds its heads of every cached token)."""
     tp_size = runner.tp.size if runner.tp is not None else 1
+    stats = scheduler.stats()
     return {
         "args": dataclasses.asdict(args),
         "resolved": {
@@ -65,9 +66,9 @@ def server_info(args: ServerArgs, runner: ModelRunner, scheduler: Scheduler) -> 
         "page_size": args.page_size,
         "context_length": runner.context_len,
         "memory": scheduler.memory_accounting(),
-        "num_running": len(scheduler.running),
-        "num_waiting": len(scheduler.waiting) + len(scheduler.compiling),  # as stats()
-        "scheduler": scheduler.stats(),
+        "num_running": stats["num_running"],
+        "num_waiting": stats["num_waiting"],
+        "scheduler": stats,
         "sessions": scheduler.sessions.info(),
         "moe": runner.expert_stats.report(),
         "hicache": scheduler.tree.tier_stats() or None,
